@@ -153,6 +153,11 @@ impl GgufFile {
         self.data_offset
     }
 
+    /// The whole file's bytes (the mapping).
+    pub fn raw_bytes(&self) -> &[u8] {
+        self.bytes.as_slice()
+    }
+
     pub fn file_size(&self) -> u64 {
         self.bytes.as_slice().len() as u64
     }

@@ -1,6 +1,19 @@
 //! Model architectures supported by hearth: the config each implies from GGUF
-//! metadata, and (per architecture) its forward pass.
+//! metadata, immutable weights, per-session state with the hybrid KV cache,
+//! and one forward function per architecture built from shared blocks.
 
+pub mod blocks;
 pub mod config;
+mod forward;
+mod gemma3;
+pub mod kv_cache;
+mod llama;
+pub mod muse_glimmer;
+mod state;
+mod weights;
 
 pub use config::{Architecture, ConfigError, LayerKind, ModelConfig, RopeLayout};
+pub use forward::{Logits, MAX_CHUNK};
+pub use kv_cache::{CacheLayout, KvDtype, LayerKvCache};
+pub use state::State;
+pub use weights::{Layer, Linear, Model, ModelError};

@@ -1,0 +1,5 @@
+//! CPU kernels: reference dot products of quantized weights with quantized
+//! activations (`vec_dot`), and the multi-threaded matmul built on them.
+
+pub mod matmul;
+pub mod vec_dot;

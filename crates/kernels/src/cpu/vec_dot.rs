@@ -1,0 +1,241 @@
+//! Scalar reference dot products between one weight row (GGML block format)
+//! and one activation row quantized to the matching 8-bit format, as llama.cpp
+//! computes them: integer products within a block, scaled by the block scales
+//! in f32. These are the reference kernels that optimized versions are tested
+//! against; keep them simple.
+
+use half::{bf16, f16};
+
+use crate::quant::blocks::*;
+
+/// Q8_1: 32 activation values `d * q` with `s = d * Σq` (both rounded to f16
+/// as llama.cpp stores them). Used with Q4_1 and Q5_1 weights.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BlockQ8_1 {
+    pub d: f32,
+    pub s: f32,
+    pub qs: [i8; QK],
+}
+
+/// Quantizes activations to Q8_1 (llama.cpp's `quantize_row_q8_1` rounding).
+pub fn quantize_row_q8_1_ref(src: &[f32], dst: &mut [BlockQ8_1]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.iter_mut()) {
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, v) in b.qs.iter_mut().zip(x) {
+            *q = (v * id).round() as i8;
+            sum += *q as i32;
+        }
+        b.d = f16::from_f32(d).to_f32();
+        b.s = f16::from_f32(sum as f32 * d).to_f32();
+    }
+}
+
+pub fn vec_dot_q4_0_q8_0_ref(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
+    let mut sum = 0.0f32;
+    for (bx, by) in x.iter().zip(y) {
+        let mut isum = 0i32;
+        for j in 0..QK / 2 {
+            let lo = (bx.qs[j] & 0x0f) as i32 - 8;
+            let hi = (bx.qs[j] >> 4) as i32 - 8;
+            isum += lo * by.qs[j] as i32 + hi * by.qs[j + QK / 2] as i32;
+        }
+        sum += isum as f32 * (bx.d.to_f32() * by.d.to_f32());
+    }
+    sum
+}
+
+pub fn vec_dot_q4_1_q8_1_ref(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
+    let mut sum = 0.0f32;
+    for (bx, by) in x.iter().zip(y) {
+        let mut isum = 0i32;
+        for j in 0..QK / 2 {
+            isum += (bx.qs[j] & 0x0f) as i32 * by.qs[j] as i32 + (bx.qs[j] >> 4) as i32 * by.qs[j + QK / 2] as i32;
+        }
+        sum += (bx.d.to_f32() * by.d) * isum as f32 + bx.m.to_f32() * by.s;
+    }
+    sum
+}
+
+/// The fifth bit of value j of a Q5_0/Q5_1 block.
+#[inline]
+fn q5_high_bit(qh: &[u8; 4], j: usize) -> i32 {
+    ((u32::from_le_bytes(*qh) >> j) & 1) as i32
+}
+
+pub fn vec_dot_q5_0_q8_0_ref(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
+    let mut sum = 0.0f32;
+    for (bx, by) in x.iter().zip(y) {
+        let mut isum = 0i32;
+        for j in 0..QK / 2 {
+            let lo = ((bx.qs[j] & 0x0f) as i32 | (q5_high_bit(&bx.qh, j) << 4)) - 16;
+            let hi = ((bx.qs[j] >> 4) as i32 | (q5_high_bit(&bx.qh, j + QK / 2) << 4)) - 16;
+            isum += lo * by.qs[j] as i32 + hi * by.qs[j + QK / 2] as i32;
+        }
+        sum += isum as f32 * (bx.d.to_f32() * by.d.to_f32());
+    }
+    sum
+}
+
+pub fn vec_dot_q5_1_q8_1_ref(x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
+    let mut sum = 0.0f32;
+    for (bx, by) in x.iter().zip(y) {
+        let mut isum = 0i32;
+        for j in 0..QK / 2 {
+            let lo = (bx.qs[j] & 0x0f) as i32 | (q5_high_bit(&bx.qh, j) << 4);
+            let hi = (bx.qs[j] >> 4) as i32 | (q5_high_bit(&bx.qh, j + QK / 2) << 4);
+            isum += lo * by.qs[j] as i32 + hi * by.qs[j + QK / 2] as i32;
+        }
+        sum += (bx.d.to_f32() * by.d) * isum as f32 + bx.m.to_f32() * by.s;
+    }
+    sum
+}
+
+pub fn vec_dot_q8_0_q8_0_ref(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
+    let mut sum = 0.0f32;
+    for (bx, by) in x.iter().zip(y) {
+        let isum: i32 = bx.qs.iter().zip(&by.qs).map(|(&a, &b)| a as i32 * b as i32).sum();
+        sum += isum as f32 * (bx.d.to_f32() * by.d.to_f32());
+    }
+    sum
+}
+
+pub fn vec_dot_q2_k_q8_k_ref(x: &[BlockQ2K], y: &[BlockQ8K]) -> f32 {
+    let mut sum = 0.0f32;
+    for (bx, by) in x.iter().zip(y) {
+        // 16 groups of 16; group g = 8 * half + 2 * shift_index + sub.
+        let (mut isum, mut msum) = (0i32, 0i32);
+        for g in 0..16 {
+            let (half, rest) = (g / 8, g % 8);
+            let (shift, sub) = (rest / 2, rest % 2);
+            let sc = (bx.scales[g] & 0x0f) as i32;
+            let m = (bx.scales[g] >> 4) as i32;
+            let mut gsum = 0i32;
+            for l in 0..16 {
+                let q = ((bx.qs[32 * half + 16 * sub + l] >> (2 * shift)) & 3) as i32;
+                gsum += q * by.qs[16 * g + l] as i32;
+            }
+            isum += sc * gsum;
+            msum += m * by.bsums[g] as i32;
+        }
+        sum += by.d * (bx.d.to_f32() * isum as f32 - bx.dmin.to_f32() * msum as f32);
+    }
+    sum
+}
+
+pub fn vec_dot_q3_k_q8_k_ref(x: &[BlockQ3K], y: &[BlockQ8K]) -> f32 {
+    let mut sum = 0.0f32;
+    for (bx, by) in x.iter().zip(y) {
+        let scales = q3k_scales(&bx.scales);
+        let mut isum = 0i32;
+        for g in 0..16 {
+            let (half, rest) = (g / 8, g % 8);
+            let (shift, sub) = (rest / 2, rest % 2);
+            let hbit = 4 * half + shift;
+            let mut gsum = 0i32;
+            for l in 0..16 {
+                let idx = 16 * sub + l;
+                let low = ((bx.qs[32 * half + idx] >> (2 * shift)) & 3) as i32;
+                let high = if bx.hmask[idx] & (1 << hbit) != 0 { 0 } else { 4 };
+                gsum += (low - high) * by.qs[16 * g + l] as i32;
+            }
+            isum += scales[g] as i32 * gsum;
+        }
+        sum += bx.d.to_f32() * by.d * isum as f32;
+    }
+    sum
+}
+
+pub fn vec_dot_q4_k_q8_k_ref(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
+    let mut sum = 0.0f32;
+    for (bx, by) in x.iter().zip(y) {
+        let (mut isum, mut msum) = (0i32, 0i32);
+        for j in 0..8 {
+            let (sc, m) = scale_min_k4(j, &bx.scales);
+            let (chunk, upper) = (j / 2, j % 2 == 1);
+            let mut gsum = 0i32;
+            for l in 0..32 {
+                let byte = bx.qs[32 * chunk + l];
+                let q = if upper { byte >> 4 } else { byte & 0x0f } as i32;
+                gsum += q * by.qs[32 * j + l] as i32;
+            }
+            isum += sc as i32 * gsum;
+            msum += m as i32 * (by.bsums[2 * j] as i32 + by.bsums[2 * j + 1] as i32);
+        }
+        sum += bx.d.to_f32() * by.d * isum as f32 - bx.dmin.to_f32() * by.d * msum as f32;
+    }
+    sum
+}
+
+pub fn vec_dot_q5_k_q8_k_ref(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
+    let mut sum = 0.0f32;
+    for (bx, by) in x.iter().zip(y) {
+        let (mut isum, mut msum) = (0i32, 0i32);
+        for j in 0..8 {
+            let (sc, m) = scale_min_k4(j, &bx.scales);
+            let (chunk, upper) = (j / 2, j % 2 == 1);
+            let mut gsum = 0i32;
+            for l in 0..32 {
+                let byte = bx.qs[32 * chunk + l];
+                let low = if upper { byte >> 4 } else { byte & 0x0f } as i32;
+                let high = ((bx.qh[l] >> j) & 1) as i32;
+                gsum += (low | (high << 4)) * by.qs[32 * j + l] as i32;
+            }
+            isum += sc as i32 * gsum;
+            msum += m as i32 * (by.bsums[2 * j] as i32 + by.bsums[2 * j + 1] as i32);
+        }
+        sum += bx.d.to_f32() * by.d * isum as f32 - bx.dmin.to_f32() * by.d * msum as f32;
+    }
+    sum
+}
+
+pub fn vec_dot_q6_k_q8_k_ref(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+    let mut sum = 0.0f32;
+    for (bx, by) in x.iter().zip(y) {
+        let mut isum = 0i32;
+        // Two halves of 128 values; in each, value l + 32 * k (k = 0..4) takes
+        // its low 4 bits from ql and 2 high bits from qh.
+        for n in 0..2 {
+            let (ql, qh) = (&bx.ql[64 * n..64 * n + 64], &bx.qh[32 * n..32 * n + 32]);
+            for l in 0..32 {
+                let q = [
+                    (ql[l] & 0x0f) | ((qh[l] & 3) << 4),
+                    (ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4),
+                    (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
+                    (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
+                ];
+                for (k, &qk) in q.iter().enumerate() {
+                    let idx = 128 * n + 32 * k + l;
+                    let sc = bx.scales[idx / 16] as i32;
+                    isum += sc * (qk as i32 - 32) * by.qs[idx] as i32;
+                }
+            }
+        }
+        sum += bx.d.to_f32() * by.d * isum as f32;
+    }
+    sum
+}
+
+pub fn vec_dot_f32_ref(x: &[f32], y: &[f32]) -> f32 {
+    x.iter().zip(y).map(|(a, b)| a * b).sum()
+}
+
+/// F16 weights times activations rounded to f16 (llama.cpp's vec_dot_type for
+/// F16), accumulated in f64 as ggml_vec_dot_f16 does.
+pub fn vec_dot_f16_ref(x: &[u8], y: &[f16]) -> f32 {
+    let mut sum = 0.0f64;
+    for (b, v) in x.chunks_exact(2).zip(y) {
+        sum += (f16::from_le_bytes([b[0], b[1]]).to_f32() * v.to_f32()) as f64;
+    }
+    sum as f32
+}
+
+pub fn vec_dot_bf16_ref(x: &[u8], y: &[bf16]) -> f32 {
+    let mut sum = 0.0f64;
+    for (b, v) in x.chunks_exact(2).zip(y) {
+        sum += (bf16::from_le_bytes([b[0], b[1]]).to_f32() * v.to_f32()) as f64;
+    }
+    sum as f32
+}

@@ -1,0 +1,196 @@
+//! Building blocks shared by every architecture's forward pass. Activations are
+//! row-major `[n_tokens, width]` f32 slices.
+
+use half::bf16;
+use rayon::prelude::*;
+
+use crate::config::RopeLayout;
+use crate::kv_cache::{KvDtype, LayerKvCache};
+
+/// RMSNorm of every row of `x` (row length = `dim`), in place:
+/// x * rsqrt(mean(x²) + eps) * w (no weight: scaleless).
+pub fn rmsnorm(x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
+    for row in x.chunks_exact_mut(dim) {
+        let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+        let scale = 1.0 / (mean_sq + eps).sqrt();
+        match weight {
+            Some(w) => row.iter_mut().zip(w).for_each(|(v, g)| *v = *v * scale * g),
+            None => row.iter_mut().for_each(|v| *v *= scale),
+        }
+    }
+}
+
+/// Rounds every element to bfloat16 (round to nearest even), in place.
+pub fn round_bf16(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = bf16::from_f32(*v).to_f32());
+}
+
+/// How RoPE frequencies are computed for one layer.
+#[derive(Clone, Copy, Debug)]
+pub struct Rope {
+    pub theta: f32,
+    pub layout: RopeLayout,
+    /// Number of leading dimensions of each head that rotate (= head_dim here).
+    pub n_rot: usize,
+    /// ggml computes θ_i by repeated multiplication θ_{i+1} = θ_i · base^(-2/n);
+    /// the Muse Glimmer spec computes inv_freq_i = 1/base^(2i/n) directly.
+    pub iterative: bool,
+}
+
+impl Rope {
+    /// Rotates each of the `n_heads` heads in `x` ([n_heads, head_dim]) for position `pos`.
+    pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
+        let half = self.n_rot / 2;
+        let mut cs = [(0.0f32, 0.0f32); 256];
+        let scale = self.theta.powf(-2.0 / self.n_rot as f32);
+        let mut theta = pos as f32;
+        for (i, c) in cs.iter_mut().take(half).enumerate() {
+            let t = if self.iterative {
+                let t = theta;
+                theta *= scale;
+                t
+            } else {
+                pos as f32 * (1.0 / self.theta.powf(2.0 * i as f32 / self.n_rot as f32))
+            };
+            *c = (t.cos(), t.sin());
+        }
+        for head in x.chunks_exact_mut(head_dim) {
+            for (i, &(cos, sin)) in cs.iter().take(half).enumerate() {
+                let (a, b) = match self.layout {
+                    RopeLayout::Interleaved => (2 * i, 2 * i + 1),
+                    RopeLayout::Neox => (i, i + half),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+}
+
+/// Shapes of one attention call.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Multiplier on q·k.
+    pub scale: f32,
+}
+
+/// Causal attention for a chunk of `T` new tokens at positions `p0..p0+T`.
+///
+/// `q`: [T, n_heads, head_dim] (f32, already normed/rotated); `k_new`, `v_new`:
+/// [T, n_kv_heads, head_dim] rounded to the cache's dtype. Keys older than `p0`
+/// are read from `cache` in place (ring or flat); the chunk's own keys from
+/// `k_new`/`v_new`. Query head h uses KV head h / (n_heads / n_kv_heads).
+/// Returns [T, n_heads, head_dim].
+pub fn attention(q: &[f32], k_new: &[u16], v_new: &[u16], cache: &LayerKvCache, p0: usize, s: AttnShape, out: &mut [f32]) {
+    let hd = s.head_dim;
+    let group = s.n_heads / s.n_kv_heads;
+    let dtype = cache.dtype;
+    let kv_row = s.n_kv_heads * hd;
+    // One work item per (token, head): [T * n_heads] rows of head_dim.
+    out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
+        let (t, h) = (idx / s.n_heads, idx % s.n_heads);
+        let kvh = h / group;
+        let qpos = p0 + t;
+        // The reference kernels read q in the cache's precision.
+        let qv: Vec<f32> = q[idx * hd..(idx + 1) * hd].iter().map(|&x| dtype.widen(dtype.round(x))).collect();
+        let lo = cache.window_start(qpos);
+        let n_keys = qpos + 1 - lo;
+        let mut scores = Vec::with_capacity(n_keys);
+        let key_at = |pos: usize| -> (&[u16], &[u16]) {
+            if pos >= p0 {
+                let off = (pos - p0) * kv_row + kvh * hd;
+                (&k_new[off..off + hd], &v_new[off..off + hd])
+            } else {
+                cache.kv_row(kvh, pos)
+            }
+        };
+        let mut max = f32::NEG_INFINITY;
+        for pos in lo..=qpos {
+            let (k, _) = key_at(pos);
+            let dot: f32 = qv.iter().zip(k).map(|(a, &b)| a * dtype.widen(b)).sum();
+            let sc = dot * s.scale;
+            max = max.max(sc);
+            scores.push(sc);
+        }
+        let mut sum = 0.0f32;
+        for sc in scores.iter_mut() {
+            *sc = (*sc - max).exp();
+            sum += *sc;
+        }
+        o.fill(0.0);
+        for (i, pos) in (lo..=qpos).enumerate() {
+            let (_, v) = key_at(pos);
+            let p = scores[i] / sum;
+            o.iter_mut().zip(v).for_each(|(acc, &b)| *acc += p * dtype.widen(b));
+        }
+    });
+}
+
+/// Rounds f32 K or V rows to the cache dtype.
+pub fn to_cache_dtype(x: &[f32], dtype: KvDtype) -> Vec<u16> {
+    x.iter().map(|&v| dtype.round(v)).collect()
+}
+
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// GELU, tanh approximation (as used by Gemma).
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh())
+}
+
+/// GELU as llama.cpp's CPU backend evaluates it: the input rounded to f16,
+/// looked up in a table of f16 results (`GGML_GELU_FP16`), so exactly
+/// f16(gelu(f16(x))) inside (-10, 10). Gemma's parity with the reference
+/// depends on matching this rounding.
+#[inline]
+pub fn gelu_f16_table(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        let xh = half::f16::from_f32(x).to_f32();
+        half::f16::from_f32(gelu_tanh(xh)).to_f32()
+    }
+}
+
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `a[i] = act(a[i]) * b[i]`: the gated-linear-unit product of an MLP.
+pub fn glu(a: &mut [f32], b: &[f32], act: fn(f32) -> f32) {
+    a.iter_mut().zip(b).for_each(|(x, y)| *x = act(*x) * y);
+}
+
+/// `x += y` elementwise.
+pub fn add(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Spec §8.4: inv_freq_1 = 0.8146172, inv_freq_63 = 2.455141e-6 for base 500000, d=128.
+    #[test]
+    fn rope_frequencies_match_spec() {
+        let inv = |i: f32| 1.0 / 500000f32.powf(2.0 * i / 128.0);
+        assert!((inv(1.0) - 0.8146172).abs() < 1e-6);
+        assert!((inv(63.0) - 2.455141e-6).abs() < 1e-11);
+        let mut x: Vec<f32> = (0..128).map(|i| i as f32).collect();
+        let orig = x.clone();
+        Rope { theta: 500000.0, layout: RopeLayout::Interleaved, n_rot: 128, iterative: false }.apply(&mut x, 128, 0);
+        assert_eq!(x, orig, "position 0 leaves q and k unchanged");
+    }
+}

@@ -1,0 +1,125 @@
+//! The forward driver shared by all architectures: validation, chunking,
+//! embedding lookup, the output head. The per-layer math lives in one file per
+//! architecture (llama.rs, gemma3.rs, muse_glimmer.rs).
+
+use hearth_kernels::{matmul, Activations};
+
+use crate::config::Architecture;
+use crate::state::State;
+use crate::weights::{Linear, Model, ModelError};
+use crate::{blocks, gemma3, llama, muse_glimmer};
+
+/// Which logits a forward call returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's row: [vocab].
+    Last,
+    /// Every token's row: [n_tokens, vocab].
+    All,
+    /// None (prefilling a prefix).
+    None,
+}
+
+/// Tokens processed per pass through the layers (bounds scratch memory).
+pub const MAX_CHUNK: usize = 512;
+
+impl Model {
+    /// Runs `tokens` at positions `state.pos..`, advancing `state.pos`.
+    pub fn forward(&self, state: &mut State, tokens: &[u32], want: Logits) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        if tokens.is_empty() {
+            return Err(ModelError::Empty);
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(ModelError::BadToken { token: bad, vocab: c.vocab_size });
+        }
+        if state.pos + tokens.len() > state.max_ctx {
+            return Err(ModelError::ContextFull { pos: state.pos, n: tokens.len(), ctx: state.max_ctx });
+        }
+        if state.caches.iter().any(|cache| !cache.can_serve(state.pos)) {
+            return Err(ModelError::RolledBackTooFar { pos: state.pos });
+        }
+        let mut logits = Vec::new();
+        let n_chunks = tokens.len().div_ceil(MAX_CHUNK);
+        for (ci, chunk) in tokens.chunks(MAX_CHUNK).enumerate() {
+            let p0 = state.pos;
+            let mut x = self.embed(chunk);
+            for li in 0..c.n_layers {
+                let cache = &mut state.caches[li];
+                match c.arch {
+                    Architecture::Llama | Architecture::Qwen2 => llama::layer(self, li, &mut x, cache, p0),
+                    Architecture::Gemma3 => gemma3::layer(self, li, &mut x, cache, p0),
+                    Architecture::MuseGlimmer => muse_glimmer::layer(self, li, &mut x, cache, p0),
+                }
+            }
+            state.pos += chunk.len();
+            let rows = match want {
+                Logits::All => x,
+                Logits::Last if ci + 1 == n_chunks => x[(chunk.len() - 1) * c.dim..].to_vec(),
+                _ => continue,
+            };
+            logits.extend(self.head(rows));
+        }
+        Ok(logits)
+    }
+
+    /// Token embeddings, [T, dim]: rows of `token_embd` dequantized on demand.
+    fn embed(&self, tokens: &[u32]) -> Vec<f32> {
+        let c = &self.config;
+        let e = self.mat(&self.tok_embd);
+        let mut x = vec![0.0f32; tokens.len() * c.dim];
+        for (row, &t) in x.chunks_exact_mut(c.dim).zip(tokens) {
+            e.dequantize_row(t as usize, row);
+        }
+        match c.arch {
+            // Gemma scales embeddings by sqrt(dim).
+            Architecture::Gemma3 => {
+                let s = (c.dim as f32).sqrt();
+                x.iter_mut().for_each(|v| *v *= s);
+            }
+            // Muse Glimmer §3.2: e = bf16(RMS_0(bf16(E[t]))).
+            Architecture::MuseGlimmer => {
+                blocks::round_bf16(&mut x);
+                blocks::rmsnorm(&mut x, c.dim, None, c.norm_eps);
+                blocks::round_bf16(&mut x);
+            }
+            _ => {}
+        }
+        x
+    }
+
+    /// Final norm and LM head for rows `x` ([n, dim]) -> [n, vocab].
+    fn head(&self, mut x: Vec<f32>) -> Vec<f32> {
+        let c = &self.config;
+        match c.arch {
+            Architecture::MuseGlimmer => muse_glimmer::head(self, x),
+            _ => {
+                blocks::rmsnorm(&mut x, c.dim, Some(&self.output_norm), c.norm_eps);
+                self.linear(&self.output, &x)
+            }
+        }
+    }
+
+    /// `x @ W^T` for rows `x` ([n, cols]) -> [n, rows], computed from the
+    /// quantized weights in place.
+    pub(crate) fn linear(&self, w: &Linear, x: &[f32]) -> Vec<f32> {
+        let n = x.len() / w.cols;
+        let mut out = vec![0.0f32; n * w.rows];
+        matmul(&self.mat(w), x, n, &mut out, self.activations());
+        out
+    }
+
+    /// How activations enter the matmuls: llama.cpp-style 8-bit quantization
+    /// for the llama.cpp architectures; exact f32 (after the spec's bf16
+    /// rounding) for Muse Glimmer, whose reference takes bf16 inputs.
+    pub fn activations(&self) -> Activations {
+        match self.config.arch {
+            Architecture::MuseGlimmer => Activations::F32,
+            _ => Activations::Quantized,
+        }
+    }
+
+    pub fn new_state(&self, max_ctx: usize) -> State {
+        State::new(self, max_ctx)
+    }
+}

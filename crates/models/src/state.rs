@@ -1,0 +1,55 @@
+//! Per-session state: the position and one KV cache per layer. A `Model` is
+//! shared; each conversation owns a `State`.
+
+use crate::config::LayerKind;
+use crate::kv_cache::{CacheLayout, LayerKvCache, RING_SLACK};
+use crate::weights::{Model, ModelError};
+
+pub struct State {
+    /// Number of positions written (the next token goes at `pos`).
+    pub pos: usize,
+    /// Context length this state was sized for.
+    pub max_ctx: usize,
+    /// One per layer.
+    pub caches: Vec<LayerKvCache>,
+}
+
+impl State {
+    pub fn new(model: &Model, max_ctx: usize) -> State {
+        let c = &model.config;
+        let caches = c
+            .layers
+            .iter()
+            .map(|kind| {
+                let (layout, slots) = match *kind {
+                    LayerKind::Global { .. } => (CacheLayout::Flat, max_ctx),
+                    LayerKind::Sliding { window, .. } => (CacheLayout::Ring { window }, (window + RING_SLACK).min(max_ctx)),
+                };
+                LayerKvCache::new(layout, model.kv_dtype, c.n_kv_heads, c.head_dim, slots)
+            })
+            .collect();
+        State { pos: 0, max_ctx, caches }
+    }
+
+    /// Bytes held by the KV caches.
+    pub fn kv_bytes(&self) -> usize {
+        self.caches.iter().map(LayerKvCache::bytes).sum()
+    }
+
+    /// Moves the position back to `pos` (speculative rollback, or continuing a
+    /// conversation from an earlier point). Flat caches need nothing; a ring
+    /// that has overwritten entries the new position still needs is an error.
+    pub fn rollback(&mut self, pos: usize) -> Result<(), ModelError> {
+        assert!(pos <= self.pos, "rollback forward from {} to {pos}", self.pos);
+        if self.caches.iter().any(|c| !c.can_serve(pos)) {
+            return Err(ModelError::RolledBackTooFar { pos });
+        }
+        self.pos = pos;
+        Ok(())
+    }
+
+    pub fn reset(&mut self) {
+        self.pos = 0;
+        self.caches.iter_mut().for_each(LayerKvCache::reset);
+    }
+}

@@ -1,0 +1,228 @@
+//! `Model`: immutable weights, straight from the GGUF mapping. Quantized
+//! matrices stay in the mmap (no dequantization at load); only small F32
+//! vectors (norm gains, biases) are copied out.
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use hearth_gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
+use hearth_kernels::QMatrix;
+
+use crate::config::{Architecture, ConfigError, ModelConfig};
+use crate::kv_cache::KvDtype;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("missing tensor '{0}'")]
+    MissingTensor(String),
+    #[error("tensor '{name}' has shape {got:?}, expected {expected:?} (ggml order)")]
+    BadShape { name: String, expected: Vec<u64>, got: Vec<u64> },
+    #[error("tensor '{name}' has type {ty}, which hearth cannot compute with")]
+    UnsupportedType { name: String, ty: GgmlType },
+    #[error("token id {token} is outside the vocabulary of {vocab}")]
+    BadToken { token: u32, vocab: usize },
+    #[error("context full: position {pos} + {n} tokens exceeds the context of {ctx}")]
+    ContextFull { pos: usize, n: usize, ctx: usize },
+    #[error("cannot continue at position {pos}: the sliding-window cache was rolled back further than its slack")]
+    RolledBackTooFar { pos: usize },
+    #[error("empty token list")]
+    Empty,
+}
+
+/// A weight matrix of logical shape [rows, cols] (GGUF `ne` = [cols, rows]),
+/// located by its byte range in the file.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    pub name: String,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    range: Range<usize>,
+}
+
+/// Per-layer weights. Optional fields exist for some architectures only.
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
+    pub wo: Linear,
+    /// qwen2: q/k/v biases.
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    /// gemma3: learned per-head QK-norm gains.
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    /// muse_glimmer: sigmoid output gate projection.
+    pub attn_gate: Option<Linear>,
+    /// Sandwich norms (gemma3, muse_glimmer).
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub ffn_gate: Linear,
+    pub ffn_up: Linear,
+    pub ffn_down: Linear,
+    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+pub struct Model {
+    pub config: ModelConfig,
+    pub kv_dtype: KvDtype,
+    file: Arc<GgufFile>,
+    /// [vocab, dim]
+    pub tok_embd: Linear,
+    pub output_norm: Vec<f32>,
+    /// [vocab, dim]; the embedding matrix when tied.
+    pub output: Linear,
+    pub layers: Vec<Layer>,
+}
+
+/// Types the CPU matmul can compute with.
+pub fn matmul_supported(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K)
+}
+
+struct Loader<'a> {
+    file: &'a GgufFile,
+}
+
+impl Loader<'_> {
+    fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
+        self.file.tensor_info(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+    }
+
+    fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
+        let t = self.info(name)?;
+        let expected = vec![cols as u64, rows as u64];
+        if t.shape != expected {
+            return Err(ModelError::BadShape { name: name.into(), expected, got: t.shape.clone() });
+        }
+        if !matmul_supported(t.ty) {
+            return Err(ModelError::UnsupportedType { name: name.into(), ty: t.ty });
+        }
+        let start = (self.file.data_offset() + t.offset) as usize;
+        Ok(Linear { name: name.into(), ty: t.ty, rows, cols, range: start..start + t.n_bytes() as usize })
+    }
+
+    fn opt_linear(&self, name: &str, rows: usize, cols: usize) -> Result<Option<Linear>, ModelError> {
+        match self.file.tensor_info(name) {
+            None => Ok(None),
+            Some(_) => self.linear(name, rows, cols).map(Some),
+        }
+    }
+
+    /// A 1-D vector, dequantized to f32.
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        let t = self.info(name)?;
+        if t.shape != [len as u64] {
+            return Err(ModelError::BadShape { name: name.into(), expected: vec![len as u64], got: t.shape.clone() });
+        }
+        let mut out = vec![0.0; len];
+        let data = self.file.tensor(name)?.data;
+        hearth_kernels::dequantize(t.ty, data, &mut out)
+            .map_err(|_| ModelError::UnsupportedType { name: name.into(), ty: t.ty })?;
+        Ok(out)
+    }
+
+    fn opt_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>, ModelError> {
+        match self.file.tensor_info(name) {
+            None => Ok(None),
+            Some(_) => self.vector(name, len).map(Some),
+        }
+    }
+}
+
+impl Model {
+    pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
+        Self::from_gguf(Arc::new(GgufFile::open(path)?))
+    }
+
+    pub fn from_gguf(file: Arc<GgufFile>) -> Result<Model, ModelError> {
+        let config = ModelConfig::from_gguf(&file)?;
+        let ld = Loader { file: &file };
+        let c = &config;
+        let (dim, q_dim, kv_dim) = (c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let tok_embd = ld.linear("token_embd.weight", c.vocab_size, dim)?;
+        let output = ld.opt_linear("output.weight", c.vocab_size, dim)?.unwrap_or_else(|| tok_embd.clone());
+        let output_norm = ld.vector("output_norm.weight", dim)?;
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for i in 0..c.n_layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let (post_attn, post_ffn) = match c.arch {
+                Architecture::Gemma3 | Architecture::MuseGlimmer => (
+                    Some(ld.vector(&n("post_attention_norm.weight"), dim)?),
+                    Some(ld.vector(&n("post_ffw_norm.weight"), dim)?),
+                ),
+                _ => (None, None),
+            };
+            let (q_norm, k_norm) = match c.arch {
+                Architecture::Gemma3 => (
+                    Some(ld.vector(&n("attn_q_norm.weight"), c.head_dim)?),
+                    Some(ld.vector(&n("attn_k_norm.weight"), c.head_dim)?),
+                ),
+                // muse_glimmer's QK-norm is scaleless: stored gains are ignored (spec §4.3).
+                _ => (None, None),
+            };
+            let attn_gate = match c.arch {
+                Architecture::MuseGlimmer => Some(match ld.opt_linear(&n("attn_gate.weight"), q_dim, dim)? {
+                    Some(g) => g,
+                    None => ld.linear(&n("attn_output_gate.weight"), q_dim, dim)?,
+                }),
+                _ => None,
+            };
+            layers.push(Layer {
+                attn_norm: ld.vector(&n("attn_norm.weight"), dim)?,
+                wq: ld.linear(&n("attn_q.weight"), q_dim, dim)?,
+                wk: ld.linear(&n("attn_k.weight"), kv_dim, dim)?,
+                wv: ld.linear(&n("attn_v.weight"), kv_dim, dim)?,
+                wo: ld.linear(&n("attn_output.weight"), dim, q_dim)?,
+                bq: ld.opt_vector(&n("attn_q.bias"), q_dim)?,
+                bk: ld.opt_vector(&n("attn_k.bias"), kv_dim)?,
+                bv: ld.opt_vector(&n("attn_v.bias"), kv_dim)?,
+                q_norm,
+                k_norm,
+                attn_gate,
+                post_attn_norm: post_attn,
+                ffn_norm: ld.vector(&n("ffn_norm.weight"), dim)?,
+                ffn_gate: ld.linear(&n("ffn_gate.weight"), c.ffn_dim, dim)?,
+                ffn_up: ld.linear(&n("ffn_up.weight"), c.ffn_dim, dim)?,
+                ffn_down: ld.linear(&n("ffn_down.weight"), dim, c.ffn_dim)?,
+                post_ffn_norm: post_ffn,
+            });
+        }
+        let kv_dtype = match c.arch {
+            Architecture::MuseGlimmer => KvDtype::Bf16,
+            _ => KvDtype::F16,
+        };
+        Ok(Model { config, kv_dtype, file, tok_embd, output_norm, output, layers })
+    }
+
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// A borrowed view of a weight matrix for the kernels.
+    pub fn mat(&self, l: &Linear) -> QMatrix<'_> {
+        QMatrix { ty: l.ty, rows: l.rows, cols: l.cols, data: &self.file.raw_bytes()[l.range.clone()] }
+    }
+
+    /// Bytes of weights read per decoded token (every matrix once).
+    pub fn weight_bytes(&self) -> usize {
+        let lin = |l: &Linear| l.range.len();
+        let per_layer: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                lin(&l.wq) + lin(&l.wk) + lin(&l.wv) + lin(&l.wo) + lin(&l.ffn_gate) + lin(&l.ffn_up) + lin(&l.ffn_down)
+                    + l.attn_gate.as_ref().map_or(0, lin)
+            })
+            .sum();
+        per_layer + lin(&self.output)
+    }
+}
