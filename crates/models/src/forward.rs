@@ -6,7 +6,7 @@ use hearth_kernels::{matmul, Activations};
 
 use crate::config::Architecture;
 use crate::state::State;
-use crate::weights::{Linear, Model, ModelError};
+use crate::weights::{Linear, Model, ModelError, Numerics};
 use crate::{blocks, gemma3, llama, muse_glimmer};
 
 /// Which logits a forward call returns.
@@ -79,9 +79,14 @@ impl Model {
             }
             // Muse Glimmer §3.2: e = bf16(RMS_0(bf16(E[t]))).
             Architecture::MuseGlimmer => {
-                blocks::round_bf16(&mut x);
+                let exact = self.numerics == Numerics::F32;
+                if !exact {
+                    blocks::round_bf16(&mut x);
+                }
                 blocks::rmsnorm(&mut x, c.dim, None, c.norm_eps);
-                blocks::round_bf16(&mut x);
+                if !exact {
+                    blocks::round_bf16(&mut x);
+                }
             }
             _ => {}
         }
@@ -113,8 +118,8 @@ impl Model {
     /// for the llama.cpp architectures; exact f32 (after the spec's bf16
     /// rounding) for Muse Glimmer, whose reference takes bf16 inputs.
     pub fn activations(&self) -> Activations {
-        match self.config.arch {
-            Architecture::MuseGlimmer => Activations::F32,
+        match (self.config.arch, self.numerics) {
+            (_, Numerics::F32) | (Architecture::MuseGlimmer, _) => Activations::F32,
             _ => Activations::Quantized,
         }
     }

@@ -3,7 +3,7 @@
 //! on global ones), GeGLU MLP. Norm gains in GGUF already include Gemma's +1
 //! (added by the converter), so they are used as absolute gains.
 
-use crate::blocks::{self, attention, gelu_f16_table, glu, rmsnorm, to_cache_dtype, AttnShape, Rope};
+use crate::blocks::{self, attention, gelu_f16_table, glu, rmsnorm, round_to_cache, AttnShape, Rope};
 use crate::config::LayerKind;
 use crate::kv_cache::LayerKvCache;
 use crate::weights::Model;
@@ -31,7 +31,9 @@ pub(crate) fn layer(m: &Model, li: usize, x: &mut [f32], cache: &mut LayerKvCach
     }
     // The query is scaled before attention (as the reference graph does).
     q.iter_mut().for_each(|v| *v *= c.attn_scale);
-    let (k, v) = (to_cache_dtype(&k, cache.dtype), to_cache_dtype(&v, cache.dtype));
+    let mut v = v;
+    round_to_cache(&mut k, cache.dtype);
+    round_to_cache(&mut v, cache.dtype);
     let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd, scale: 1.0 };
     let mut att = vec![0.0f32; t * c.n_heads * hd];
     attention(&q, &k, &v, cache, p0, shape, &mut att);

@@ -18,24 +18,73 @@ pub enum KvDtype {
     F16,
     /// The Muse Glimmer spec's cache type (§3.7).
     Bf16,
+    /// Exact (for checking against f32 references).
+    F32,
 }
 
 impl KvDtype {
+    /// `x` rounded to this precision and widened back.
     #[inline]
-    pub fn round(self, x: f32) -> u16 {
+    pub fn round(self, x: f32) -> f32 {
         match self {
-            KvDtype::F16 => f16::from_f32(x).to_bits(),
-            KvDtype::Bf16 => bf16::from_f32(x).to_bits(),
+            KvDtype::F16 => f16::from_f32(x).to_f32(),
+            KvDtype::Bf16 => bf16::from_f32(x).to_f32(),
+            KvDtype::F32 => x,
         }
     }
 
-    #[inline]
-    pub fn widen(self, bits: u16) -> f32 {
+    pub fn bytes(self) -> usize {
         match self {
-            KvDtype::F16 => f16::from_bits(bits).to_f32(),
-            KvDtype::Bf16 => bf16::from_bits(bits).to_f32(),
+            KvDtype::F16 | KvDtype::Bf16 => 2,
+            KvDtype::F32 => 4,
         }
     }
+}
+
+/// An element type a cache can store.
+pub trait KvElem: Copy + Default + Send + Sync + 'static {
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl KvElem for f16 {
+    #[inline]
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    #[inline]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+impl KvElem for bf16 {
+    #[inline]
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    #[inline]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+
+impl KvElem for f32 {
+    #[inline]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    #[inline]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+/// Cached K and V values in their storage type.
+pub enum KvData {
+    F16 { k: Vec<f16>, v: Vec<f16> },
+    Bf16 { k: Vec<bf16>, v: Vec<bf16> },
+    F32 { k: Vec<f32>, v: Vec<f32> },
 }
 
 /// Which positions a layer's cache holds and where.
@@ -47,18 +96,15 @@ pub enum CacheLayout {
     Ring { window: usize },
 }
 
-/// K and V of one layer: `[n_kv_heads, slots, head_dim]` each, stored as 16-bit
-/// floats of `dtype`.
+/// K and V of one layer: `[n_kv_heads, slots, head_dim]` each, in `dtype`.
 pub struct LayerKvCache {
     pub layout: CacheLayout,
     pub dtype: KvDtype,
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub slots: usize,
-    /// [n_kv_heads, slots, head_dim]
-    k: Vec<u16>,
-    /// [n_kv_heads, slots, head_dim]
-    v: Vec<u16>,
+    /// K and V, each [n_kv_heads, slots, head_dim].
+    pub data: KvData,
     /// Lowest position whose entry is still intact (ring overwrites older ones).
     oldest_intact: usize,
 }
@@ -66,42 +112,55 @@ pub struct LayerKvCache {
 impl LayerKvCache {
     pub fn new(layout: CacheLayout, dtype: KvDtype, n_kv_heads: usize, head_dim: usize, slots: usize) -> Self {
         let n = n_kv_heads * slots * head_dim;
-        LayerKvCache { layout, dtype, n_kv_heads, head_dim, slots, k: vec![0; n], v: vec![0; n], oldest_intact: 0 }
+        let data = match dtype {
+            KvDtype::F16 => KvData::F16 { k: vec![f16::ZERO; n], v: vec![f16::ZERO; n] },
+            KvDtype::Bf16 => KvData::Bf16 { k: vec![bf16::ZERO; n], v: vec![bf16::ZERO; n] },
+            KvDtype::F32 => KvData::F32 { k: vec![0.0; n], v: vec![0.0; n] },
+        };
+        LayerKvCache { layout, dtype, n_kv_heads, head_dim, slots, data, oldest_intact: 0 }
     }
 
     pub fn bytes(&self) -> usize {
-        (self.k.len() + self.v.len()) * 2
+        2 * self.n_kv_heads * self.slots * self.head_dim * self.dtype.bytes()
     }
 
     #[inline]
-    fn slot(&self, pos: usize) -> usize {
+    pub fn slot(&self, pos: usize) -> usize {
         match self.layout {
             CacheLayout::Flat => pos,
             CacheLayout::Ring { .. } => pos % self.slots,
         }
     }
 
-    /// Cached key and value rows of `head` at `pos`, as 16-bit floats.
+    /// Offset of the row of `head` at `pos` in K or V.
     #[inline]
-    pub fn kv_row(&self, head: usize, pos: usize) -> (&[u16], &[u16]) {
-        let off = (head * self.slots + self.slot(pos)) * self.head_dim;
-        (&self.k[off..off + self.head_dim], &self.v[off..off + self.head_dim])
+    pub fn row_offset(&self, head: usize, pos: usize) -> usize {
+        (head * self.slots + self.slot(pos)) * self.head_dim
     }
 
-    /// Stores already-rounded rows for positions `p0..p0+T`. `k`, `v`: [T, n_kv_heads, head_dim].
-    pub fn write(&mut self, p0: usize, k: &[u16], v: &[u16]) {
+    /// Stores rows for positions `p0..p0+T`. `k`, `v`: [T, n_kv_heads, head_dim].
+    pub fn write(&mut self, p0: usize, k: &[f32], v: &[f32]) {
         let row = self.n_kv_heads * self.head_dim;
         let t = k.len() / row;
         // Only the last `slots` positions of a long chunk survive in a ring.
         let first = t.saturating_sub(self.slots);
-        for i in first..t {
-            let slot = self.slot(p0 + i);
-            for h in 0..self.n_kv_heads {
-                let src = i * row + h * self.head_dim;
-                let dst = (h * self.slots + slot) * self.head_dim;
-                self.k[dst..dst + self.head_dim].copy_from_slice(&k[src..src + self.head_dim]);
-                self.v[dst..dst + self.head_dim].copy_from_slice(&v[src..src + self.head_dim]);
+        let (hd, n_kv) = (self.head_dim, self.n_kv_heads);
+        let offsets: Vec<(usize, usize)> = (first..t)
+            .flat_map(|i| (0..n_kv).map(move |h| (i, h)))
+            .map(|(i, h)| (i * row + h * hd, self.row_offset(h, p0 + i)))
+            .collect();
+        fn store<E: KvElem>(dst_k: &mut [E], dst_v: &mut [E], k: &[f32], v: &[f32], offs: &[(usize, usize)], hd: usize) {
+            for &(src, dst) in offs {
+                for j in 0..hd {
+                    dst_k[dst + j] = E::from_f32(k[src + j]);
+                    dst_v[dst + j] = E::from_f32(v[src + j]);
+                }
             }
+        }
+        match &mut self.data {
+            KvData::F16 { k: dk, v: dv } => store(dk, dv, k, v, &offsets, hd),
+            KvData::Bf16 { k: dk, v: dv } => store(dk, dv, k, v, &offsets, hd),
+            KvData::F32 { k: dk, v: dv } => store(dk, dv, k, v, &offsets, hd),
         }
         let end = p0 + t;
         if let CacheLayout::Ring { .. } = self.layout {
@@ -129,26 +188,26 @@ impl LayerKvCache {
     }
 }
 
-/// Default extra ring slots beyond the window: enough to roll back a rejected
-/// speculative block of up to 16 drafted tokens.
-pub const RING_SLACK: usize = 16;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn pos_row(p: usize, n: usize) -> Vec<u16> {
-        vec![p as u16; n]
+    fn key_at(c: &LayerKvCache, p: usize) -> f32 {
+        match &c.data {
+            KvData::F32 { k, .. } => k[c.row_offset(0, p)],
+            _ => unreachable!(),
+        }
     }
 
     #[test]
     fn ring_keeps_the_last_slots_positions() {
-        let mut c = LayerKvCache::new(CacheLayout::Ring { window: 4 }, KvDtype::F16, 1, 2, 6);
+        let mut c = LayerKvCache::new(CacheLayout::Ring { window: 4 }, KvDtype::F32, 1, 2, 6);
         for p in 0..10 {
-            c.write(p, &pos_row(p, 2), &pos_row(p, 2));
+            c.write(p, &[p as f32; 2], &[p as f32; 2]);
         }
         for p in 4..10 {
-            assert_eq!(c.kv_row(0, p).0, &[p as u16, p as u16]);
+            assert_eq!(key_at(&c, p), p as f32);
         }
         assert_eq!(c.window_start(9), 6);
         assert!(c.can_serve(10));
@@ -156,11 +215,11 @@ mod tests {
 
     #[test]
     fn long_chunk_writes_only_its_tail_and_rollback_limit_is_tracked() {
-        let mut c = LayerKvCache::new(CacheLayout::Ring { window: 4 }, KvDtype::F16, 1, 1, 6);
-        let rows: Vec<u16> = (0..20).collect();
+        let mut c = LayerKvCache::new(CacheLayout::Ring { window: 4 }, KvDtype::F32, 1, 1, 6);
+        let rows: Vec<f32> = (0..20).map(|x| x as f32).collect();
         c.write(0, &rows, &rows);
         for p in 14..20 {
-            assert_eq!(c.kv_row(0, p).0, &[p as u16]);
+            assert_eq!(key_at(&c, p), p as f32);
         }
         // Rolled back to 17 (3 positions): query 17 needs 14..=17, all intact.
         assert!(c.can_serve(17));

@@ -10,10 +10,11 @@ pub mod kv_cache;
 mod llama;
 pub mod muse_glimmer;
 mod state;
+pub mod synth;
 mod weights;
 
 pub use config::{Architecture, ConfigError, LayerKind, ModelConfig, RopeLayout};
 pub use forward::{Logits, MAX_CHUNK};
-pub use kv_cache::{CacheLayout, KvDtype, LayerKvCache};
+pub use kv_cache::{CacheLayout, KvData, KvDtype, LayerKvCache};
 pub use state::State;
-pub use weights::{Layer, Linear, Model, ModelError};
+pub use weights::{Layer, Linear, Model, ModelError, Numerics};

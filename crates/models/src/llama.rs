@@ -2,7 +2,7 @@
 //! and a SwiGLU MLP. RoPE layout differs (llama: interleaved pairs; qwen2:
 //! NeoX halves) and comes from the config.
 
-use crate::blocks::{self, attention, glu, rmsnorm, silu, to_cache_dtype, AttnShape, Rope};
+use crate::blocks::{self, attention, glu, rmsnorm, silu, round_to_cache, AttnShape, Rope};
 use crate::kv_cache::LayerKvCache;
 use crate::weights::Model;
 
@@ -27,7 +27,9 @@ pub(crate) fn layer(m: &Model, li: usize, x: &mut [f32], cache: &mut LayerKvCach
         rope.apply(&mut q[i * c.n_heads * hd..(i + 1) * c.n_heads * hd], hd, p0 + i);
         rope.apply(&mut k[i * c.n_kv_heads * hd..(i + 1) * c.n_kv_heads * hd], hd, p0 + i);
     }
-    let (k, v) = (to_cache_dtype(&k, cache.dtype), to_cache_dtype(&v, cache.dtype));
+    let mut v = v;
+    round_to_cache(&mut k, cache.dtype);
+    round_to_cache(&mut v, cache.dtype);
     let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd, scale: c.attn_scale };
     let mut att = vec![0.0f32; t * c.n_heads * hd];
     attention(&q, &k, &v, cache, p0, shape, &mut att);

@@ -2,7 +2,7 @@
 //! shared; each conversation owns a `State`.
 
 use crate::config::LayerKind;
-use crate::kv_cache::{CacheLayout, LayerKvCache, RING_SLACK};
+use crate::kv_cache::{CacheLayout, LayerKvCache};
 use crate::weights::{Model, ModelError};
 
 pub struct State {
@@ -15,7 +15,14 @@ pub struct State {
 }
 
 impl State {
+    /// A state whose sliding-window rings hold exactly the window.
     pub fn new(model: &Model, max_ctx: usize) -> State {
+        Self::with_ring_slack(model, max_ctx, 0)
+    }
+
+    /// Rings hold `window + slack` positions, so the state can roll back up to
+    /// `slack` positions (speculative decoding) without losing window entries.
+    pub fn with_ring_slack(model: &Model, max_ctx: usize, slack: usize) -> State {
         let c = &model.config;
         let caches = c
             .layers
@@ -23,7 +30,7 @@ impl State {
             .map(|kind| {
                 let (layout, slots) = match *kind {
                     LayerKind::Global { .. } => (CacheLayout::Flat, max_ctx),
-                    LayerKind::Sliding { window, .. } => (CacheLayout::Ring { window }, (window + RING_SLACK).min(max_ctx)),
+                    LayerKind::Sliding { window, .. } => (CacheLayout::Ring { window }, (window + slack).min(max_ctx)),
                 };
                 LayerKvCache::new(layout, model.kv_dtype, c.n_kv_heads, c.head_dim, slots)
             })

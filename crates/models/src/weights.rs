@@ -70,8 +70,21 @@ pub struct Layer {
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
+/// Which numerics a model computes with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Numerics {
+    /// The reference implementation's precision: llama.cpp's (8-bit
+    /// activations into matmuls, f16 KV cache) for llama-family models; the
+    /// spec's bf16 rounding points and bf16 KV cache for Muse Glimmer.
+    Reference,
+    /// Exact f32 everywhere: f32 activations and KV cache, no bf16 rounding.
+    /// For checking the math against f32 references.
+    F32,
+}
+
 pub struct Model {
     pub config: ModelConfig,
+    pub numerics: Numerics,
     pub kv_dtype: KvDtype,
     file: Arc<GgufFile>,
     /// [vocab, dim]
@@ -200,7 +213,17 @@ impl Model {
             Architecture::MuseGlimmer => KvDtype::Bf16,
             _ => KvDtype::F16,
         };
-        Ok(Model { config, kv_dtype, file, tok_embd, output_norm, output, layers })
+        Ok(Model { config, numerics: Numerics::Reference, kv_dtype, file, tok_embd, output_norm, output, layers })
+    }
+
+    /// Switches numerics (before creating states: it sets the KV dtype).
+    pub fn set_numerics(&mut self, numerics: Numerics) {
+        self.numerics = numerics;
+        self.kv_dtype = match (numerics, self.config.arch) {
+            (Numerics::F32, _) => KvDtype::F32,
+            (Numerics::Reference, Architecture::MuseGlimmer) => KvDtype::Bf16,
+            (Numerics::Reference, _) => KvDtype::F16,
+        };
     }
 
     pub fn file(&self) -> &GgufFile {

@@ -1,2 +1,4 @@
 pub mod inspect;
 pub mod pull;
+pub mod run;
+pub mod synth;

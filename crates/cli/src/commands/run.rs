@@ -1,0 +1,169 @@
+//! `hearth run`: generate text from a prompt, streaming it to stdout.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use hearth_engine::generate::{generate, Flow, GenerateParams};
+use hearth_engine::sampler::{Sampler, SamplerConfig};
+use hearth_models::{LayerKind, Model};
+use hearth_tokenizer::Tokenizer;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model name (see `hearth pull --list`) or .gguf path [default: qwen2.5-coder-0.5b, pulled on first use]
+    #[arg(short, long)]
+    pub model: Option<String>,
+    /// Prompt text.
+    #[arg(short, long, conflicts_with = "file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short, long)]
+    pub file: Option<PathBuf>,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n_predict: usize,
+    /// Sampling temperature; 0 = greedy (deterministic).
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Nucleus sampling mass (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens below MIN_P times the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalize repeats of the last 64 tokens (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// RNG seed (0 = random).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Context size (tokens of prompt + generation).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx: usize,
+    /// Wrap the prompt in the model's chat format as one user turn.
+    #[arg(long)]
+    pub chat: bool,
+    /// Stop when this text is generated (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Worker threads [default: all cores].
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+    /// Also write the speed figures as JSON to this file.
+    #[arg(long)]
+    pub stats_json: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    crate::init_threads(args.threads)?;
+    let prompt = match (&args.prompt, &args.file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading prompt file {}", f.display()))?,
+        (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
+    };
+    let path = crate::registry::resolve_model(args.model.as_deref())?;
+    let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let tokenizer = Tokenizer::from_gguf(model.file().metadata()).context("building the tokenizer")?;
+    let text = if args.chat { chat_prompt(&tokenizer, &prompt)? } else { prompt };
+    let ids = tokenizer.encode(&text, true, args.chat);
+    if ids.is_empty() {
+        bail!("the prompt is empty after tokenization");
+    }
+    if ids.len() >= args.ctx {
+        bail!("prompt of {} tokens does not fit the context of {} (raise -c)", ids.len(), args.ctx);
+    }
+    let config = SamplerConfig {
+        temperature: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: 64,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        seed: args.seed,
+    };
+    let mut sampler = Sampler::new(config)?;
+    let mut state = model.new_state(args.ctx);
+    let params = GenerateParams { max_tokens: args.n_predict.min(args.ctx - ids.len()), stop: args.stop.clone(), ignore_eos: false };
+    let mut out = std::io::stdout().lock();
+    let stats = generate(&model, &mut state, &tokenizer, &mut sampler, &ids, &params, |t| {
+        let ok = out.write_all(t.as_bytes()).and_then(|_| out.flush());
+        if ok.is_ok() { Flow::Continue } else { Flow::Stop }
+    })?;
+    drop(out);
+
+    let kv = kv_summary(&model, &state);
+    eprintln!();
+    eprintln!(
+        "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | finish: {}",
+        stats.prompt_tokens,
+        stats.prefill_tok_s(),
+        stats.generated_tokens,
+        stats.decode_tok_s(),
+        stats.finish.as_str()
+    );
+    eprintln!("{kv}");
+    if let Some(p) = &args.stats_json {
+        let json = serde_json::json!({
+            "model": path,
+            "prompt_tokens": stats.prompt_tokens,
+            "prefill_tok_s": stats.prefill_tok_s(),
+            "generated_tokens": stats.generated_tokens,
+            "decode_tok_s": stats.decode_tok_s(),
+            "finish_reason": stats.finish.as_str(),
+            "kv_bytes": state.kv_bytes(),
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&json)? + "\n").with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// "KV cache: …" line describing the hybrid layout.
+pub fn kv_summary(model: &Model, state: &hearth_models::State) -> String {
+    let c = &model.config;
+    let per_slot = 2 * c.n_kv_heads * c.head_dim * 2; // K and V, 16-bit
+    let mut global = 0;
+    let mut sliding = 0;
+    let mut ring_slots = 0;
+    for (kind, cache) in c.layers.iter().zip(&state.caches) {
+        match kind {
+            LayerKind::Global { .. } => global += 1,
+            LayerKind::Sliding { .. } => {
+                sliding += 1;
+                ring_slots = cache.slots;
+            }
+        }
+    }
+    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+    let full = c.n_layers * state.max_ctx * per_slot;
+    format!(
+        "KV cache: {:.1} MiB = {global} global layers x {} positions + {sliding} sliding layers x {ring_slots} slots ({:?}, {per_slot} B per layer-position); a full cache would take {:.1} MiB",
+        mib(state.kv_bytes()),
+        state.max_ctx,
+        model.kv_dtype,
+        mib(full)
+    )
+}
+
+/// A minimal one-turn chat wrapper chosen from the model's special tokens
+/// (the full template engine lives in the chat layer).
+fn chat_prompt(tok: &Tokenizer, user: &str) -> Result<String> {
+    if tok.token_id("<|im_start|>").is_some() {
+        Ok(format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"))
+    } else if tok.token_id("<start_of_turn>").is_some() {
+        Ok(format!("<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"))
+    } else if tok.token_id("<|start|>").is_some() && tok.token_id("<|message|>").is_some() {
+        Ok(format!("<|start|>user<|message|>{user}<|eot|><|start|>assistant"))
+    } else {
+        bail!("--chat: no known chat format for this model's vocabulary")
+    }
+}

@@ -1,0 +1,202 @@
+//! `hearth synth`: writes a synthetic GGUF (real tensor layout and Q4_K_M
+//! quantization mix, seeded random weights) for benchmarks and tests.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use hearth_models::synth::{write_gguf, SynthOptions, SynthPlan, SynthShape, PRESETS};
+use hearth_models::Architecture;
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arch {
+    #[value(name = "muse_glimmer", alias = "muse-glimmer")]
+    MuseGlimmer,
+    #[value(name = "qwen2")]
+    Qwen2,
+}
+
+impl Arch {
+    fn architecture(self) -> Architecture {
+        match self {
+            Arch::MuseGlimmer => Architecture::MuseGlimmer,
+            Arch::Qwen2 => Architecture::Qwen2,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Architecture (implied by --preset; default muse_glimmer).
+    #[arg(long, value_enum)]
+    pub arch: Option<Arch>,
+    /// Full-size shape: muse-glimmer-30b (~17 GB) or qwen2.5-32b (~19 GB).
+    /// Explicit shape flags override it.
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Decoder layers [default: 8].
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Residual width; a multiple of 256 [default: 256].
+    #[arg(long)]
+    pub dim: Option<usize>,
+    /// Query heads [default: 4].
+    #[arg(long)]
+    pub heads: Option<usize>,
+    /// KV heads [default: 2].
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// Head dim (muse_glimmer; qwen2 uses dim / heads) [default: 64].
+    #[arg(long)]
+    pub head_dim: Option<usize>,
+    /// FFN width; a multiple of 256 [default: 512].
+    #[arg(long)]
+    pub ffn: Option<usize>,
+    /// Vocabulary size [default: 512].
+    #[arg(long)]
+    pub vocab: Option<usize>,
+    /// Sliding window (muse_glimmer) [default: 16].
+    #[arg(long)]
+    pub window: Option<usize>,
+    /// Seed of the random weights; the same seed gives the same bytes.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Generation threads [default: all cores].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Print the plan (tensors, types, size) and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Output .gguf path.
+    #[arg(short, long)]
+    pub output: PathBuf,
+}
+
+fn shape(args: &Args) -> Result<SynthShape> {
+    let mut s = match (&args.preset, args.arch) {
+        (Some(p), arch) => {
+            let s = SynthShape::preset(p)
+                .with_context(|| format!("unknown preset '{p}' (known: {})", PRESETS.join(", ")))?;
+            if let Some(a) = arch.filter(|a| a.architecture() != s.arch) {
+                bail!(
+                    "--arch {a:?} contradicts --preset {p} ({})",
+                    s.arch.gguf_name()
+                );
+            }
+            s
+        }
+        (None, arch) => SynthShape::small(arch.unwrap_or(Arch::MuseGlimmer).architecture()),
+    };
+    let set = |field: &mut usize, v: Option<usize>| *field = v.unwrap_or(*field);
+    set(&mut s.n_layers, args.layers);
+    set(&mut s.dim, args.dim);
+    set(&mut s.n_heads, args.heads);
+    set(&mut s.n_kv_heads, args.kv_heads);
+    set(&mut s.ffn_dim, args.ffn);
+    set(&mut s.vocab_size, args.vocab);
+    set(&mut s.window, args.window);
+    match s.arch {
+        Architecture::Qwen2 => {
+            if args.head_dim.is_some() {
+                bail!("--head-dim is fixed to dim / heads for qwen2");
+            }
+            s.head_dim = s.dim / s.n_heads.max(1);
+        }
+        _ => set(&mut s.head_dim, args.head_dim),
+    }
+    Ok(s)
+}
+
+fn gb(b: u64) -> f64 {
+    b as f64 / 1e9
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let shape = shape(&args)?;
+    let plan = SynthPlan::new(&shape)?;
+    let total = plan.data_bytes();
+    let s = &shape;
+    eprintln!(
+        "{}: {} layers, dim {}, {} heads / {} kv heads of {}, ffn {}, vocab {}{}; \
+         {} tensors, {:.2}B parameters, {:.2} GB, seed {}",
+        s.arch.gguf_name(),
+        s.n_layers,
+        s.dim,
+        s.n_heads,
+        s.n_kv_heads,
+        s.head_dim,
+        s.ffn_dim,
+        s.vocab_size,
+        if s.arch == Architecture::MuseGlimmer {
+            format!(", window {}", s.window)
+        } else {
+            String::new()
+        },
+        plan.tensors.len(),
+        plan.n_parameters() as f64 / 1e9,
+        gb(total),
+        args.seed
+    );
+    if args.dry_run {
+        for t in &plan.tensors {
+            println!(
+                "{:40} {:5} {:?} {}",
+                t.name,
+                t.ty.name(),
+                t.shape,
+                t.n_bytes()
+            );
+        }
+        return Ok(());
+    }
+
+    // Write under a temporary name so an interrupted run leaves no plausible-looking file.
+    let partial = partial_path(&args.output);
+    let file = File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    let bar = ProgressBar::new(total).with_style(
+        ProgressStyle::with_template(
+            "synth [{bar:30}] {bytes:>10}/{total_bytes:10} {bytes_per_sec:>12}  {elapsed} eta {eta}",
+        )
+        .unwrap()
+        .progress_chars("=> "),
+    );
+    crate::init_threads(args.threads)?;
+    let opts = SynthOptions {
+        seed: args.seed,
+        ..SynthOptions::default()
+    };
+    let t0 = Instant::now();
+    let written = write_gguf(&plan, &opts, BufWriter::with_capacity(1 << 20, file), |n| {
+        bar.inc(n)
+    });
+    bar.finish_and_clear();
+    let file = written
+        .with_context(|| format!("writing {}", partial.display()))?
+        .into_inner()
+        .map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    std::fs::rename(&partial, &args.output).with_context(|| {
+        format!(
+            "renaming {} to {}",
+            partial.display(),
+            args.output.display()
+        )
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "wrote {:.2} GB in {secs:.1} s ({:.2} GB/s)",
+        gb(total),
+        gb(total) / secs
+    );
+    println!("{}", args.output.display());
+    Ok(())
+}
+
+fn partial_path(out: &Path) -> PathBuf {
+    let mut name = out.file_name().unwrap_or_default().to_os_string();
+    name.push(".partial");
+    out.with_file_name(name)
+}
