@@ -82,7 +82,8 @@ fn shape(args: &Args) -> Result<SynthShape> {
                 .with_context(|| format!("unknown preset '{p}' (known: {})", PRESETS.join(", ")))?;
             if let Some(a) = arch.filter(|a| a.architecture() != s.arch) {
                 bail!(
-                    "--arch {a:?} contradicts --preset {p} ({})",
+                    "--arch {} contradicts --preset {p} ({})",
+                    a.architecture().gguf_name(),
                     s.arch.gguf_name()
                 );
             }
@@ -110,8 +111,8 @@ fn shape(args: &Args) -> Result<SynthShape> {
     Ok(s)
 }
 
-fn gb(b: u64) -> f64 {
-    b as f64 / 1e9
+fn mb(b: u64) -> f64 {
+    b as f64 / 1e6
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -121,7 +122,7 @@ pub fn run(args: Args) -> Result<()> {
     let s = &shape;
     eprintln!(
         "{}: {} layers, dim {}, {} heads / {} kv heads of {}, ffn {}, vocab {}{}; \
-         {} tensors, {:.2}B parameters, {:.2} GB, seed {}",
+         {} tensors, {:.1}M parameters, {:.1} MB of tensor data, seed {}",
         s.arch.gguf_name(),
         s.n_layers,
         s.dim,
@@ -136,8 +137,8 @@ pub fn run(args: Args) -> Result<()> {
             String::new()
         },
         plan.tensors.len(),
-        plan.n_parameters() as f64 / 1e9,
-        gb(total),
+        plan.n_parameters() as f64 / 1e6,
+        mb(total),
         args.seed
     );
     if args.dry_run {
@@ -173,11 +174,14 @@ pub fn run(args: Args) -> Result<()> {
         bar.inc(n)
     });
     bar.finish_and_clear();
-    let file = written
-        .with_context(|| format!("writing {}", partial.display()))?
-        .into_inner()
-        .map_err(|e| e.into_error())?;
-    file.sync_all()?;
+    let finished = written
+        .map_err(anyhow::Error::from)
+        .and_then(|w| w.into_inner().map_err(|e| e.into_error().into()))
+        .and_then(|f| Ok(f.sync_all()?));
+    if let Err(e) = finished {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e.context(format!("writing {}", partial.display())));
+    }
     std::fs::rename(&partial, &args.output).with_context(|| {
         format!(
             "renaming {} to {}",
@@ -187,9 +191,9 @@ pub fn run(args: Args) -> Result<()> {
     })?;
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
-        "wrote {:.2} GB in {secs:.1} s ({:.2} GB/s)",
-        gb(total),
-        gb(total) / secs
+        "wrote {:.1} MB in {secs:.1} s ({:.1} MB/s)",
+        mb(total),
+        mb(total) / secs
     );
     println!("{}", args.output.display());
     Ok(())
