@@ -21,6 +21,8 @@ enum Command {
     Pull(commands::pull::Args),
     /// Generate text from a prompt (streams to stdout; speed figures to stderr).
     Run(commands::run::Args),
+    /// Measure prefill and decode speed (like llama-bench).
+    Bench(commands::bench::Args),
     /// Show a GGUF's metadata, tensors, quantization mix and implied model config.
     Inspect(commands::inspect::Args),
     /// Write a synthetic GGUF: a real model's tensor layout and Q4_K_M mix, seeded random weights.
@@ -45,6 +47,7 @@ fn main() {
         Command::Pull(a) => commands::pull::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Run(a) => commands::run::run(a),
+        Command::Bench(a) => commands::bench::run(a),
         Command::Synth(a) => commands::synth::run(a),
     };
     if let Err(e) = result {

@@ -1,0 +1,107 @@
+//! `hearth bench`: prefill (pp) and decode (tg) throughput like llama-bench,
+//! with the weight bandwidth decode achieves.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use hearth_models::{Logits, Model};
+use rand::{Rng, SeedableRng};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model name or .gguf path [default: qwen2.5-coder-0.5b]
+    #[arg(short, long)]
+    pub model: Option<String>,
+    /// Prompt tokens for the prefill test (0 = skip).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens for the decode test (0 = skip).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Worker threads [default: all cores].
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+    /// Repetitions (after one warm-up run that is not counted).
+    #[arg(short, long, default_value_t = 3)]
+    pub reps: usize,
+    /// Print JSON: {"model","threads","pp":{"tokens","tok_s"},"tg":{"tokens","tok_s"},"tg_gbps"}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Median, min and max of repeated measurements.
+struct Summary {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+fn summarize(mut xs: Vec<f64>) -> Summary {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    let median = if n % 2 == 1 { xs[n / 2] } else { (xs[n / 2 - 1] + xs[n / 2]) / 2.0 };
+    Summary { median, min: xs[0], max: xs[n - 1] }
+}
+
+/// Random token ids, as llama-bench uses.
+fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect()
+}
+
+fn run_pp(model: &Model, n: usize, seed: u64) -> Result<f64> {
+    let tokens = random_tokens(n, model.config.vocab_size, seed);
+    let mut state = model.new_state(n + 1);
+    let t0 = Instant::now();
+    model.forward(&mut state, &tokens, Logits::Last)?;
+    Ok(n as f64 / t0.elapsed().as_secs_f64())
+}
+
+fn run_tg(model: &Model, n: usize, seed: u64) -> Result<f64> {
+    let tokens = random_tokens(n, model.config.vocab_size, seed);
+    let mut state = model.new_state(n + 1);
+    let t0 = Instant::now();
+    for &t in &tokens {
+        model.forward(&mut state, &[t], Logits::Last)?;
+    }
+    Ok(n as f64 / t0.elapsed().as_secs_f64())
+}
+
+pub fn run(args: Args) -> Result<()> {
+    crate::init_threads(args.threads)?;
+    let threads = rayon::current_num_threads();
+    let path = crate::registry::resolve_model(args.model.as_deref())?;
+    let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let reps = args.reps.max(1);
+    let measure = |f: &dyn Fn(u64) -> Result<f64>| -> Result<Summary> {
+        f(0)?; // warm-up
+        Ok(summarize((1..=reps as u64).map(f).collect::<Result<Vec<_>>>()?))
+    };
+    let pp = if args.n_prompt > 0 { Some(measure(&|s| run_pp(&model, args.n_prompt, s))?) } else { None };
+    let tg = if args.n_gen > 0 { Some(measure(&|s| run_tg(&model, args.n_gen, s))?) } else { None };
+    let weight_gb = model.weight_bytes() as f64 / 1e9;
+    let tg_gbps = tg.as_ref().map(|t| t.median * weight_gb);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if args.json {
+        let j = serde_json::json!({
+            "model": name,
+            "threads": threads,
+            "pp": pp.as_ref().map(|s| serde_json::json!({"tokens": args.n_prompt, "tok_s": s.median, "min": s.min, "max": s.max})),
+            "tg": tg.as_ref().map(|s| serde_json::json!({"tokens": args.n_gen, "tok_s": s.median, "min": s.min, "max": s.max})),
+            "tg_gbps": tg_gbps,
+            "reps": reps,
+        });
+        println!("{}", serde_json::to_string_pretty(&j)?);
+        return Ok(());
+    }
+    println!("model: {name} ({:.2} GB of weights read per token), threads: {threads}, reps: {reps} (+1 warm-up)", weight_gb);
+    println!("{:>8} {:>12} {:>12} {:>12}", "test", "tok/s", "min", "max");
+    if let Some(s) = &pp {
+        println!("{:>8} {:>12.2} {:>12.2} {:>12.2}", format!("pp{}", args.n_prompt), s.median, s.min, s.max);
+    }
+    if let Some(s) = &tg {
+        println!("{:>8} {:>12.2} {:>12.2} {:>12.2}", format!("tg{}", args.n_gen), s.median, s.min, s.max);
+        println!("decode weight bandwidth: {:.2} GB/s", tg_gbps.unwrap_or(0.0));
+    }
+    Ok(())
+}
