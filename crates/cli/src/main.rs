@@ -23,6 +23,10 @@ enum Command {
     Run(commands::run::Args),
     /// Measure prefill and decode speed (like llama-bench).
     Bench(commands::bench::Args),
+    /// Render a conversation with the model's chat template (or a built-in format).
+    Template(commands::template::Args),
+    /// Parse generated text (stdin) into reasoning, content and tool-call events.
+    Parse(commands::parse::Args),
     /// Show a GGUF's metadata, tensors, quantization mix and implied model config.
     Inspect(commands::inspect::Args),
     /// Write a synthetic GGUF: a real model's tensor layout and Q4_K_M mix, seeded random weights.
@@ -48,6 +52,8 @@ fn main() {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Run(a) => commands::run::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Template(a) => commands::template::run(a),
+        Command::Parse(a) => commands::parse::run(a),
         Command::Synth(a) => commands::synth::run(a),
     };
     if let Err(e) = result {

@@ -1,7 +1,7 @@
 //! Building blocks shared by every architecture's forward pass. Activations are
 //! row-major `[n_tokens, width]` f32 slices.
 
-use half::bf16;
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 use crate::config::RopeLayout;
@@ -9,14 +9,31 @@ use crate::kv_cache::{KvData, KvDtype, KvElem, LayerKvCache};
 
 /// RMSNorm of every row of `x` (row length = `dim`), in place:
 /// x * rsqrt(mean(x²) + eps) * w (no weight: scaleless).
+///
+/// The squares (f32) are summed in f64 and the mean taken in f64 before
+/// rounding to f32, as ggml's `rms_norm` does: an f32 running sum moves the
+/// output by an ulp often enough to flip 8-bit activation roundings downstream.
 pub fn rmsnorm(x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
     for row in x.chunks_exact_mut(dim) {
-        let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+        let sum: f64 = row.iter().map(|v| (v * v) as f64).sum();
+        let mean_sq = (sum / dim as f64) as f32;
         let scale = 1.0 / (mean_sq + eps).sqrt();
         match weight {
             Some(w) => row.iter_mut().zip(w).for_each(|(v, g)| *v = *v * scale * g),
             None => row.iter_mut().for_each(|v| *v *= scale),
         }
+    }
+}
+
+/// Debug aid: when `HEARTH_DUMP=DIR` is set, writes `x` as raw little-endian
+/// f32 to `DIR/<name>-<layer>.bin`, named like llama.cpp's graph tensors
+/// (attn_norm, Qcur, kqv_out, l_out, ...) so intermediates can be diffed
+/// against a dump of the reference.
+pub fn dump(name: &str, layer: usize, x: &[f32]) {
+    if let Some(dir) = std::env::var_os("HEARTH_DUMP") {
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let path = std::path::Path::new(&dir).join(format!("{name}-{layer}.bin"));
+        let _ = std::fs::write(path, bytes);
     }
 }
 
@@ -85,9 +102,17 @@ pub struct AttnShape {
 /// older than `p0` are read from `cache` in place (ring or flat); the chunk's
 /// own keys from `k_new`/`v_new`. Query head h uses KV head h / (n_heads /
 /// n_kv_heads). Writes [T, n_heads, head_dim] into `out`.
-pub fn attention(q: &[f32], k_new: &[f32], v_new: &[f32], cache: &LayerKvCache, p0: usize, s: AttnShape, out: &mut [f32]) {
+pub fn attention(
+    q: &[f32],
+    k_new: &[f32],
+    v_new: &[f32],
+    cache: &LayerKvCache,
+    p0: usize,
+    s: AttnShape,
+    out: &mut [f32],
+) {
     match &cache.data {
-        KvData::F16 { k, v } => attention_in(q, k_new, v_new, cache, k, v, p0, s, out),
+        KvData::F16 { k, v } => attention_f16_flash(q, k_new, v_new, cache, k, v, p0, s, out),
         KvData::Bf16 { k, v } => attention_in(q, k_new, v_new, cache, k, v, p0, s, out),
         KvData::F32 { k, v } => attention_in(q, k_new, v_new, cache, k, v, p0, s, out),
     }
@@ -115,7 +140,10 @@ fn attention_in<E: KvElem>(
         let kvh = h / group;
         let qpos = p0 + t;
         // The reference kernels read q in the cache's precision.
-        let qv: Vec<f32> = q[idx * hd..(idx + 1) * hd].iter().map(|&x| dtype.round(x)).collect();
+        let qv: Vec<f32> = q[idx * hd..(idx + 1) * hd]
+            .iter()
+            .map(|&x| dtype.round(x))
+            .collect();
         let lo = cache.window_start(qpos);
         let mut scores = Vec::with_capacity(qpos + 1 - lo);
         let mut max = f32::NEG_INFINITY;
@@ -123,10 +151,16 @@ fn attention_in<E: KvElem>(
         for pos in lo..=qpos {
             let dot: f32 = if pos >= p0 {
                 let off = (pos - p0) * kv_row + kvh * hd;
-                qv.iter().zip(&k_new[off..off + hd]).map(|(a, b)| a * b).sum()
+                qv.iter()
+                    .zip(&k_new[off..off + hd])
+                    .map(|(a, b)| a * b)
+                    .sum()
             } else {
                 let off = cache.row_offset(kvh, pos);
-                qv.iter().zip(&kc[off..off + hd]).map(|(a, b)| a * b.to_f32()).sum()
+                qv.iter()
+                    .zip(&kc[off..off + hd])
+                    .map(|(a, b)| a * b.to_f32())
+                    .sum()
             };
             let sc = dot * s.scale;
             max = max.max(sc);
@@ -142,13 +176,121 @@ fn attention_in<E: KvElem>(
             let p = scores[i] / sum;
             if pos >= p0 {
                 let off = (pos - p0) * kv_row + kvh * hd;
-                o.iter_mut().zip(&v_new[off..off + hd]).for_each(|(acc, b)| *acc += p * b);
+                o.iter_mut()
+                    .zip(&v_new[off..off + hd])
+                    .for_each(|(acc, b)| *acc += p * b);
             } else {
                 let off = cache.row_offset(kvh, pos);
-                o.iter_mut().zip(&vc[off..off + hd]).for_each(|(acc, b)| *acc += p * b.to_f32());
+                o.iter_mut()
+                    .zip(&vc[off..off + hd])
+                    .for_each(|(acc, b)| *acc += p * b.to_f32());
             }
         }
     });
+}
+
+/// Attention over an f16 cache with llama.cpp's CPU flash-attention rounding
+/// (`ggml_compute_forward_flash_attn_ext_f16_one_chunk` with f16 K/V): q is
+/// rounded to f16, keys are visited in order with an online softmax, and the
+/// running Σ p·v is kept in f16: every rescale `acc *= exp(M_old - M)` and
+/// every update `acc = fma(v, exp(s - M), acc)` rounds to f16. Only the final
+/// division by the running sum S is in f32. Same shapes as [`attention`].
+#[allow(clippy::too_many_arguments)]
+fn attention_f16_flash(
+    q: &[f32],
+    k_new: &[f32],
+    v_new: &[f32],
+    cache: &LayerKvCache,
+    kc: &[f16],
+    vc: &[f16],
+    p0: usize,
+    s: AttnShape,
+    out: &mut [f32],
+) {
+    let hd = s.head_dim;
+    let group = s.n_heads / s.n_kv_heads;
+    let kv_row = s.n_kv_heads * hd;
+    out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
+        let (t, h) = (idx / s.n_heads, idx % s.n_heads);
+        let kvh = h / group;
+        let qpos = p0 + t;
+        let qv: Vec<f32> = q[idx * hd..(idx + 1) * hd]
+            .iter()
+            .map(|&x| f16::from_f32(x).to_f32())
+            .collect();
+        let mut acc = vec![f16::ZERO; hd];
+        let (mut vbuf, mut kbuf) = (vec![0.0f32; hd], vec![0.0f32; hd]);
+        let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);
+        // The hot loop: one key and one value per position, oldest first.
+        for pos in cache.window_start(qpos)..=qpos {
+            let dot: f32 = if pos >= p0 {
+                let off = (pos - p0) * kv_row + kvh * hd;
+                vbuf.copy_from_slice(&v_new[off..off + hd]);
+                dot_f16_ggml(&qv, &k_new[off..off + hd])
+            } else {
+                let off = cache.row_offset(kvh, pos);
+                vbuf.iter_mut()
+                    .zip(&vc[off..off + hd])
+                    .for_each(|(d, v)| *d = v.to_f32());
+                kbuf.iter_mut()
+                    .zip(&kc[off..off + hd])
+                    .for_each(|(d, k)| *d = k.to_f32());
+                dot_f16_ggml(&qv, &kbuf)
+            };
+            let sc = dot * s.scale;
+            let (mut ms, mut vs) = (1.0f32, 1.0f32);
+            if sc > max {
+                ms = (max - sc).exp();
+                max = sc;
+                acc.iter_mut()
+                    .for_each(|a| *a = f16::from_f32(a.to_f32() * ms));
+            } else {
+                vs = (sc - max).exp();
+            }
+            acc.iter_mut()
+                .zip(&vbuf)
+                .for_each(|(a, &v)| *a = f16::from_f32(v.mul_add(vs, a.to_f32())));
+            sum = sum.mul_add(ms, vs);
+        }
+        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+        o.iter_mut()
+            .zip(&acc)
+            .for_each(|(d, a)| *d = a.to_f32() * inv);
+    });
+}
+
+/// Dot product of two f16-valued rows in the summation order of ggml's
+/// `ggml_vec_dot_f16` on AVX-512 (4 accumulators of 16 lanes over steps of 64,
+/// folded 0+2, 1+3, 0+1, then `_mm512_reduce_add_ps`'s halving tree; the tail
+/// past a multiple of 64 added in f64). Products of f16 values are exact in f32,
+/// so only this order decides the rounding.
+fn dot_f16_ggml(a: &[f32], b: &[f32]) -> f32 {
+    let np = a.len() & !63;
+    let mut acc = [[0.0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, lanes) in acc.iter_mut().enumerate() {
+            for (l, s) in lanes.iter_mut().enumerate() {
+                *s += a[i + j * 16 + l] * b[i + j * 16 + l];
+            }
+        }
+    }
+    let mut v = [0.0f32; 16];
+    for l in 0..16 {
+        v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let mut width = 8;
+    while width > 0 {
+        for l in 0..width {
+            v[l] += v[l + width];
+        }
+        width /= 2;
+    }
+    let tail: f64 = a[np..]
+        .iter()
+        .zip(&b[np..])
+        .map(|(x, y)| (x * y) as f64)
+        .sum();
+    (v[0] as f64 + tail) as f32
 }
 
 /// Rounds K or V rows to the cache precision (in place), so the chunk's own
@@ -212,7 +354,13 @@ mod tests {
         assert!((inv(63.0) - 2.455141e-6).abs() < 1e-11);
         let mut x: Vec<f32> = (0..128).map(|i| i as f32).collect();
         let orig = x.clone();
-        Rope { theta: 500000.0, layout: RopeLayout::Interleaved, n_rot: 128, iterative: false }.apply(&mut x, 128, 0);
+        Rope {
+            theta: 500000.0,
+            layout: RopeLayout::Interleaved,
+            n_rot: 128,
+            iterative: false,
+        }
+        .apply(&mut x, 128, 0);
         assert_eq!(x, orig, "position 0 leaves q and k unchanged");
     }
 }

@@ -1,5 +1,7 @@
 pub mod bench;
 pub mod inspect;
+pub mod parse;
 pub mod pull;
 pub mod run;
 pub mod synth;
+pub mod template;

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 
 use super::vec_dot::*;
 use crate::quant::blocks::*;
-use crate::quant::{dequantize, quantize_row_q8_0_ref, quantize_row_q8_k_ref};
+use crate::quant::{dequantize, quantize_row_q8_k_ref};
 
 /// A borrowed weight matrix of logical shape [rows, cols] in GGML format
 /// (each row `cols` values, contiguous).
@@ -69,7 +69,7 @@ fn quantize_activation(ty: GgmlType, x: &[f32], mode: Activations) -> QRow {
         BF16 => QRow::Bf16(x.iter().map(|&v| bf16::from_f32(v)).collect()),
         Q4_0 | Q5_0 | Q8_0 => {
             let mut b = vec![BlockQ8_0::default(); x.len() / QK];
-            quantize_row_q8_0_ref(x, &mut b);
+            quantize_row_q8_0_x86(x, &mut b);
             QRow::Q8_0(b)
         }
         Q4_1 | Q5_1 => {
@@ -78,7 +78,14 @@ fn quantize_activation(ty: GgmlType, x: &[f32], mode: Activations) -> QRow {
             QRow::Q8_1(b)
         }
         Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => {
-            let mut b = vec![BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] }; x.len() / QK_K];
+            let mut b = vec![
+                BlockQ8K {
+                    d: 0.0,
+                    qs: [0; QK_K],
+                    bsums: [0; QK_K / 16]
+                };
+                x.len() / QK_K
+            ];
             quantize_row_q8_k_ref(x, &mut b);
             QRow::Q8K(b)
         }
@@ -95,7 +102,10 @@ fn dot(ty: GgmlType, w: &[u8], a: &QRow, scratch: &mut Vec<f32>) -> f32 {
     use GgmlType::*;
     match (ty, a) {
         (F32, QRow::F32(x)) => {
-            let w: Vec<f32> = w.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            let w: Vec<f32> = w
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
             vec_dot_f32_ref(&w, x)
         }
         (_, QRow::F32(x)) => {
@@ -108,7 +118,7 @@ fn dot(ty: GgmlType, w: &[u8], a: &QRow, scratch: &mut Vec<f32>) -> f32 {
         (Q4_0, QRow::Q8_0(y)) => vec_dot_q4_0_q8_0_ref(blocks(w), y),
         (Q5_0, QRow::Q8_0(y)) => vec_dot_q5_0_q8_0_ref(blocks(w), y),
         (Q8_0, QRow::Q8_0(y)) => vec_dot_q8_0_q8_0_ref(blocks(w), y),
-        (Q4_1, QRow::Q8_1(y)) => vec_dot_q4_1_q8_1_ref(blocks(w), y),
+        (Q4_1, QRow::Q8_1(y)) => vec_dot_q4_1_q8_1_avx2_order(blocks(w), y),
         (Q5_1, QRow::Q8_1(y)) => vec_dot_q5_1_q8_1_ref(blocks(w), y),
         (Q2_K, QRow::Q8K(y)) => vec_dot_q2_k_q8_k_ref(blocks(w), y),
         (Q3_K, QRow::Q8K(y)) => vec_dot_q3_k_q8_k_ref(blocks(w), y),
@@ -126,7 +136,10 @@ const ROWS_PER_TASK: usize = 16;
 pub fn matmul(w: &QMatrix, x: &[f32], n: usize, out: &mut [f32], mode: Activations) {
     assert_eq!(x.len(), n * w.cols, "matmul: x is not [n, cols]");
     assert_eq!(out.len(), n * w.rows, "matmul: out is not [n, rows]");
-    let acts: Vec<QRow> = x.chunks_exact(w.cols).map(|row| quantize_activation(w.ty, row, mode)).collect();
+    let acts: Vec<QRow> = x
+        .chunks_exact(w.cols)
+        .map(|row| quantize_activation(w.ty, row, mode))
+        .collect();
     let parts: Vec<(usize, Vec<f32>)> = (0..w.rows.div_ceil(ROWS_PER_TASK))
         .into_par_iter()
         .map(|task| {
@@ -164,17 +177,30 @@ mod tests {
     fn quantized_matmul_tracks_f32_reference() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
         let (rows, cols, n) = (7, 512, 3);
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ] {
             let wf: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let mut wq = vec![0u8; rows * cols / ty.block_size() * ty.type_size()];
             quantize(ty, &wf, &mut wq).unwrap();
-            let m = QMatrix { ty, rows, cols, data: &wq };
+            let m = QMatrix {
+                ty,
+                rows,
+                cols,
+                data: &wq,
+            };
             let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let (mut a, mut b) = (vec![0.0; n * rows], vec![0.0; n * rows]);
             matmul(&m, &x, n, &mut a, Activations::Quantized);
             matmul(&m, &x, n, &mut b, Activations::F32);
             for (p, q) in a.iter().zip(&b) {
-                assert!((p - q).abs() < 0.05 * (cols as f32).sqrt() / 10.0, "{ty}: {p} vs {q}");
+                assert!(
+                    (p - q).abs() < 0.05 * (cols as f32).sqrt() / 10.0,
+                    "{ty}: {p} vs {q}"
+                );
             }
         }
     }

@@ -17,19 +17,37 @@ pub struct BlockQ8_1 {
     pub qs: [i8; QK],
 }
 
-/// Quantizes activations to Q8_1 (llama.cpp's `quantize_row_q8_1` rounding).
+/// Quantizes activations to Q8_1 as llama.cpp's CPU backend does on x86
+/// (`quantize_row_q8_1` in ggml-cpu/arch/x86/quants.c, the AVX path): the
+/// inverse scale is `127 / amax` (not `1 / d`) and products are rounded half to
+/// even (`_mm256_round_ps`), unlike the generic reference's `roundf`. Either
+/// difference flips a quant now and then, which is visible in the logits.
 pub fn quantize_row_q8_1_ref(src: &[f32], dst: &mut [BlockQ8_1]) {
     for (x, b) in src.chunks_exact(QK).zip(dst.iter_mut()) {
         let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         let mut sum = 0i32;
         for (q, v) in b.qs.iter_mut().zip(x) {
-            *q = (v * id).round() as i8;
+            *q = (v * id).round_ties_even() as i8;
             sum += *q as i32;
         }
         b.d = f16::from_f32(d).to_f32();
-        b.s = f16::from_f32(sum as f32 * d).to_f32();
+        b.s = f16::from_f32(d * sum as f32).to_f32();
+    }
+}
+
+/// Quantizes activations to Q8_0 as llama.cpp's CPU backend does on x86
+/// (`quantize_row_q8_0`, AVX path): inverse scale `127 / amax`, round half to
+/// even. The generic `quantize_row_q8_0_ref` (used for weights) keeps `roundf`.
+pub fn quantize_row_q8_0_x86(src: &[f32], dst: &mut [BlockQ8_0]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.iter_mut()) {
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        b.d = F16Le::from_f32(amax / 127.0);
+        for (q, v) in b.qs.iter_mut().zip(x) {
+            *q = (v * id).round_ties_even() as i8;
+        }
     }
 }
 
@@ -52,7 +70,8 @@ pub fn vec_dot_q4_1_q8_1_ref(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
     for (bx, by) in x.iter().zip(y) {
         let mut isum = 0i32;
         for j in 0..QK / 2 {
-            isum += (bx.qs[j] & 0x0f) as i32 * by.qs[j] as i32 + (bx.qs[j] >> 4) as i32 * by.qs[j + QK / 2] as i32;
+            isum += (bx.qs[j] & 0x0f) as i32 * by.qs[j] as i32
+                + (bx.qs[j] >> 4) as i32 * by.qs[j + QK / 2] as i32;
         }
         sum += (bx.d.to_f32() * by.d) * isum as f32 + bx.m.to_f32() * by.s;
     }
@@ -61,6 +80,41 @@ pub fn vec_dot_q4_1_q8_1_ref(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
 
 /// The fifth bit of value j of a Q5_0/Q5_1 block.
 #[inline]
+/// `vec_dot_q4_1_q8_1_ref` in the summation order of llama.cpp's AVX2 kernel
+/// (`ggml_vec_dot_q4_1_q8_1`, arch/x86/quants.c), which the reference CPU
+/// build runs: 8 f32 lanes, lane `l` accumulating `fma(dx·dy, Σ_{k<4} qx·qy`
+/// over elements `4l..4l+4`), reduced by `hsum_float_8`'s tree, plus the
+/// `m·s` terms summed separately (contracted to fma by GCC). Same value as
+/// the reference up to f32 rounding, but rounded exactly as llama.cpp rounds.
+pub fn vec_dot_q4_1_q8_1_avx2_order(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
+    for (bx, by) in x.iter().zip(y) {
+        summs = bx.m.to_f32().mul_add(by.s, summs);
+        let d = bx.d.to_f32() * by.d;
+        for (l, a) in acc.iter_mut().enumerate() {
+            let mut isum = 0i32;
+            for e in 4 * l..4 * l + 4 {
+                let q = if e < QK / 2 {
+                    bx.qs[e] & 0x0f
+                } else {
+                    bx.qs[e - QK / 2] >> 4
+                };
+                isum += q as i32 * by.qs[e] as i32;
+            }
+            *a = d.mul_add(isum as f32, *a);
+        }
+    }
+    hsum_float_8(&acc) + summs
+}
+
+/// `hsum_float_8` (arch/x86/quants.c): (x[i] + x[i+4]), then (+ [i+2]), then (+ [1]).
+fn hsum_float_8(x: &[f32; 8]) -> f32 {
+    let r: [f32; 4] = std::array::from_fn(|i| x[i + 4] + x[i]);
+    let (r0, r1) = (r[0] + r[2], r[1] + r[3]);
+    r0 + r1
+}
+
 fn q5_high_bit(qh: &[u8; 4], j: usize) -> i32 {
     ((u32::from_le_bytes(*qh) >> j) & 1) as i32
 }
@@ -96,7 +150,12 @@ pub fn vec_dot_q5_1_q8_1_ref(x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
 pub fn vec_dot_q8_0_q8_0_ref(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     let mut sum = 0.0f32;
     for (bx, by) in x.iter().zip(y) {
-        let isum: i32 = bx.qs.iter().zip(&by.qs).map(|(&a, &b)| a as i32 * b as i32).sum();
+        let isum: i32 = bx
+            .qs
+            .iter()
+            .zip(&by.qs)
+            .map(|(&a, &b)| a as i32 * b as i32)
+            .sum();
         sum += isum as f32 * (bx.d.to_f32() * by.d.to_f32());
     }
     sum
@@ -138,7 +197,11 @@ pub fn vec_dot_q3_k_q8_k_ref(x: &[BlockQ3K], y: &[BlockQ8K]) -> f32 {
             for l in 0..16 {
                 let idx = 16 * sub + l;
                 let low = ((bx.qs[32 * half + idx] >> (2 * shift)) & 3) as i32;
-                let high = if bx.hmask[idx] & (1 << hbit) != 0 { 0 } else { 4 };
+                let high = if bx.hmask[idx] & (1 << hbit) != 0 {
+                    0
+                } else {
+                    4
+                };
                 gsum += (low - high) * by.qs[16 * g + l] as i32;
             }
             isum += scales[g] as i32 * gsum;

@@ -1,0 +1,67 @@
+//! Qwen3-Coder XML tool calls (spec §8.2):
+//!
+//! ```text
+//! <tool_call>
+//! <function=NAME>
+//! <parameter=KEY>
+//! VALUE
+//! </parameter>
+//! </function>
+//! </tool_call>
+//! ```
+//! also without the `<tool_call>` wrapper. One newline on each side of a value is
+//! stripped (vLLM's rule); `null`/`None` become null where the schema allows it.
+//! `<think>…</think>` is reasoning, never calls.
+
+use serde_json::{Map, Value};
+
+use super::atem::render_value;
+use super::body::{CallSyntax, Terminated};
+use super::driver::{Ctx, Machine};
+use super::hermes::CHATML_END;
+use super::xml_calls::XmlDialect;
+
+pub(crate) static DIALECT: XmlDialect = XmlDialect {
+    block_open: "<tool_call>",
+    block_close: "</tool_call>",
+    invoke_prefix: "<function=",
+    invoke_close: "</function>",
+    param_prefix: "<parameter=",
+    param_close: "</parameter>",
+    name_attr: false,
+    qwen_values: true,
+};
+
+pub(crate) struct Qwen3XmlParser {
+    frame: Terminated,
+}
+
+impl Qwen3XmlParser {
+    pub fn new(start_in_reasoning: bool) -> Self {
+        Qwen3XmlParser {
+            frame: Terminated::new(CallSyntax::Qwen3Xml, CHATML_END, start_in_reasoning),
+        }
+    }
+}
+
+impl Machine for Qwen3XmlParser {
+    fn feed(&mut self, text: &str, cx: &mut Ctx) {
+        self.frame.feed(text, cx)
+    }
+    fn finish(&mut self, cx: &mut Ctx) {
+        self.frame.finish(cx)
+    }
+}
+
+/// One call as Qwen3-Coder writes it, wrapper included.
+pub fn render_call(name: &str, arguments: &Map<String, Value>) -> String {
+    let mut s = format!("<tool_call>\n<function={name}>\n");
+    for (k, v) in arguments {
+        s.push_str(&format!(
+            "<parameter={k}>\n{}\n</parameter>\n",
+            render_value(v)
+        ));
+    }
+    s.push_str("</function>\n</tool_call>");
+    s
+}

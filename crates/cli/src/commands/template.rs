@@ -1,0 +1,149 @@
+//! `hearth template`: render a conversation into the exact prompt a model sees.
+
+use std::io::Write;
+
+use anyhow::{bail, Context, Result};
+use hearth_chat::muse_glimmer::{self, RenderOptions};
+use hearth_chat::template::{decode_tool_call_arguments, gguf_special_tokens, ChatTemplate};
+use hearth_gguf::GgufFile;
+use serde_json::{Map, Value};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model name (see `hearth pull --list`) or path to a .gguf file; its chat
+    /// template and BOS/EOS tokens are used (default: the default model).
+    #[arg(short, long, conflicts_with = "format")]
+    pub model: Option<String>,
+    /// Use a built-in prompt format instead of a model's template: muse-glimmer.
+    #[arg(long)]
+    pub format: Option<String>,
+    /// Render this chat_template.jinja instead of the model's template (BOS/EOS
+    /// still come from -m when given, else they are empty).
+    #[arg(long, conflicts_with = "format")]
+    pub template: Option<String>,
+    /// JSON file ("-" for stdin): a messages array, or a chat request object
+    /// with "messages" (and optionally "tools", "chat_template_kwargs").
+    #[arg(long)]
+    pub messages: String,
+    /// JSON file with an OpenAI `tools` array.
+    #[arg(long)]
+    pub tools: Option<String>,
+    /// Extra template variables as a JSON object (chat_template_kwargs).
+    #[arg(long)]
+    pub kwargs: Option<String>,
+    /// Do not end with the assistant turn's opening (add_generation_prompt=false).
+    #[arg(long)]
+    pub no_generation_prompt: bool,
+    /// Pass tool-call `arguments` strings as given instead of decoding JSON
+    /// strings into objects (the decoding is what hearth's server does).
+    #[arg(long)]
+    pub raw_arguments: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let input = read_json(&args.messages)?;
+    let (messages, request_tools, request_kwargs) = match input {
+        Value::Array(_) => (input, None, None),
+        Value::Object(mut req) => {
+            let Some(messages) = req.remove("messages") else {
+                bail!(
+                    "{}: expected a messages array or an object with \"messages\"",
+                    args.messages
+                )
+            };
+            (
+                messages,
+                req.remove("tools"),
+                req.remove("chat_template_kwargs"),
+            )
+        }
+        _ => bail!(
+            "{}: expected a messages array or an object with \"messages\"",
+            args.messages
+        ),
+    };
+    let tools = match &args.tools {
+        Some(path) => Some(read_json(path)?),
+        None => request_tools.filter(|t| !t.is_null()),
+    };
+    let kwargs = match (&args.kwargs, request_kwargs) {
+        (Some(text), _) => {
+            serde_json::from_str::<Value>(text).context("--kwargs is not valid JSON")?
+        }
+        (None, Some(k)) => k,
+        (None, None) => Value::Object(Map::new()),
+    };
+    let Value::Object(kwargs) = kwargs else {
+        bail!("kwargs must be a JSON object")
+    };
+    let messages = if args.raw_arguments {
+        messages
+    } else {
+        decode_tool_call_arguments(&messages)
+    };
+    let add_generation_prompt = !args.no_generation_prompt;
+
+    let prompt = match args.format.as_deref() {
+        Some("muse-glimmer" | "muse_glimmer") => {
+            render_muse_glimmer(&messages, tools.as_ref(), &kwargs, add_generation_prompt)?
+        }
+        Some(other) => bail!("unknown --format '{other}' (built-in formats: muse-glimmer)"),
+        None => {
+            let template = load_template(&args)?;
+            template.render(&messages, tools.as_ref(), add_generation_prompt, &kwargs)?
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(prompt.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+fn load_template(args: &Args) -> Result<ChatTemplate> {
+    if let (Some(t), None) = (&args.template, &args.model) {
+        return Ok(ChatTemplate::from_file(t, "", "")?);
+    }
+    let path = crate::registry::resolve_model(args.model.as_deref())?;
+    let file = GgufFile::open(&path)?;
+    match &args.template {
+        None => ChatTemplate::from_gguf(&file)
+            .with_context(|| format!("chat template of {}", path.display())),
+        Some(t) => {
+            let (bos, eos) = gguf_special_tokens(&file);
+            Ok(ChatTemplate::from_file(t, &bos, &eos)?)
+        }
+    }
+}
+
+/// Muse Glimmer's built-in renderer; its template variables come from kwargs
+/// (`reasoning_strength`, `current_date`); others are ignored, as a Jinja
+/// template ignores variables it does not read.
+fn render_muse_glimmer(
+    messages: &Value,
+    tools: Option<&Value>,
+    kwargs: &Map<String, Value>,
+    add_generation_prompt: bool,
+) -> Result<String> {
+    let mut opts = RenderOptions {
+        add_generation_prompt,
+        ..RenderOptions::default()
+    };
+    for (key, value) in kwargs {
+        match (key.as_str(), value) {
+            ("reasoning_strength", Value::String(s)) => opts.reasoning_strength = s.clone(),
+            ("current_date", Value::String(s)) => opts.current_date = Some(s.clone()),
+            ("reasoning_strength" | "current_date", _) => bail!("kwarg '{key}' must be a string"),
+            _ => eprintln!("note: muse-glimmer ignores kwarg '{key}'"),
+        }
+    }
+    Ok(muse_glimmer::render(messages, tools, &opts)?)
+}
+
+fn read_json(path: &str) -> Result<Value> {
+    let text = if path == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading stdin")?
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?
+    };
+    serde_json::from_str(&text).with_context(|| format!("{path} is not valid JSON"))
+}

@@ -1,0 +1,33 @@
+//! Developer tool: last-position top-5 logits of raw token ids, in both numerics.
+//! `cargo run --release -p hearth-models --example logits -- MODEL.gguf 1,2,3`
+
+use hearth_models::{Logits, Model, Numerics};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let ids: Vec<u32> = args[2]
+        .split(',')
+        .map(|s| s.trim().parse().unwrap())
+        .collect();
+    // With HEARTH_DUMP set, run only the Reference numerics so the dumped
+    // intermediates are llama.cpp-comparable (not overwritten by the F32 run).
+    let all = [Numerics::Reference, Numerics::F32];
+    let runs = if std::env::var_os("HEARTH_DUMP").is_some() {
+        &all[..1]
+    } else {
+        &all[..]
+    };
+    for &numerics in runs {
+        let mut model = Model::load(&args[1]).expect("load");
+        model.set_numerics(numerics);
+        let mut st = model.new_state(4096);
+        let logits = model.forward(&mut st, &ids, Logits::Last).unwrap();
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        let top: Vec<String> = order[..8]
+            .iter()
+            .map(|&i| format!("{i}:{:.4}", logits[i]))
+            .collect();
+        println!("{numerics:?}: {}", top.join(" "));
+    }
+}
