@@ -7,6 +7,7 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 pub mod cpu;
+pub mod pool;
 pub mod quant;
 
 pub use quant::{dequantize, dequantize_row, quantize, row_size, QuantError};
