@@ -51,6 +51,7 @@ pub struct Rope {
     pub n_rot: usize,
     /// ggml computes θ_i by repeated multiplication θ_{i+1} = θ_i · base^(-2/n);
     /// the Muse Glimmer spec computes inv_freq_i = 1/base^(2i/n) directly.
+    /// The ggml style also rotates with ggml's fused multiply-adds.
     pub iterative: bool,
 }
 
@@ -78,8 +79,14 @@ impl Rope {
                     RopeLayout::Neox => (i, i + half),
                 };
                 let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos - x1 * sin;
-                head[b] = x0 * sin + x1 * cos;
+                if self.iterative {
+                    // ggml's rotate_pairs as GCC contracts it (-O3, fp-contract=fast).
+                    head[a] = x0.mul_add(cos, -(x1 * sin));
+                    head[b] = x0.mul_add(sin, x1 * cos);
+                } else {
+                    head[a] = x0 * cos - x1 * sin;
+                    head[b] = x0 * sin + x1 * cos;
+                }
             }
         }
     }
@@ -302,6 +309,41 @@ pub fn round_to_cache(x: &mut [f32], dtype: KvDtype) {
 #[inline]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
+}
+
+/// exp(x) as ggml's AVX-512 `ggml_v_expf` computes it (ARM's optimized
+/// routine: n = round(x·log2 e), a degree-5 polynomial in the reduced
+/// argument, scaled by 2^n), not libm's `expf`. Its |n| > 192 branch is
+/// reproduced as written (n <= 0 gives +inf, else 0).
+pub fn expf_ggml_v(x: f32) -> f32 {
+    const R: f32 = 12582912.0; // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8aa3b), R); // log2(e)
+    let n = z - R;
+    let b = (-n).mul_add(f32::from_bits(0x3f317200), x); // ln2 high
+    let b = (-n).mul_add(f32::from_bits(0x35bfbe8e), b); // ln2 low
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { f32::INFINITY } else { 0.0 };
+    }
+    let u = b * b;
+    let p_hi = f32::from_bits(0x3c072010).mul_add(b, f32::from_bits(0x3d2b9f17));
+    let p_mid = f32::from_bits(0x3e2aaf33).mul_add(b, f32::from_bits(0x3efffedb));
+    let p_lo = f32::from_bits(0x3f7ffff6).mul_add(b, 1.0);
+    let j = p_hi.mul_add(u, p_mid).mul_add(u, p_lo);
+    // _mm512_scalef_ps: j · 2^n with one rounding (exact in f64, then to f32).
+    (j as f64 * 2f64.powi(n as i32)) as f32
+}
+
+/// SwiGLU as ggml's `ggml_vec_swiglu_f32` evaluates it on AVX-512, per row
+/// of `row` values: `silu(a) * b` with silu = a / (1 + expf_ggml_v(-a)) for
+/// whole groups of 16, libm `expf` for a row's tail.
+pub fn swiglu_ggml(a: &mut [f32], b: &[f32], row: usize) {
+    for (ra, rb) in a.chunks_exact_mut(row).zip(b.chunks_exact(row)) {
+        let vec_len = row & !15;
+        for (x, y) in ra[..vec_len].iter_mut().zip(&rb[..vec_len]) {
+            *x = *x / (1.0 + expf_ggml_v(0.0 - *x)) * y;
+        }
+        glu(&mut ra[vec_len..], &rb[vec_len..], silu);
+    }
 }
 
 /// GELU, tanh approximation (as used by Gemma).

@@ -25,16 +25,28 @@ pub const MAX_CHUNK: usize = 512;
 
 impl Model {
     /// Runs `tokens` at positions `state.pos..`, advancing `state.pos`.
-    pub fn forward(&self, state: &mut State, tokens: &[u32], want: Logits) -> Result<Vec<f32>, ModelError> {
+    pub fn forward(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
         if tokens.is_empty() {
             return Err(ModelError::Empty);
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(ModelError::BadToken { token: bad, vocab: c.vocab_size });
+            return Err(ModelError::BadToken {
+                token: bad,
+                vocab: c.vocab_size,
+            });
         }
         if state.pos + tokens.len() > state.max_ctx {
-            return Err(ModelError::ContextFull { pos: state.pos, n: tokens.len(), ctx: state.max_ctx });
+            return Err(ModelError::ContextFull {
+                pos: state.pos,
+                n: tokens.len(),
+                ctx: state.max_ctx,
+            });
         }
         if state.caches.iter().any(|cache| !cache.can_serve(state.pos)) {
             return Err(ModelError::RolledBackTooFar { pos: state.pos });
@@ -47,7 +59,9 @@ impl Model {
             for li in 0..c.n_layers {
                 let cache = &mut state.caches[li];
                 match c.arch {
-                    Architecture::Llama | Architecture::Qwen2 => llama::layer(self, li, &mut x, cache, p0),
+                    Architecture::Llama | Architecture::Qwen2 => {
+                        llama::layer(self, li, &mut x, cache, p0)
+                    }
                     Architecture::Gemma3 => gemma3::layer(self, li, &mut x, cache, p0),
                     Architecture::MuseGlimmer => muse_glimmer::layer(self, li, &mut x, cache, p0),
                 }
@@ -100,7 +114,10 @@ impl Model {
             Architecture::MuseGlimmer => muse_glimmer::head(self, x),
             _ => {
                 blocks::rmsnorm(&mut x, c.dim, Some(&self.output_norm), c.norm_eps);
-                self.linear(&self.output, &x)
+                blocks::dump("result_norm", 0, &x);
+                let logits = self.linear(&self.output, &x);
+                blocks::dump("result_output", 0, &logits);
+                logits
             }
         }
     }

@@ -4,7 +4,7 @@
 
 use crate::blocks::{self, attention, glu, rmsnorm, round_to_cache, silu, AttnShape, Rope};
 use crate::kv_cache::LayerKvCache;
-use crate::weights::Model;
+use crate::weights::{Model, Numerics};
 
 pub(crate) fn layer(m: &Model, li: usize, x: &mut [f32], cache: &mut LayerKvCache, p0: usize) {
     let c = &m.config;
@@ -71,7 +71,11 @@ pub(crate) fn layer(m: &Model, li: usize, x: &mut [f32], cache: &mut LayerKvCach
     blocks::dump("ffn_gate", li, &g);
     let up = m.linear(&l.ffn_up, &h);
     blocks::dump("ffn_up", li, &up);
-    glu(&mut g, &up, silu);
+    if m.numerics == Numerics::F32 {
+        glu(&mut g, &up, silu);
+    } else {
+        blocks::swiglu_ggml(&mut g, &up, c.ffn_dim);
+    }
     blocks::dump("ffn_swiglu", li, &g);
     let down = m.linear(&l.ffn_down, &g);
     blocks::dump("ffn_out", li, &down);

@@ -115,16 +115,16 @@ fn dot(ty: GgmlType, w: &[u8], a: &QRow, scratch: &mut Vec<f32>) -> f32 {
         }
         (F16, QRow::F16(x)) => vec_dot_f16_ref(w, x),
         (BF16, QRow::Bf16(x)) => vec_dot_bf16_ref(w, x),
-        (Q4_0, QRow::Q8_0(y)) => vec_dot_q4_0_q8_0_ref(blocks(w), y),
-        (Q5_0, QRow::Q8_0(y)) => vec_dot_q5_0_q8_0_ref(blocks(w), y),
-        (Q8_0, QRow::Q8_0(y)) => vec_dot_q8_0_q8_0_ref(blocks(w), y),
+        (Q4_0, QRow::Q8_0(y)) => vec_dot_q4_0_q8_0_x86(blocks(w), y),
+        (Q5_0, QRow::Q8_0(y)) => vec_dot_q5_0_q8_0_x86(blocks(w), y),
+        (Q8_0, QRow::Q8_0(y)) => vec_dot_q8_0_q8_0_x86(blocks(w), y),
         (Q4_1, QRow::Q8_1(y)) => vec_dot_q4_1_q8_1_avx2_order(blocks(w), y),
         (Q5_1, QRow::Q8_1(y)) => vec_dot_q5_1_q8_1_ref(blocks(w), y),
         (Q2_K, QRow::Q8K(y)) => vec_dot_q2_k_q8_k_ref(blocks(w), y),
         (Q3_K, QRow::Q8K(y)) => vec_dot_q3_k_q8_k_ref(blocks(w), y),
-        (Q4_K, QRow::Q8K(y)) => vec_dot_q4_k_q8_k_ref(blocks(w), y),
+        (Q4_K, QRow::Q8K(y)) => vec_dot_q4_k_q8_k_x86(blocks(w), y),
         (Q5_K, QRow::Q8K(y)) => vec_dot_q5_k_q8_k_ref(blocks(w), y),
-        (Q6_K, QRow::Q8K(y)) => vec_dot_q6_k_q8_k_ref(blocks(w), y),
+        (Q6_K, QRow::Q8K(y)) => vec_dot_q6_k_q8_k_x86(blocks(w), y),
         _ => unreachable!("activation format chosen from the weight type"),
     }
 }

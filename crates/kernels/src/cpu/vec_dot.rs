@@ -108,6 +108,130 @@ pub fn vec_dot_q4_1_q8_1_avx2_order(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
     hsum_float_8(&acc) + summs
 }
 
+/// The lane order shared by llama.cpp's x86 `*_0 · Q8_0` kernels (AVX2
+/// `ggml_vec_dot_q{4,5,8}_0_q8_0` and llamafile's `tinyBLAS_Q0_AVX`, used for
+/// prompt batches): lane `l` of 8 accumulates `fma(dx·dy, Σ_{k<4} qx·qy)` over
+/// elements `4l..4l+4` of every block, reduced by `hsum_float_8`. `q(b, e)`
+/// gives the signed weight quant of element `e` of block `b`.
+fn dot_q8_0_lanes(
+    n_blocks: usize,
+    d: impl Fn(usize) -> f32,
+    q: impl Fn(usize, usize) -> i32,
+    y: &[BlockQ8_0],
+) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (b, by) in y.iter().enumerate().take(n_blocks) {
+        let d = d(b) * by.d.to_f32();
+        for (l, a) in acc.iter_mut().enumerate() {
+            let isum: i32 = (4 * l..4 * l + 4).map(|e| q(b, e) * by.qs[e] as i32).sum();
+            *a = d.mul_add(isum as f32, *a);
+        }
+    }
+    hsum_float_8(&acc)
+}
+
+/// `vec_dot_q4_0_q8_0_ref` in llama.cpp's x86 order ([`dot_q8_0_lanes`]).
+pub fn vec_dot_q4_0_q8_0_x86(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
+    let q = |b: usize, e: usize| {
+        let byte = x[b].qs[e % (QK / 2)];
+        (if e < QK / 2 { byte & 0x0f } else { byte >> 4 }) as i32 - 8
+    };
+    dot_q8_0_lanes(x.len(), |b| x[b].d.to_f32(), q, y)
+}
+
+/// `vec_dot_q5_0_q8_0_ref` in llama.cpp's x86 order ([`dot_q8_0_lanes`]).
+pub fn vec_dot_q5_0_q8_0_x86(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
+    let q = |b: usize, e: usize| {
+        let byte = x[b].qs[e % (QK / 2)];
+        let lo = if e < QK / 2 { byte & 0x0f } else { byte >> 4 } as i32;
+        (lo | (q5_high_bit(&x[b].qh, e) << 4)) - 16
+    };
+    dot_q8_0_lanes(x.len(), |b| x[b].d.to_f32(), q, y)
+}
+
+/// `vec_dot_q8_0_q8_0_ref` in llama.cpp's x86 order ([`dot_q8_0_lanes`]).
+pub fn vec_dot_q8_0_q8_0_x86(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
+    dot_q8_0_lanes(x.len(), |b| x[b].d.to_f32(), |b, e| x[b].qs[e] as i32, y)
+}
+
+/// `vec_dot_q4_k_q8_k_ref` in the order of llama.cpp's AVX2
+/// `ggml_vec_dot_q4_K_q8_K`: per block, 8 integer lanes (lane `l` = elements
+/// `4l..4l+4` of each 32-value sub-block, times its scale) enter
+/// `fma(d, lane, acc)`; the mins go through 4 lanes (sub-block pairs) with
+/// `fma(-dmin·dy, ·, acc_m)`, reduced (0+2, 1+3, then sum) and added last.
+pub fn vec_dot_q4_k_q8_k_x86(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut acc_m = [0.0f32; 4];
+    for (bx, by) in x.iter().zip(y) {
+        let d = by.d * bx.d.to_f32();
+        let dmin = -by.d * bx.dmin.to_f32();
+        let sm: [(u8, u8); 8] = std::array::from_fn(|j| scale_min_k4(j, &bx.scales));
+        for (k, a) in acc_m.iter_mut().enumerate() {
+            let prod: i32 = (2 * k..2 * k + 2)
+                .map(|j| sm[j].1 as i32 * (by.bsums[2 * j] as i32 + by.bsums[2 * j + 1] as i32))
+                .sum();
+            *a = dmin.mul_add(prod as f32, *a);
+        }
+        let mut sumi = [0i32; 8];
+        for (j, &(sc, _)) in sm.iter().enumerate() {
+            let (chunk, upper) = (j / 2, j % 2 == 1);
+            for (l, s) in sumi.iter_mut().enumerate() {
+                let mut g = 0i32;
+                for e in 4 * l..4 * l + 4 {
+                    let byte = bx.qs[32 * chunk + e];
+                    let q = if upper { byte >> 4 } else { byte & 0x0f } as i32;
+                    g += q * by.qs[32 * j + e] as i32;
+                }
+                *s += sc as i32 * g;
+            }
+        }
+        for (a, &s) in acc.iter_mut().zip(&sumi) {
+            *a = d.mul_add(s as f32, *a);
+        }
+    }
+    let m = (acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]);
+    hsum_float_8(&acc) + m
+}
+
+/// `vec_dot_q6_k_q8_k_ref` in the order of llama.cpp's AVX2
+/// `ggml_vec_dot_q6_K_q8_K`: quants stay unsigned (0..64) in 8 integer lanes
+/// (lane `l` = elements `4l..4l+4` of each 32-value chunk, times its scale);
+/// lane `l` subtracts `32·(bsums·scales)` of groups `2l, 2l+1`; then
+/// `fma(d, lane, acc)` and `hsum_float_8`.
+pub fn vec_dot_q6_k_q8_k_x86(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (bx, by) in x.iter().zip(y) {
+        let d = by.d * bx.d.to_f32();
+        let mut sumi = [0i32; 8];
+        for n in 0..2 {
+            let (ql, qh) = (&bx.ql[64 * n..64 * n + 64], &bx.qh[32 * n..32 * n + 32]);
+            for k in 0..4 {
+                for (l, s) in sumi.iter_mut().enumerate() {
+                    for b in 4 * l..4 * l + 4 {
+                        let q = match k {
+                            0 => (ql[b] & 0x0f) | ((qh[b] & 3) << 4),
+                            1 => (ql[b + 32] & 0x0f) | (((qh[b] >> 2) & 3) << 4),
+                            2 => (ql[b] >> 4) | (((qh[b] >> 4) & 3) << 4),
+                            _ => (ql[b + 32] >> 4) | (((qh[b] >> 6) & 3) << 4),
+                        };
+                        let idx = 128 * n + 32 * k + b;
+                        *s += bx.scales[idx / 16] as i32 * q as i32 * by.qs[idx] as i32;
+                    }
+                }
+            }
+        }
+        for (l, s) in sumi.iter_mut().enumerate() {
+            let sub = by.bsums[2 * l] as i32 * bx.scales[2 * l] as i32
+                + by.bsums[2 * l + 1] as i32 * bx.scales[2 * l + 1] as i32;
+            *s -= sub << 5;
+        }
+        for (a, &s) in acc.iter_mut().zip(&sumi) {
+            *a = d.mul_add(s as f32, *a);
+        }
+    }
+    hsum_float_8(&acc)
+}
+
 /// `hsum_float_8` (arch/x86/quants.c): (x[i] + x[i+4]), then (+ [i+2]), then (+ [1]).
 fn hsum_float_8(x: &[f32; 8]) -> f32 {
     let r: [f32; 4] = std::array::from_fn(|i| x[i + 4] + x[i]);
@@ -301,4 +425,74 @@ pub fn vec_dot_bf16_ref(x: &[u8], y: &[bf16]) -> f32 {
         sum += (bf16::from_le_bytes([b[0], b[1]]).to_f32() * v.to_f32()) as f64;
     }
     sum as f32
+}
+
+#[cfg(test)]
+mod x86_order_tests {
+    use super::*;
+    use crate::quant::{quantize, quantize_row_q8_k_ref};
+    use hearth_gguf::GgmlType;
+    use rand::{Rng, SeedableRng};
+
+    /// The x86-order kernels compute the same sums as the references (up to
+    /// f32 rounding), on random rows of several blocks.
+    #[test]
+    fn x86_order_matches_reference() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let n = 3 * QK_K;
+        let w: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let a: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let close =
+            |p: f32, q: f32| assert!((p - q).abs() <= 1e-4 * q.abs().max(1.0), "{p} vs {q}");
+        let mut y0 = vec![BlockQ8_0::default(); n / QK];
+        quantize_row_q8_0_x86(&a, &mut y0);
+        let mut yk = vec![
+            BlockQ8K {
+                d: 0.0,
+                qs: [0; QK_K],
+                bsums: [0; QK_K / 16]
+            };
+            n / QK_K
+        ];
+        quantize_row_q8_k_ref(&a, &mut yk);
+        let wq = |ty: GgmlType| {
+            let mut b = vec![0u8; n / ty.block_size() * ty.type_size()];
+            if quantize(ty, &w, &mut b).is_err() {
+                // No quantizer for this type: random quants, scale 0.01 (leading f16).
+                let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(ty as u64);
+                for blk in b.chunks_exact_mut(ty.type_size()) {
+                    blk.iter_mut().for_each(|v| *v = r.gen());
+                    blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                }
+            }
+            b
+        };
+        let (b40, b50, b80, b4k, b6k) = (
+            wq(GgmlType::Q4_0),
+            wq(GgmlType::Q5_0),
+            wq(GgmlType::Q8_0),
+            wq(GgmlType::Q4_K),
+            wq(GgmlType::Q6_K),
+        );
+        close(
+            vec_dot_q4_0_q8_0_x86(as_blocks(&b40).unwrap(), &y0),
+            vec_dot_q4_0_q8_0_ref(as_blocks(&b40).unwrap(), &y0),
+        );
+        close(
+            vec_dot_q5_0_q8_0_x86(as_blocks(&b50).unwrap(), &y0),
+            vec_dot_q5_0_q8_0_ref(as_blocks(&b50).unwrap(), &y0),
+        );
+        close(
+            vec_dot_q8_0_q8_0_x86(as_blocks(&b80).unwrap(), &y0),
+            vec_dot_q8_0_q8_0_ref(as_blocks(&b80).unwrap(), &y0),
+        );
+        close(
+            vec_dot_q4_k_q8_k_x86(as_blocks(&b4k).unwrap(), &yk),
+            vec_dot_q4_k_q8_k_ref(as_blocks(&b4k).unwrap(), &yk),
+        );
+        close(
+            vec_dot_q6_k_q8_k_x86(as_blocks(&b6k).unwrap(), &yk),
+            vec_dot_q6_k_q8_k_ref(as_blocks(&b6k).unwrap(), &yk),
+        );
+    }
 }
