@@ -21,6 +21,8 @@ enum Command {
     Pull(commands::pull::Args),
     /// Generate text from a prompt (streams to stdout; speed figures to stderr).
     Run(commands::run::Args),
+    /// Serve the OpenAI-compatible HTTP API (chat, completions, sessions, metrics).
+    Serve(commands::serve::Args),
     /// Measure prefill and decode speed (like llama-bench).
     Bench(commands::bench::Args),
     /// Render a conversation with the model's chat template (or a built-in format).
@@ -51,6 +53,7 @@ fn main() {
         Command::Pull(a) => commands::pull::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Run(a) => commands::run::run(a),
+        Command::Serve(a) => commands::serve::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Template(a) => commands::template::run(a),
         Command::Parse(a) => commands::parse::run(a),

@@ -8,3 +8,4 @@
 pub mod generate;
 pub mod rng;
 pub mod sampler;
+pub mod session;

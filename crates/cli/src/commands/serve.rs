@@ -1,0 +1,88 @@
+//! `hearth serve`: the OpenAI-compatible HTTP server (one model load, many
+//! sessions). Loopback only unless told otherwise.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use hearth_server::ServerOptions;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model name (see `hearth pull --list`) or .gguf path [default: qwen2.5-coder-0.5b, pulled on first use]
+    #[arg(short, long)]
+    pub model: Option<String>,
+    /// Address to listen on (a non-loopback address exposes the server to the network).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0 = any free port; the URL line says which).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// The model id clients send [default: the packaged name, or the file name without .gguf].
+    #[arg(long)]
+    pub model_id: Option<String>,
+    /// Context size per session (prompt + generation), in tokens.
+    #[arg(
+        short = 'c',
+        long = "max-context",
+        alias = "ctx-size",
+        default_value_t = 4096
+    )]
+    pub max_context: usize,
+    /// KV states held at once, the anonymous scratch session included; the
+    /// least recently used idle session is evicted beyond this.
+    #[arg(long, default_value_t = 8)]
+    pub max_sessions: usize,
+    /// Also bound the sessions' total KV cache memory (MiB).
+    #[arg(long, value_name = "MIB")]
+    pub kv_budget_mib: Option<usize>,
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Tool-call format: auto, atem, hermes, qwen3-xml, harmony, muse-glimmer or plain.
+    #[arg(long, default_value = "auto")]
+    pub tool_parser: String,
+    /// Largest request body accepted (MiB); larger ones get 413.
+    #[arg(long, value_name = "MIB", default_value_t = 16)]
+    pub max_body_mib: usize,
+    /// Reject prompt + max_tokens over the context (400) instead of clamping max_tokens.
+    #[arg(long)]
+    pub strict_context: bool,
+    /// Worker threads [default: all cores].
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    crate::init_threads(args.threads)?;
+    let path = crate::registry::resolve_model(args.model.as_deref())?;
+    let model_id = args
+        .model_id
+        .clone()
+        .unwrap_or_else(|| default_model_id(args.model.as_deref(), &path));
+    let options = ServerOptions {
+        model_path: path,
+        model_id,
+        host: args.host,
+        port: args.port,
+        max_ctx: args.max_context,
+        max_sessions: args.max_sessions,
+        kv_budget_bytes: args.kv_budget_mib.map(|m| m.saturating_mul(1024 * 1024)),
+        api_key: args.api_key.filter(|k| !k.is_empty()),
+        tool_parser: args.tool_parser,
+        max_body_bytes: args.max_body_mib.saturating_mul(1024 * 1024),
+        strict_context: args.strict_context,
+    };
+    hearth_server::run(options).context("hearth serve")
+}
+
+/// A packaged name as given (or the default's), else the file stem.
+fn default_model_id(arg: Option<&str>, path: &Path) -> String {
+    match arg {
+        Some(a) if !Path::new(a).is_file() => a.to_string(),
+        None => crate::registry::registry().default.clone(),
+        _ => path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into()),
+    }
+}

@@ -1,0 +1,337 @@
+//! Sessions: one conversation's KV state plus the token ids resident in it, and
+//! a store that hosts many of them on one model load.
+//!
+//! Resume is decided on token ids only (server-api.md §7): a new prompt keeps
+//! the longest common prefix of the resident ids, the state rolls back to it
+//! when the cache allows (flat caches always; sliding-window rings only within
+//! their slack), and only the rest is prefilled. Anything else resets.
+
+use std::collections::{HashMap, HashSet};
+
+use hearth_models::{Model, State};
+
+/// Why a prompt reused what it did (logged per turn).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResumeReason {
+    /// Nothing was resident.
+    New,
+    /// The prompt extends the resident ids: only the suffix is prefilled.
+    ExactPrefix,
+    /// The prompt diverges from the resident ids; the state was rolled back to
+    /// the common prefix.
+    CommonPrefix,
+    /// The prompt equals the resident ids (or is a prefix of them); the last
+    /// prompt token is re-fed to get its logits.
+    Equal,
+    /// Nothing in common: full reset.
+    Mismatch,
+    /// A common prefix existed but the cache could not roll back to it (a
+    /// sliding-window ring had overwritten entries): full reset.
+    RollbackFailed,
+}
+
+impl ResumeReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResumeReason::New => "new",
+            ResumeReason::ExactPrefix => "exact_prefix",
+            ResumeReason::CommonPrefix => "common_prefix",
+            ResumeReason::Equal => "equal",
+            ResumeReason::Mismatch => "mismatch",
+            ResumeReason::RollbackFailed => "rollback_failed",
+        }
+    }
+}
+
+/// How much of a prompt is already in the state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resume {
+    /// Prompt tokens whose KV is reused; prefill `prompt[reused..]`.
+    pub reused: usize,
+    pub reason: ResumeReason,
+}
+
+/// One conversation: its KV state and the ids in it.
+pub struct Session {
+    pub state: State,
+    /// The ids whose keys and values are in `state`, in order. Invariant:
+    /// `resident.len() == state.pos`.
+    resident: Vec<u32>,
+    last_used: u64,
+}
+
+impl Session {
+    pub fn new(state: State) -> Session {
+        let mut state = state;
+        state.reset();
+        Session {
+            state,
+            resident: Vec::new(),
+            last_used: 0,
+        }
+    }
+
+    pub fn resident(&self) -> &[u32] {
+        &self.resident
+    }
+
+    /// Forgets everything (keeps the allocation).
+    pub fn reset(&mut self) {
+        self.state.reset();
+        self.resident.clear();
+    }
+
+    /// Positions the state for `prompt` (non-empty): keeps the longest common
+    /// prefix of the resident ids and `prompt`, at most `prompt.len() - 1`
+    /// (the last prompt token must be fed to produce logits).
+    pub fn prepare(&mut self, prompt: &[u32]) -> Resume {
+        assert!(!prompt.is_empty(), "prepare: empty prompt");
+        debug_assert_eq!(self.resident.len(), self.state.pos);
+        if self.resident.is_empty() {
+            self.reset();
+            return Resume {
+                reused: 0,
+                reason: ResumeReason::New,
+            };
+        }
+        let common = common_prefix(&self.resident, prompt);
+        let keep = common.min(prompt.len() - 1);
+        let reason = if keep == 0 {
+            ResumeReason::Mismatch
+        } else if keep == self.resident.len() {
+            ResumeReason::ExactPrefix
+        } else if common == prompt.len() {
+            ResumeReason::Equal
+        } else {
+            ResumeReason::CommonPrefix
+        };
+        if keep == 0 {
+            self.reset();
+            return Resume { reused: 0, reason };
+        }
+        if keep < self.resident.len() {
+            if self.state.rollback(keep).is_err() {
+                self.reset();
+                return Resume {
+                    reused: 0,
+                    reason: ResumeReason::RollbackFailed,
+                };
+            }
+            self.resident.truncate(keep);
+        }
+        Resume {
+            reused: keep,
+            reason,
+        }
+    }
+
+    /// Records ids just fed through the model (the state advanced past them).
+    pub fn push_fed(&mut self, ids: &[u32]) {
+        self.resident.extend_from_slice(ids);
+        debug_assert_eq!(self.resident.len(), self.state.pos);
+    }
+}
+
+/// Length of the longest common prefix.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    /// Every state is held by a running generation: nothing can be evicted.
+    #[error("Session capacity exhausted ({capacity} sessions, all generating); retry later.")]
+    CapacityExhausted { capacity: usize },
+}
+
+/// A session checked out of the store for one generation.
+pub struct Lease {
+    /// `None`: the scratch session (or a transient one).
+    pub id: Option<String>,
+    pub session: Session,
+    /// A one-request session (the scratch session was busy): dropped on release.
+    transient: bool,
+    /// Whether the session was created (or re-created after eviction) for this lease.
+    pub fresh: bool,
+}
+
+/// What [`SessionStore::acquire`] found.
+pub enum Acquire {
+    Ready(Lease),
+    /// The session is generating for another request; try again later.
+    Busy,
+}
+
+/// Deferred operations on sessions that are checked out.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    Reset,
+    Close,
+}
+
+/// Many sessions on one model load. Named sessions live until closed or
+/// evicted (least recently used first, idle ones only); requests without an id
+/// share one scratch session, or get a transient one while it is busy. The
+/// number of live states is bounded by `capacity` (a session count and a KV
+/// byte budget, whichever is smaller).
+pub struct SessionStore {
+    idle: HashMap<Option<String>, Session>,
+    busy: HashSet<Option<String>>,
+    pending: HashMap<Option<String>, Pending>,
+    /// States allocated: idle + checked out.
+    live: usize,
+    capacity: usize,
+    max_ctx: usize,
+    clock: u64,
+    /// Evictions so far (for metrics).
+    pub evictions: u64,
+}
+
+impl SessionStore {
+    /// `max_sessions` counts every state, the scratch one included;
+    /// `kv_budget` (bytes) further bounds it by `state_bytes` per state.
+    pub fn new(
+        max_sessions: usize,
+        kv_budget: Option<usize>,
+        state_bytes: usize,
+        max_ctx: usize,
+    ) -> SessionStore {
+        let by_budget = kv_budget.map_or(usize::MAX, |b| b / state_bytes.max(1));
+        SessionStore {
+            idle: HashMap::new(),
+            busy: HashSet::new(),
+            pending: HashMap::new(),
+            live: 0,
+            capacity: max_sessions.min(by_budget).max(1),
+            max_ctx,
+            clock: 0,
+            evictions: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// States currently allocated.
+    pub fn live(&self) -> usize {
+        self.live
+    }
+
+    /// Checks out session `id` (`None` = scratch), creating it if needed and
+    /// evicting the least recently used idle session when the store is full.
+    pub fn acquire(&mut self, model: &Model, id: Option<&str>) -> Result<Acquire, SessionError> {
+        let key = id.map(str::to_string);
+        if self.busy.contains(&key) {
+            if key.is_some() {
+                return Ok(Acquire::Busy);
+            }
+            // Scratch is busy: a transient session serves this request.
+            let session = self.allocate(model)?;
+            return Ok(Acquire::Ready(Lease {
+                id: None,
+                session,
+                transient: true,
+                fresh: true,
+            }));
+        }
+        let (session, fresh) = match self.idle.remove(&key) {
+            Some(s) => (s, false),
+            None => (self.allocate(model)?, true),
+        };
+        self.busy.insert(key.clone());
+        Ok(Acquire::Ready(Lease {
+            id: key,
+            session,
+            transient: false,
+            fresh,
+        }))
+    }
+
+    /// Returns a lease; applies a reset or close requested while it was out.
+    pub fn release(&mut self, lease: Lease) {
+        let Lease {
+            id,
+            mut session,
+            transient,
+            ..
+        } = lease;
+        if transient {
+            self.live -= 1;
+            return;
+        }
+        self.busy.remove(&id);
+        match self.pending.remove(&id) {
+            Some(Pending::Close) => {
+                self.live -= 1;
+                return;
+            }
+            Some(Pending::Reset) => session.reset(),
+            None => {}
+        }
+        self.clock += 1;
+        session.last_used = self.clock;
+        self.idle.insert(id, session);
+    }
+
+    /// Clears a session's context, keeping its slot (deferred while it generates).
+    pub fn reset(&mut self, id: &str) {
+        let key = Some(id.to_string());
+        if let Some(s) = self.idle.get_mut(&key) {
+            s.reset();
+        } else if self.busy.contains(&key) {
+            self.pending.entry(key).or_insert(Pending::Reset);
+        }
+    }
+
+    /// Frees a session (deferred while it generates).
+    pub fn close(&mut self, id: &str) {
+        let key = Some(id.to_string());
+        if self.idle.remove(&key).is_some() {
+            self.live -= 1;
+        } else if self.busy.contains(&key) {
+            self.pending.insert(key, Pending::Close);
+        }
+    }
+
+    /// A fresh state: a new allocation while under capacity, else the state of
+    /// the least recently used idle session.
+    fn allocate(&mut self, model: &Model) -> Result<Session, SessionError> {
+        if self.live < self.capacity {
+            self.live += 1;
+            return Ok(Session::new(model.new_state(self.max_ctx)));
+        }
+        let victim = self
+            .idle
+            .iter()
+            .min_by_key(|(_, s)| s.last_used)
+            .map(|(k, _)| k.clone());
+        match victim {
+            Some(k) => {
+                let s = self.idle.remove(&k).expect("victim is idle");
+                self.evictions += 1;
+                eprintln!(
+                    "session evicted: {} (least recently used; capacity {})",
+                    k.as_deref().unwrap_or("<scratch>"),
+                    self.capacity
+                );
+                Ok(Session::new(s.state))
+            }
+            None => Err(SessionError::CapacityExhausted {
+                capacity: self.capacity,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_prefix_counts_matching_ids() {
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4, 5]), 2);
+        assert_eq!(common_prefix(&[], &[1]), 0);
+        assert_eq!(common_prefix(&[1, 2], &[1, 2]), 2);
+    }
+}

@@ -1,0 +1,462 @@
+//! `/v1/chat/completions` and `/v1/completions`: validation, submission to the
+//! engine, and the response, whole or as server-sent events that follow the
+//! generation token by token (server-api.md §4–5).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, Stream, StreamExt};
+use hearth_chat::detect::OutputFormat;
+use hearth_chat::parser::{ChatEvent, FinishHint, OutputParser};
+use hearth_engine::generate::FinishReason;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::request::{parse_chat, parse_completion, parse_object, Common};
+use crate::routes::{check_context, header_session, read_body, AppState};
+use crate::scheduler::{Event, Job, Summary};
+
+pub async fn chat_completions(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    chat_inner(app, headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn completions(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    completion_inner(app, headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn chat_inner(
+    app: Arc<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_body(&app, &headers, body).await?;
+    let obj = parse_object(&body)?;
+    let req = parse_chat(&obj, &app.model_id, header_session(&headers)?)?;
+    let ids = app
+        .prompter
+        .chat_ids(&req.messages, req.tools.as_ref(), &req.kwargs)?;
+    let id = random_hex();
+    let parser = app
+        .prompter
+        .parser(req.tools.as_ref(), format!("call_{}_", &id[..12]))?;
+    let reply = Reply {
+        id: format!("chatcmpl-{id}"),
+        created: unix_now(),
+        model: app.model_id.clone(),
+        // Muse Glimmer's reasoning is returned only on request (§3.1); other
+        // formats' reasoning always is.
+        reasoning: req.return_reasoning || app.prompter.output != OutputFormat::MuseGlimmer,
+    };
+    let rx = submit(&app, &req.common, ids).await?;
+    if req.common.stream {
+        Ok(sse(chat_stream(
+            reply,
+            parser,
+            rx,
+            req.common.include_usage,
+        )))
+    } else {
+        chat_whole(reply, parser, rx).await
+    }
+}
+
+async fn completion_inner(
+    app: Arc<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_body(&app, &headers, body).await?;
+    let obj = parse_object(&body)?;
+    let req = parse_completion(&obj, &app.model_id, header_session(&headers)?)?;
+    let ids = app.prompter.completion_ids(&req.prompt);
+    let reply = Reply {
+        id: format!("cmpl-{}", random_hex()),
+        created: unix_now(),
+        model: app.model_id.clone(),
+        reasoning: false,
+    };
+    let rx = submit(&app, &req.common, ids).await?;
+    if req.common.stream {
+        Ok(sse(completion_stream(reply, rx, req.common.include_usage)))
+    } else {
+        completion_whole(reply, rx).await
+    }
+}
+
+/// Context check, submission, and admission: everything that can fail before
+/// the first response byte.
+async fn submit(
+    app: &AppState,
+    common: &Common,
+    prompt: Vec<u32>,
+) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::invalid_request(
+            "The prompt is empty after tokenization.",
+        ));
+    }
+    let max_tokens = check_context(app, prompt.len(), common.max_tokens)?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    app.engine.submit(Job {
+        session: common.session_id.clone(),
+        prompt,
+        sampling: common.sampling,
+        max_tokens,
+        stop: common.stop.clone(),
+        events: tx,
+    })?;
+    match rx.recv().await {
+        Some(Event::Admitted { .. }) => Ok(rx),
+        Some(Event::Failed(e)) => Err(e),
+        _ => Err(ApiError::server("the engine dropped the request")),
+    }
+}
+
+/// The envelope shared by every chunk of one response.
+struct Reply {
+    id: String,
+    created: u64,
+    model: String,
+    /// Send `reasoning_content`.
+    reasoning: bool,
+}
+
+impl Reply {
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+        json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    }
+
+    fn text_chunk(&self, text: &str, finish: Option<&str>) -> Value {
+        json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+               "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]})
+    }
+
+    fn usage_chunk(&self, object: &str, s: &Summary) -> Value {
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [], "usage": usage(s)})
+    }
+}
+
+fn usage(s: &Summary) -> Value {
+    json!({"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+           "total_tokens": s.prompt_tokens + s.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": s.cached_tokens}})
+}
+
+fn hint(f: FinishReason) -> FinishHint {
+    match f {
+        FinishReason::Stop => FinishHint::Stop,
+        FinishReason::Length | FinishReason::Cancelled => FinishHint::Length,
+    }
+}
+
+/// Chat deltas for parser events, in order. `ToolCall` confirms a call whose
+/// start and arguments were already streamed; a call the parser confirms
+/// without a preview is sent whole.
+struct DeltaWriter {
+    /// Per call index: (start sent, argument text sent).
+    calls: Vec<(bool, String)>,
+}
+
+impl DeltaWriter {
+    fn deltas(
+        &mut self,
+        reply: &Reply,
+        events: Vec<ChatEvent>,
+        finish: &mut Option<&'static str>,
+    ) -> Vec<Value> {
+        let mut out = Vec::new();
+        for e in events {
+            match e {
+                ChatEvent::Reasoning(t) if reply.reasoning && !t.is_empty() => {
+                    out.push(json!({"reasoning_content": t}))
+                }
+                ChatEvent::Reasoning(_) => {}
+                ChatEvent::Content(t) if !t.is_empty() => out.push(json!({"content": t})),
+                ChatEvent::Content(_) => {}
+                ChatEvent::ToolCallStart { index, id, name } => {
+                    self.slot(index).0 = true;
+                    out.push(
+                        json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+                                                    "function": {"name": name, "arguments": ""}}]}),
+                    );
+                }
+                ChatEvent::ToolCallArgs { index, delta } => {
+                    self.slot(index).1.push_str(&delta);
+                    out.push(
+                        json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]}),
+                    );
+                }
+                ChatEvent::ToolCall {
+                    index,
+                    id,
+                    name,
+                    arguments,
+                } => {
+                    let (started, sent) = self.slot(index).clone();
+                    let full = arguments.to_string();
+                    if !started {
+                        out.push(json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+                                                        "function": {"name": name, "arguments": full}}]}));
+                    } else if sent.is_empty() {
+                        out.push(json!({"tool_calls": [{"index": index, "function": {"arguments": full}}]}));
+                    }
+                    *self.slot(index) = (true, full);
+                }
+                ChatEvent::End { finish_reason } => *finish = Some(finish_reason.as_str()),
+            }
+        }
+        out
+    }
+
+    fn slot(&mut self, index: usize) -> &mut (bool, String) {
+        if self.calls.len() <= index {
+            self.calls.resize(index + 1, (false, String::new()));
+        }
+        &mut self.calls[index]
+    }
+}
+
+fn sse(events: impl Stream<Item = String> + Send + 'static) -> Response {
+    let stream = events.map(|data| Ok::<_, Infallible>(SseEvent::default().data(data)));
+    let mut r = Sse::new(stream)
+        .keep_alive(
+            KeepAlive::new()
+                .interval(Duration::from_secs(15))
+                .text("keepalive"),
+        )
+        .into_response();
+    r.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-cache"),
+    );
+    r
+}
+
+fn error_event(e: &ApiError) -> String {
+    e.body().to_string()
+}
+
+/// Role chunk, then deltas as the parser produces them, one finish chunk, the
+/// usage chunk if asked, `[DONE]`. Dropping the stream (client gone) drops the
+/// receiver, which stops the generation at its next step.
+fn chat_stream(
+    reply: Reply,
+    parser: Box<dyn OutputParser + Send>,
+    rx: mpsc::UnboundedReceiver<Event>,
+    include_usage: bool,
+) -> impl Stream<Item = String> + Send {
+    let first = reply
+        .chunk(json!({"role": "assistant", "content": ""}), None)
+        .to_string();
+    let state = (
+        Some((reply, parser, rx, DeltaWriter { calls: Vec::new() })),
+        include_usage,
+    );
+    let rest = stream::unfold(state, |(st, include_usage)| async move {
+        let (reply, mut parser, mut rx, mut writer) = st?;
+        let mut finish = None;
+        let out: Vec<String> = match rx.recv().await {
+            Some(Event::Text(t)) => {
+                let events = parser.feed(&t);
+                writer
+                    .deltas(&reply, events, &mut finish)
+                    .into_iter()
+                    .map(|d| reply.chunk(d, None).to_string())
+                    .collect()
+            }
+            Some(Event::Done(summary)) => {
+                let events = parser.finish(hint(summary.finish));
+                let mut out: Vec<String> = writer
+                    .deltas(&reply, events, &mut finish)
+                    .into_iter()
+                    .map(|d| reply.chunk(d, None).to_string())
+                    .collect();
+                out.push(
+                    reply
+                        .chunk(json!({}), Some(finish.unwrap_or("stop")))
+                        .to_string(),
+                );
+                if include_usage {
+                    out.push(
+                        reply
+                            .usage_chunk("chat.completion.chunk", &summary)
+                            .to_string(),
+                    );
+                }
+                out.push("[DONE]".into());
+                return Some((out, (None, include_usage)));
+            }
+            Some(Event::Failed(e)) => {
+                return Some((
+                    vec![error_event(&e), "[DONE]".into()],
+                    (None, include_usage),
+                ))
+            }
+            Some(Event::Admitted { .. }) => Vec::new(),
+            None => {
+                let e = ApiError::server("the engine dropped the request");
+                return Some((
+                    vec![error_event(&e), "[DONE]".into()],
+                    (None, include_usage),
+                ));
+            }
+        };
+        Some((out, (Some((reply, parser, rx, writer)), include_usage)))
+    });
+    stream::once(async move { first }).chain(rest.flat_map(stream::iter))
+}
+
+async fn chat_whole(
+    reply: Reply,
+    mut parser: Box<dyn OutputParser + Send>,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+) -> Result<Response, ApiError> {
+    let mut events = Vec::new();
+    let summary = loop {
+        match rx.recv().await {
+            Some(Event::Text(t)) => events.extend(parser.feed(&t)),
+            Some(Event::Done(s)) => break s,
+            Some(Event::Failed(e)) => return Err(e),
+            Some(Event::Admitted { .. }) => {}
+            None => return Err(ApiError::server("the engine dropped the request")),
+        }
+    };
+    events.extend(parser.finish(hint(summary.finish)));
+    let (mut content, mut reasoning, mut calls, mut finish) =
+        (String::new(), String::new(), Vec::new(), "stop");
+    for e in events {
+        match e {
+            ChatEvent::Reasoning(t) => reasoning.push_str(&t),
+            ChatEvent::Content(t) => content.push_str(&t),
+            ChatEvent::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            } => calls.push(json!({
+                "index": index, "id": id, "type": "function",
+                "function": {"name": name, "arguments": arguments.to_string()}
+            })),
+            ChatEvent::End { finish_reason } => finish = finish_reason.as_str(),
+            ChatEvent::ToolCallStart { .. } | ChatEvent::ToolCallArgs { .. } => {}
+        }
+    }
+    let mut message = Map::new();
+    message.insert("role".into(), json!("assistant"));
+    let content = if content.is_empty() && !calls.is_empty() {
+        Value::Null
+    } else {
+        Value::String(content)
+    };
+    message.insert("content".into(), content);
+    if reply.reasoning && !reasoning.is_empty() {
+        message.insert("reasoning_content".into(), json!(reasoning));
+    }
+    if !calls.is_empty() {
+        message.insert("tool_calls".into(), Value::Array(calls));
+    }
+    Ok(Json(json!({
+        "id": reply.id, "object": "chat.completion", "created": reply.created, "model": reply.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": usage(&summary)
+    }))
+    .into_response())
+}
+
+fn completion_stream(
+    reply: Reply,
+    rx: mpsc::UnboundedReceiver<Event>,
+    include_usage: bool,
+) -> impl Stream<Item = String> + Send {
+    let rest = stream::unfold(Some((reply, rx)), move |st| async move {
+        let (reply, mut rx) = st?;
+        let out = match rx.recv().await {
+            Some(Event::Text(t)) => vec![reply.text_chunk(&t, None).to_string()],
+            Some(Event::Done(s)) => {
+                let mut out = vec![reply
+                    .text_chunk("", Some(completion_finish(s.finish)))
+                    .to_string()];
+                if include_usage {
+                    out.push(reply.usage_chunk("text_completion", &s).to_string());
+                }
+                out.push("[DONE]".into());
+                return Some((out, None));
+            }
+            Some(Event::Failed(e)) => return Some((vec![error_event(&e), "[DONE]".into()], None)),
+            Some(Event::Admitted { .. }) => Vec::new(),
+            None => {
+                return Some((
+                    vec![
+                        error_event(&ApiError::server("the engine dropped the request")),
+                        "[DONE]".into(),
+                    ],
+                    None,
+                ))
+            }
+        };
+        Some((out, Some((reply, rx))))
+    });
+    rest.flat_map(stream::iter)
+}
+
+async fn completion_whole(
+    reply: Reply,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let summary = loop {
+        match rx.recv().await {
+            Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Done(s)) => break s,
+            Some(Event::Failed(e)) => return Err(e),
+            Some(Event::Admitted { .. }) => {}
+            None => return Err(ApiError::server("the engine dropped the request")),
+        }
+    };
+    Ok(Json(json!({
+        "id": reply.id, "object": "text_completion", "created": reply.created, "model": reply.model,
+        "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": completion_finish(summary.finish)}],
+        "usage": usage(&summary)
+    }))
+    .into_response())
+}
+
+fn completion_finish(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length | FinishReason::Cancelled => "length",
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// 32 random hex digits.
+fn random_hex() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}

@@ -1,0 +1,124 @@
+//! OpenAI error objects: `{"error":{"message","type","code"}}` with an HTTP
+//! status (server-api.md §2).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+#[derive(Clone, Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub code: Option<&'static str>,
+    pub message: String,
+}
+
+impl ApiError {
+    fn new(
+        status: StatusCode,
+        kind: &'static str,
+        code: Option<&'static str>,
+        message: impl Into<String>,
+    ) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 400 invalid_request_error with no code (malformed body, wrong types).
+    pub fn invalid_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            None,
+            message,
+        )
+    }
+
+    /// 400 invalid_request_error with a code.
+    pub fn invalid(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            Some(code),
+            message,
+        )
+    }
+
+    pub fn model_not_found(asked: &str, served: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("model_not_found"),
+            format!("Model '{asked}' not found. This server serves '{served}'."),
+        )
+    }
+
+    pub fn unauthorized() -> ApiError {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            Some("invalid_api_key"),
+            "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.",
+        )
+    }
+
+    pub fn payload_too_large(limit: usize) -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            Some("request_too_large"),
+            format!("Request body exceeds the {limit}-byte limit."),
+        )
+    }
+
+    pub fn capacity(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "capacity_error",
+            Some("capacity_exhausted"),
+            message,
+        )
+    }
+
+    pub fn not_found(path: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("not_found"),
+            format!("No route for {path}."),
+        )
+    }
+
+    /// 500 server_error: generation, worker or session-op failure.
+    pub fn server(detail: impl std::fmt::Display) -> ApiError {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            None,
+            format!("Generation failed: {detail}"),
+        )
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            None,
+            message,
+        )
+    }
+
+    pub fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}

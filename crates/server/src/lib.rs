@@ -1,0 +1,184 @@
+//! hearth's OpenAI-compatible HTTP server (spec: shared/spec/server-api.md).
+//!
+//! - [`routes`]: the router, authentication, body limit, small endpoints.
+//! - [`chat`]: chat and text completions, whole or streamed as SSE.
+//! - [`request`]: request parsing and validation, errors naming the field.
+//! - [`prompt`]: chat template / built-in format, tokenization, output parser.
+//! - [`scheduler`]: the engine thread that owns the model and every session's
+//!   KV state and interleaves generations token by token.
+//! - [`metrics`]: Prometheus counters.
+
+pub mod chat;
+pub mod error;
+pub mod metrics;
+pub mod prompt;
+pub mod request;
+pub mod routes;
+pub mod scheduler;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use hearth_engine::session::SessionStore;
+use hearth_models::Model;
+use hearth_tokenizer::Tokenizer;
+
+use crate::metrics::Metrics;
+use crate::prompt::Prompter;
+use crate::routes::AppState;
+
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    pub model_path: PathBuf,
+    /// The id clients must send as `model` (or omit).
+    pub model_id: String,
+    pub host: String,
+    /// 0 picks a free port (the URL line says which).
+    pub port: u16,
+    /// Context size of every session's KV state.
+    pub max_ctx: usize,
+    /// KV states held at once, the scratch session included.
+    pub max_sessions: usize,
+    /// Further bound on the states held: their total KV bytes.
+    pub kv_budget_bytes: Option<usize>,
+    pub api_key: Option<String>,
+    /// `auto` or an output format name.
+    pub tool_parser: String,
+    pub max_body_bytes: usize,
+    pub strict_context: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("loading {path}: {message}")]
+    Load { path: String, message: String },
+    #[error("{0}")]
+    Config(String),
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Loads the model once, starts the engine thread and serves until SIGINT or
+/// SIGTERM; then stops every generation and returns.
+pub fn run(opts: ServerOptions) -> Result<(), ServerError> {
+    let t0 = Instant::now();
+    let load_err = |message: String| ServerError::Load {
+        path: opts.model_path.display().to_string(),
+        message,
+    };
+    let model = Model::load(&opts.model_path).map_err(|e| load_err(e.to_string()))?;
+    let tokenizer = Arc::new(
+        Tokenizer::from_gguf(model.file().metadata()).map_err(|e| load_err(e.to_string()))?,
+    );
+    let prompter = Prompter::new(model.file(), tokenizer.clone(), &opts.tool_parser)
+        .map_err(ServerError::Config)?;
+    if opts.max_ctx < 2 {
+        return Err(ServerError::Config(
+            "the context size must be at least 2 tokens".into(),
+        ));
+    }
+    let state_bytes = model.new_state(opts.max_ctx).kv_bytes();
+    let store = SessionStore::new(
+        opts.max_sessions.max(1),
+        opts.kv_budget_bytes,
+        state_bytes,
+        opts.max_ctx,
+    );
+    let capacity = store.capacity();
+    let metrics = Arc::new(Metrics::default());
+    let (engine, engine_thread) = scheduler::spawn(model, tokenizer, store, metrics.clone());
+    eprintln!(
+        "hearth serve: model '{}' loaded in {:.1} s ({}); context {} tokens; up to {capacity} sessions x {:.1} MiB KV",
+        opts.model_id,
+        t0.elapsed().as_secs_f64(),
+        prompter.describe(),
+        opts.max_ctx,
+        state_bytes as f64 / (1024.0 * 1024.0)
+    );
+    let app = Arc::new(AppState {
+        model_id: opts.model_id.clone(),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        prompter,
+        engine: engine.clone(),
+        metrics,
+        api_key: opts.api_key.clone(),
+        max_ctx: opts.max_ctx,
+        max_body_bytes: opts.max_body_bytes,
+        strict_context: opts.strict_context,
+    });
+
+    let final_stop = engine.clone();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(async move {
+        let addr = format!("{}:{}", opts.host, opts.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: addr.clone(),
+                source,
+            })?;
+        let local: SocketAddr = listener.local_addr()?;
+        let host = if local.is_ipv6() {
+            format!("[{}]", local.ip())
+        } else {
+            local.ip().to_string()
+        };
+        println!(
+            "hearth serve: listening on http://{host}:{}/v1",
+            local.port()
+        );
+        if !local.ip().is_loopback() {
+            eprintln!("warning: listening on a non-loopback address; set --api-key");
+        }
+        println!("hearth serve: ready");
+        let shutdown_engine = engine.clone();
+        axum::serve(listener, routes::router(app))
+            .with_graceful_shutdown(async move {
+                shutdown_signal().await;
+                eprintln!("hearth serve: shutting down");
+                // Ends every generation, so open streams finish and the
+                // graceful shutdown does not wait on them.
+                shutdown_engine.shutdown();
+            })
+            .await?;
+        Ok::<(), ServerError>(())
+    });
+    final_stop.shutdown();
+    drop(final_stop);
+    let _ = engine_thread.join();
+    result
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

@@ -1,0 +1,555 @@
+//! Request bodies: parsed from JSON by hand so every error names its field, and
+//! checked in the order of server-api.md §2 (model, value ranges, unsupported
+//! parameters, session id). Rendering and the context check come later.
+
+use hearth_engine::sampler::SamplerConfig;
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// What `/v1/chat/completions` and `/v1/completions` share.
+#[derive(Clone, Debug)]
+pub struct Common {
+    pub stream: bool,
+    pub include_usage: bool,
+    pub sampling: SamplerConfig,
+    /// `max_completion_tokens`, else `max_tokens`.
+    pub max_tokens: Option<usize>,
+    pub stop: Vec<String>,
+    pub session_id: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ChatRequest {
+    pub common: Common,
+    /// With tool-call arguments decoded and `reasoning` aliased.
+    pub messages: Value,
+    /// Tools to render and parse (None when absent, empty, or `tool_choice: "none"`).
+    pub tools: Option<Value>,
+    pub kwargs: Map<String, Value>,
+    /// `chat_template_kwargs.return_reasoning`.
+    pub return_reasoning: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct CompletionRequest {
+    pub common: Common,
+    pub prompt: String,
+}
+
+const HONORED: &str = "This server honors temperature, top_p, top_k, seed, max_tokens/max_completion_tokens, stop, and tools for the configured tool-call format.";
+
+/// Parses the body as a JSON object (400 on anything else).
+pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid_request(format!("Request body is not valid JSON: {e}")))?;
+    match v {
+        Value::Object(m) => Ok(m),
+        _ => Err(ApiError::invalid_request(
+            "Request body must be a JSON object.",
+        )),
+    }
+}
+
+pub fn parse_chat(
+    body: &Map<String, Value>,
+    served: &str,
+    header_session: Option<String>,
+) -> Result<ChatRequest, ApiError> {
+    check_model(body, served)?;
+    let messages = match body.get("messages") {
+        Some(Value::Array(m)) if !m.is_empty() => m,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid_request(
+                "'messages' must be a non-empty array.",
+            ))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_request(
+                "'messages' must be an array of message objects.",
+            ))
+        }
+        None => {
+            return Err(ApiError::invalid_request(
+                "Missing required field 'messages'.",
+            ))
+        }
+    };
+    for (i, m) in messages.iter().enumerate() {
+        let Some(obj) = m.as_object() else {
+            return Err(ApiError::invalid_request(format!(
+                "messages[{i}] must be an object."
+            )));
+        };
+        match obj.get("role") {
+            Some(Value::String(_)) => {}
+            _ => {
+                return Err(ApiError::invalid_request(format!(
+                    "messages[{i}].role must be a string."
+                )))
+            }
+        }
+    }
+    let ranges = sampling(body)?;
+    let max_tokens = max_tokens(body)?;
+    let mut unsupported = common_unsupported(body);
+    match body.get("tool_choice") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "auto" || s == "none" => {}
+        Some(_) => unsupported.push("tool_choice (only 'none' or 'auto')"),
+    }
+    if body.get("parallel_tool_calls") == Some(&Value::Bool(false)) {
+        unsupported.push("parallel_tool_calls=false");
+    }
+    if body.get("reasoning_effort").is_some_and(|v| !v.is_null()) {
+        unsupported.push("reasoning_effort");
+    }
+    if let Some(rf) = body.get("response_format").filter(|v| !v.is_null()) {
+        if rf.get("type").and_then(Value::as_str) != Some("text") {
+            unsupported.push("response_format (only 'text')");
+        }
+    }
+    reject_unsupported(&unsupported)?;
+    let session_id = session_id(body, header_session)?;
+
+    let tool_choice_none = body.get("tool_choice").and_then(Value::as_str) == Some("none");
+    let tools = match body.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(t)) if t.is_empty() => None,
+        Some(Value::Array(t)) => {
+            if let Some(i) = t.iter().position(|x| !x.is_object()) {
+                return Err(ApiError::invalid_request(format!(
+                    "tools[{i}] must be an object."
+                )));
+            }
+            (!tool_choice_none).then(|| Value::Array(t.clone()))
+        }
+        Some(_) => return Err(ApiError::invalid_request("'tools' must be an array.")),
+    };
+    let mut kwargs = match body.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(k)) => k.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid_request(
+                "'chat_template_kwargs' must be an object.",
+            ))
+        }
+    };
+    let return_reasoning = match kwargs.remove("return_reasoning") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => b,
+        Some(_) => {
+            return Err(ApiError::invalid_request(
+                "chat_template_kwargs.return_reasoning must be a boolean.",
+            ))
+        }
+    };
+    let messages =
+        hearth_chat::template::decode_tool_call_arguments(&normalize_messages(messages)?);
+    Ok(ChatRequest {
+        common: Common {
+            stream: stream(body)?,
+            include_usage: include_usage(body)?,
+            sampling: ranges,
+            max_tokens,
+            stop: stop(body)?,
+            session_id,
+        },
+        messages,
+        tools,
+        kwargs,
+        return_reasoning,
+    })
+}
+
+pub fn parse_completion(
+    body: &Map<String, Value>,
+    served: &str,
+    header_session: Option<String>,
+) -> Result<CompletionRequest, ApiError> {
+    check_model(body, served)?;
+    let prompt = match body.get("prompt") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            a[0].as_str().unwrap_or_default().to_string()
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_request(
+                "'prompt' must be a string (one prompt per request).",
+            ))
+        }
+        None => {
+            return Err(ApiError::invalid_request(
+                "Missing required field 'prompt'.",
+            ))
+        }
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid_request("'prompt' must not be empty."));
+    }
+    let ranges = sampling(body)?;
+    let max_tokens = max_tokens(body)?;
+    let mut unsupported = common_unsupported(body);
+    if body.get("echo") == Some(&Value::Bool(true)) {
+        unsupported.push("echo");
+    }
+    if body
+        .get("best_of")
+        .and_then(Value::as_u64)
+        .is_some_and(|n| n != 1)
+    {
+        unsupported.push("best_of");
+    }
+    if body.get("suffix").is_some_and(|v| !v.is_null()) {
+        unsupported.push("suffix");
+    }
+    reject_unsupported(&unsupported)?;
+    let session_id = session_id(body, header_session)?;
+    Ok(CompletionRequest {
+        common: Common {
+            stream: stream(body)?,
+            include_usage: include_usage(body)?,
+            sampling: ranges,
+            max_tokens,
+            stop: stop(body)?,
+            session_id,
+        },
+        prompt,
+    })
+}
+
+fn check_model(body: &Map<String, Value>, served: &str) -> Result<(), ApiError> {
+    match body.get("model") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(m)) if m == served => Ok(()),
+        Some(Value::String(m)) => Err(ApiError::model_not_found(m, served)),
+        Some(_) => Err(ApiError::invalid_request("'model' must be a string.")),
+    }
+}
+
+fn number(body: &Map<String, Value>, field: &str) -> Result<Option<f64>, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => Ok(n.as_f64()),
+        Some(_) => Err(ApiError::invalid_request(format!(
+            "'{field}' must be a number."
+        ))),
+    }
+}
+
+fn integer(body: &Map<String, Value>, field: &str) -> Result<Option<i128>, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => {
+            if let Some(i) = n.as_i64() {
+                Ok(Some(i as i128))
+            } else if let Some(u) = n.as_u64() {
+                Ok(Some(u as i128))
+            } else {
+                Err(ApiError::invalid_request(format!(
+                    "'{field}' must be an integer (got {n})."
+                )))
+            }
+        }
+        Some(_) => Err(ApiError::invalid_request(format!(
+            "'{field}' must be an integer."
+        ))),
+    }
+}
+
+/// temperature, top_p, top_k, seed, with the spec's ranges and defaults
+/// (greedy; top_p 1; top_k off; random seed).
+fn sampling(body: &Map<String, Value>) -> Result<SamplerConfig, ApiError> {
+    let mut c = SamplerConfig::greedy();
+    c.seed = 0;
+    if let Some(t) = number(body, "temperature")? {
+        if !(t.is_finite() && (0.0..=2.0).contains(&t)) {
+            return Err(ApiError::invalid(
+                "invalid_value",
+                format!("temperature must be between 0 and 2 (got {t})."),
+            ));
+        }
+        c.temperature = t as f32;
+    }
+    if let Some(p) = number(body, "top_p")? {
+        if !(p.is_finite() && p > 0.0 && p <= 1.0) {
+            return Err(ApiError::invalid(
+                "invalid_value",
+                format!("top_p must be between 0 (exclusive) and 1 (got {p})."),
+            ));
+        }
+        c.top_p = p as f32;
+    }
+    if let Some(k) = integer(body, "top_k")? {
+        if !(0..=2147483647).contains(&k) {
+            return Err(ApiError::invalid(
+                "invalid_value",
+                format!("top_k must be between 0 and 2147483647 (got {k})."),
+            ));
+        }
+        c.top_k = k as usize;
+    }
+    if let Some(s) = integer(body, "seed")? {
+        if !(1..=i64::MAX as i128).contains(&s) {
+            return Err(ApiError::invalid(
+                "invalid_value",
+                format!("seed must be between 1 and 9223372036854775807 (got {s})."),
+            ));
+        }
+        c.seed = s as u64;
+    }
+    Ok(c)
+}
+
+fn max_tokens(body: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    let mut out = None;
+    for field in ["max_tokens", "max_completion_tokens"] {
+        if let Some(n) = integer(body, field)? {
+            if n <= 0 {
+                return Err(ApiError::invalid(
+                    "invalid_value",
+                    format!("{field} must be a positive integer (got {n})."),
+                ));
+            }
+            // The latter wins.
+            out = Some(n.min(usize::MAX as i128) as usize);
+        }
+    }
+    Ok(out)
+}
+
+/// Parameters both endpoints reject (§3.3), as message labels.
+fn common_unsupported(body: &Map<String, Value>) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if body
+        .get("n")
+        .and_then(Value::as_f64)
+        .is_some_and(|n| n != 1.0)
+    {
+        out.push("n>1");
+    }
+    for (field, label) in [
+        ("frequency_penalty", "frequency_penalty"),
+        ("presence_penalty", "presence_penalty"),
+    ] {
+        if body
+            .get(field)
+            .and_then(Value::as_f64)
+            .is_some_and(|x| x != 0.0)
+        {
+            out.push(label);
+        }
+    }
+    match body.get("logit_bias") {
+        Some(Value::Object(m)) if !m.is_empty() => out.push("logit_bias"),
+        _ => {}
+    }
+    match body.get("logprobs") {
+        Some(Value::Bool(true)) => out.push("logprobs"),
+        Some(Value::Number(_)) => out.push("logprobs"),
+        _ => {}
+    }
+    if body.get("top_logprobs").is_some_and(|v| !v.is_null()) {
+        out.push("top_logprobs");
+    }
+    out
+}
+
+fn reject_unsupported(labels: &[&str]) -> Result<(), ApiError> {
+    if labels.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        "unsupported_parameter",
+        format!("Unsupported parameter(s): {}. {HONORED}", labels.join(", ")),
+    ))
+}
+
+/// Body `session_id` first, then the affinity headers (§7).
+fn session_id(
+    body: &Map<String, Value>,
+    header: Option<String>,
+) -> Result<Option<String>, ApiError> {
+    let id = match body.get("session_id") {
+        None | Some(Value::Null) => header,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "invalid_session_id",
+                "Invalid session_id: must be 1-128 characters",
+            ))
+        }
+    };
+    if let Some(id) = &id {
+        validate_session_id(id)?;
+    }
+    Ok(id)
+}
+
+pub fn validate_session_id(id: &str) -> Result<(), ApiError> {
+    if id.is_empty() || id.len() > 128 {
+        return Err(ApiError::invalid(
+            "invalid_session_id",
+            "Invalid session_id: must be 1-128 characters",
+        ));
+    }
+    if !id.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+        return Err(ApiError::invalid(
+            "invalid_session_id",
+            "Invalid session_id: must be printable ASCII with no spaces",
+        ));
+    }
+    Ok(())
+}
+
+fn stream(body: &Map<String, Value>) -> Result<bool, ApiError> {
+    match body.get("stream") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid_request("'stream' must be a boolean.")),
+    }
+}
+
+fn include_usage(body: &Map<String, Value>) -> Result<bool, ApiError> {
+    match body.get("stream_options") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(ApiError::invalid_request(
+                "'stream_options.include_usage' must be a boolean.",
+            )),
+        },
+        Some(_) => Err(ApiError::invalid_request(
+            "'stream_options' must be an object.",
+        )),
+    }
+}
+
+fn stop(body: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    let list = match body.get("stop") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                ApiError::invalid_request("'stop' must be a string or an array of strings.")
+            })?,
+        Some(_) => {
+            return Err(ApiError::invalid_request(
+                "'stop' must be a string or an array of strings.",
+            ))
+        }
+    };
+    Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+/// Accepts `reasoning` as an alias of `reasoning_content` (§3.1) and flattens
+/// text-only content part lists into strings; image parts are refused (no
+/// vision encoder on the models hearth serves yet).
+fn normalize_messages(messages: &[Value]) -> Result<Value, ApiError> {
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let mut m = m.as_object().cloned().unwrap_or_default();
+        if !m.contains_key("reasoning_content") {
+            if let Some(r) = m.remove("reasoning") {
+                m.insert("reasoning_content".into(), r);
+            }
+        }
+        if let Some(Value::Array(parts)) = m.get("content") {
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                match p.get("type").and_then(Value::as_str) {
+                    Some("text") => match p.get("text") {
+                        Some(Value::String(t)) => text.push_str(t),
+                        _ => {
+                            return Err(ApiError::invalid_request(format!(
+                                "messages[{i}].content[{j}].text must be a string."
+                            )))
+                        }
+                    },
+                    Some("image_url") => {
+                        return Err(ApiError::invalid(
+                            "invalid_image",
+                            "This model has no vision encoder: image_url parts are not supported.",
+                        ))
+                    }
+                    _ => {
+                        return Err(ApiError::invalid_request(format!(
+                            "messages[{i}].content[{j}] must be a text part."
+                        )))
+                    }
+                }
+            }
+            m.insert("content".into(), Value::String(text));
+        }
+        out.push(Value::Object(m));
+    }
+    Ok(Value::Array(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn errors_follow_the_spec_order_and_wording() {
+        let e = parse_chat(&obj(json!({"model": "x", "messages": []})), "m", None).unwrap_err();
+        assert_eq!(e.code, Some("model_not_found"));
+        let e = parse_chat(
+            &obj(json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 3})),
+            "m",
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e.message, "temperature must be between 0 and 2 (got 3).");
+        let e = parse_chat(
+            &obj(
+                json!({"messages": [{"role": "user", "content": "hi"}], "n": 2, "logprobs": true}),
+            ),
+            "m",
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            e.message
+                .starts_with("Unsupported parameter(s): n>1, logprobs."),
+            "{}",
+            e.message
+        );
+        let e = parse_chat(
+            &obj(json!({"messages": [{"role": "user", "content": "hi"}]})),
+            "m",
+            Some("a b".into()),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, Some("invalid_session_id"));
+        let e = parse_chat(&obj(json!({"model": "m"})), "m", None).unwrap_err();
+        assert!(e.message.contains("messages"));
+    }
+
+    #[test]
+    fn string_arguments_and_reasoning_alias_are_normalized() {
+        let r = parse_chat(
+            &obj(json!({"messages": [{"role": "assistant", "reasoning": "r", "content": [{"type": "text", "text": "a"}],
+                "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]}],
+                "max_tokens": 5, "max_completion_tokens": 7, "stop": ["", "END"]})),
+            "m",
+            None,
+        )
+        .unwrap();
+        let m = &r.messages[0];
+        assert_eq!(m["reasoning_content"], "r");
+        assert_eq!(m["content"], "a");
+        assert_eq!(m["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));
+        assert_eq!(r.common.max_tokens, Some(7));
+        assert_eq!(r.common.stop, vec!["END".to_string()]);
+    }
+}

@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""End-to-end tests of `hearth serve` with the official `openai` Python SDK.
+
+Starts the real binary (target/release/hearth, or $HEARTH_BIN) on a free
+loopback port with qwen2.5-coder-0.5b and talks to it as a client would: chat,
+streaming, tool calls and a tool-result turn, usage with cached tokens on a
+session's second turn, two concurrent sessions, a client disconnect mid-stream,
+every validation error, session reset/close, metrics, and a clean SIGTERM.
+
+Run: python3 tests/server/test_server.py   (or: python3 -m pytest tests/server)
+Needs: cargo build --release -p hearth; pip install openai.
+Generations are kept to a few tokens: CPU decode is slow on 2 cores.
+"""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import openai
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = os.environ.get("HEARTH_BIN", str(ROOT / "target" / "release" / "hearth"))
+API_KEY = "test-key-123"
+CTX = 2048
+SERVER = None  # the shared server, started by setup_module
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "City name"}},
+            "required": ["city"],
+        },
+    },
+}
+WEATHER_ASK = [{"role": "user", "content": "What is the weather in Paris right now? Use the get_weather tool."}]
+
+
+def model_path():
+    if os.environ.get("HEARTH_TEST_MODEL"):
+        return os.environ["HEARTH_TEST_MODEL"]
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "fetch_models.py"), "qwen2.5-coder-0.5b"],
+        check=True, capture_output=True, text=True,
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+class Server:
+    """A `hearth serve` process on a free loopback port (--port 0)."""
+
+    def __init__(self, *extra):
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"hearth-serve-{os.getpid()}-{id(self)}.log"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [BIN, "serve", "-m", model_path(), "--model-id", "qwen-test", "--port", "0", "-c", str(CTX), *extra],
+            stdout=subprocess.PIPE, stderr=self.log, text=True,
+        )
+        self.base = None
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"server exited early; log:\n{self.log_path.read_text()}")
+            m = re.search(r"listening on (http://\S+)", line)
+            if m:
+                self.base = m.group(1)
+            if "ready" in line and self.base:
+                return
+        raise RuntimeError("server did not become ready")
+
+    def client(self, key=API_KEY, **kw):
+        return openai.OpenAI(base_url=self.base, api_key=key, max_retries=0, timeout=600, **kw)
+
+    def logs(self):
+        return self.log_path.read_text()
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.log.close()
+        return code
+
+
+def http(server, method, path, body=None, headers=None, raw=None):
+    """(status, parsed JSON or text) for a raw request."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    h = {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"}
+    h.update(headers or {})
+    req = urllib.request.Request(server.base.removesuffix("/v1") + path, data=data, method=method, headers=h)
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            status, text = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def oversized_post(server, size):
+    """Declares a body over the limit; the server answers 413 from the headers
+    (without reading the body), so only the headers and a first piece are sent."""
+    host, port = re.match(r"http://([^:/]+):(\d+)", server.base).groups()
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {API_KEY}\r\n"
+                   f"Content-Type: application/json\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n").encode())
+        try:
+            s.sendall(b'{"messages": [' + b" " * 65536)
+        except OSError:
+            pass
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def setup_module(module=None):
+    global SERVER
+    SERVER = Server("--api-key", API_KEY, "--max-sessions", "6", "--max-body-mib", "1")
+
+
+def teardown_module(module=None):
+    if SERVER is not None:
+        code = SERVER.stop()
+        assert code == 0, f"server exit code {code} after SIGTERM"
+        assert "shutting down" in SERVER.logs()
+
+
+def test_health_and_models():
+    status, body = http(SERVER, "GET", "/health", headers={"Authorization": ""})
+    assert (status, body) == (200, {"status": "ok"})
+    models = SERVER.client().models.list()
+    assert [m.id for m in models.data] == ["qwen-test"]
+    assert models.data[0].owned_by == "hearth"
+
+
+def test_chat_plain():
+    r = SERVER.client().chat.completions.create(
+        model="qwen-test", messages=[{"role": "user", "content": "What is 2+2? Answer with one number."}],
+        max_tokens=4, temperature=0,
+    )
+    assert r.id.startswith("chatcmpl-")
+    msg = r.choices[0].message
+    assert msg.role == "assistant" and "4" in msg.content, msg
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 10 and 1 <= r.usage.completion_tokens <= 4
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_streaming_is_incremental_and_matches_whole():
+    client = SERVER.client()
+    ask = [{"role": "user", "content": "Count from 1 to 5, separated by spaces."}]
+    whole = client.chat.completions.create(model="qwen-test", messages=ask, max_tokens=8, temperature=0)
+    chunks, times = [], []
+    for c in client.chat.completions.create(model="qwen-test", messages=ask, max_tokens=8, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}):
+        chunks.append(c)
+        times.append(time.monotonic())
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content) >= 3, "content should arrive in several deltas"
+    # Deltas arrive as tokens are decoded, not in one burst at the end.
+    assert times[chunks.index(content[-1])] - times[chunks.index(content[0])] > 0.02
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert len({c.id for c in chunks}) == 1
+    assert "".join(c.choices[0].delta.content for c in content) == whole.choices[0].message.content
+
+
+def test_tool_call_streamed_then_tool_result_turn_reuses_the_session():
+    client = SERVER.client()
+    session = {"session_id": "tools-1"}
+    calls, finish, usage = {}, None, None
+    for c in client.chat.completions.create(model="qwen-test", messages=WEATHER_ASK, tools=[WEATHER_TOOL], max_tokens=48, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}, extra_body=session):
+        if c.usage:
+            usage = c.usage
+        for ch in c.choices:
+            finish = ch.finish_reason or finish
+            for tc in ch.delta.tool_calls or []:
+                if tc.index not in calls:
+                    assert tc.id and tc.function.name, "the first delta of a call carries id and name"
+                    calls[tc.index] = {"id": tc.id, "name": tc.function.name, "arguments": ""}
+                else:
+                    assert tc.id is None, "id only on the first delta"
+                calls[tc.index]["arguments"] += tc.function.arguments or ""
+    assert finish == "tool_calls", (finish, calls)
+    assert list(calls) == [0] and calls[0]["name"] == "get_weather"
+    args = json.loads(calls[0]["arguments"])
+    assert "paris" in args["city"].lower()
+
+    # Turn 2: the tool result, arguments sent back as a JSON string (OpenAI style).
+    messages = WEATHER_ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": calls[0]["id"], "type": "function",
+             "function": {"name": "get_weather", "arguments": calls[0]["arguments"]}}]},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": "Sunny, 24 degrees Celsius."},
+    ]
+    r = client.chat.completions.create(model="qwen-test", messages=messages, tools=[WEATHER_TOOL], max_tokens=12, temperature=0,
+                                       extra_body=session)
+    assert r.choices[0].message.content, r
+    assert r.usage.prompt_tokens > usage.prompt_tokens
+    # The first turn's prompt is resident in the session: it is not prefilled again.
+    assert r.usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens, (r.usage, usage)
+
+
+def test_tool_call_whole_response():
+    r = SERVER.client().chat.completions.create(model="qwen-test", messages=WEATHER_ASK, tools=[WEATHER_TOOL], max_tokens=48,
+                                                temperature=0, extra_body={"session_id": "tools-1"})
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert msg.content is None
+    assert msg.tool_calls[0].type == "function" and msg.tool_calls[0].function.name == "get_weather"
+    assert "paris" in json.loads(msg.tool_calls[0].function.arguments)["city"].lower()
+    # Same prompt as turn 1 of this session: only the last prompt token is re-fed.
+    assert r.usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1
+
+
+def test_two_concurrent_sessions_keep_their_own_context():
+    client = SERVER.client()
+    names = {"alice-s": "Alice", "bob-s": "Bob"}
+    results, errors = {}, []
+    together = threading.Barrier(len(names))
+
+    def converse(sid, name):
+        try:
+            ask = [{"role": "system", "content": "You are a helpful assistant. Keep answers very short."},
+                   {"role": "user", "content": f"Hello, my name is {name}."}]
+            r1 = client.chat.completions.create(model="qwen-test", messages=ask, max_tokens=6, temperature=0,
+                                                extra_headers={"x-session-affinity": sid})
+            ask += [{"role": "assistant", "content": r1.choices[0].message.content},
+                    {"role": "user", "content": "What is my name? Reply with the sentence: Your name is NAME."}]
+            together.wait(timeout=600)
+            text, times, usage = "", [], None
+            for c in client.chat.completions.create(model="qwen-test", messages=ask, max_tokens=8, temperature=0,
+                                                    stream=True, stream_options={"include_usage": True},
+                                                    extra_headers={"x-session-affinity": sid}):
+                if c.usage:
+                    usage = c.usage
+                if c.choices and c.choices[0].delta.content:
+                    text += c.choices[0].delta.content
+                    times.append(time.monotonic())
+            results[sid] = (text, times, usage, r1.usage)
+        except Exception as e:  # surfaced by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=converse, args=item) for item in names.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for sid, name in names.items():
+        text, _, usage, first = results[sid]
+        other = ({"Alice", "Bob"} - {name}).pop()
+        assert name in text and other not in text, (sid, text)
+        assert usage.prompt_tokens_details.cached_tokens >= first.prompt_tokens, (usage, first)
+    # Interleaved at token granularity: each stream produced tokens while the
+    # other was still producing.
+    a, b = results["alice-s"][1], results["bob-s"][1]
+    assert len(a) >= 2 and len(b) >= 2, (a, b)
+    assert a[0] < b[-1] and b[0] < a[-1], "the two generations did not overlap"
+
+
+def test_disconnect_mid_stream_then_normal_request():
+    client = SERVER.client()
+    ask = [{"role": "user", "content": "Write a long story about a dragon."}]
+    stream = client.chat.completions.create(model="qwen-test", messages=ask, max_tokens=300, temperature=0, stream=True,
+                                            extra_body={"session_id": "drop-1"})
+    seen = 0
+    for c in stream:
+        if c.choices and c.choices[0].delta.content:
+            seen += 1
+            if seen == 3:
+                break
+    stream.close()
+    t0 = time.monotonic()
+    r = client.chat.completions.create(model="qwen-test", messages=[{"role": "user", "content": "Say OK."}], max_tokens=2,
+                                       temperature=0, extra_body={"session_id": "drop-1"})
+    assert r.choices[0].message.content
+    assert time.monotonic() - t0 < 120
+    m = re.findall(r"llm_turn_stats session_id=drop-1 .*completion_tokens=(\d+) .*finish=(\w+)", SERVER.logs())
+    assert m[0][1] == "cancelled" and int(m[0][0]) < 40, m
+    assert m[1][1] in ("stop", "length")
+
+
+def test_validation_errors_do_not_disturb_a_running_session():
+    client = SERVER.client()
+    background = {}
+
+    def run_background():
+        text, finish = "", None
+        for c in client.chat.completions.create(model="qwen-test", messages=[{"role": "user", "content": "List three colors."}],
+                                                max_tokens=10, temperature=0, stream=True,
+                                                extra_body={"session_id": "bg-1"}):
+            if c.choices:
+                text += c.choices[0].delta.content or ""
+                finish = c.choices[0].finish_reason or finish
+        background.update(text=text, finish=finish)
+
+    t = threading.Thread(target=run_background)
+    t.start()
+    msgs = [{"role": "user", "content": "hi"}]
+
+    def expect(status, code, fn, match=None):
+        try:
+            fn()
+        except openai.APIStatusError as e:
+            assert e.status_code == status, (e.status_code, e.body)
+            body = e.body.get("error", e.body) if isinstance(e.body, dict) else {}
+            assert body.get("code") == code, e.body
+            if match:
+                assert re.search(match, str(e.body)), e.body
+            return e
+        raise AssertionError(f"expected HTTP {status}")
+
+    expect(404, "model_not_found", lambda: client.chat.completions.create(model="nope", messages=msgs),
+           "Model 'nope' not found. This server serves 'qwen-test'.")
+    expect(400, "invalid_value", lambda: client.chat.completions.create(model="qwen-test", messages=msgs, temperature=3),
+           r"temperature must be between 0 and 2 \(got 3")
+    expect(400, "invalid_value", lambda: client.chat.completions.create(model="qwen-test", messages=msgs, top_p=0))
+    expect(400, "invalid_value", lambda: client.chat.completions.create(model="qwen-test", messages=msgs, max_tokens=0),
+           r"max_tokens must be a positive integer")
+    expect(400, "invalid_value", lambda: client.chat.completions.create(model="qwen-test", messages=msgs, seed=0))
+    expect(400, "unsupported_parameter", lambda: client.chat.completions.create(model="qwen-test", messages=msgs, n=2), r"n>1")
+    expect(400, "unsupported_parameter", lambda: client.chat.completions.create(model="qwen-test", messages=msgs, logprobs=True),
+           r"logprobs")
+    expect(400, "unsupported_parameter",
+           lambda: client.chat.completions.create(model="qwen-test", messages=msgs, tools=[WEATHER_TOOL], tool_choice="required"),
+           r"tool_choice \(only 'none' or 'auto'\)")
+    expect(400, "unsupported_parameter", lambda: client.chat.completions.create(model="qwen-test", messages=msgs, frequency_penalty=1.0))
+    expect(400, "invalid_session_id",
+           lambda: client.chat.completions.create(model="qwen-test", messages=msgs, extra_body={"session_id": "has space"}))
+    expect(400, "invalid_session_id",
+           lambda: client.chat.completions.create(model="qwen-test", messages=msgs, extra_body={"session_id": "x" * 129}))
+    long = [{"role": "user", "content": "word " * (CTX + 100)}]
+    for stream in (False, True):
+        expect(400, "context_length_exceeded",
+               lambda: client.chat.completions.create(model="qwen-test", messages=long, stream=stream),
+               r"maximum context length is 2048 tokens")
+    expect(401, "invalid_api_key", lambda: SERVER.client(key="wrong").chat.completions.create(model="qwen-test", messages=msgs))
+
+    status, body = http(SERVER, "POST", "/v1/chat/completions", raw=b'{"messages": [')
+    assert status == 400 and body["error"]["type"] == "invalid_request_error" and "JSON" in body["error"]["message"]
+    status, body = http(SERVER, "POST", "/v1/chat/completions", body={"max_tokens": 3})
+    assert status == 400 and "messages" in body["error"]["message"]
+    status, body = http(SERVER, "POST", "/v1/chat/completions", body={"messages": "hi"})
+    assert status == 400 and "messages" in body["error"]["message"]
+    status, body = http(SERVER, "POST", "/v1/chat/completions", body={"messages": msgs, "temperature": "hot"})
+    assert status == 400 and "temperature" in body["error"]["message"]
+    status, body = oversized_post(SERVER, 2 * 1024 * 1024)
+    assert status == 413 and body["error"]["type"] == "invalid_request_error", (status, body)
+    status, body = http(SERVER, "GET", "/v1/models", headers={"Authorization": ""})
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    status, body = http(SERVER, "POST", "/v1/chat/completions", body={"messages": msgs},
+                        headers={"Authorization": ""})
+    assert status == 401
+
+    t.join()
+    assert background["finish"] in ("stop", "length") and background["text"], background
+
+
+def test_completions_endpoint():
+    r = SERVER.client().completions.create(model="qwen-test", prompt="def add(a, b):\n    return", max_tokens=3,
+                                           temperature=0)
+    assert r.choices[0].text and r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens >= 1
+
+
+def test_session_reset_and_close():
+    status, body = http(SERVER, "POST", "/v1/sessions/tools-1/reset")
+    assert (status, body) == (200, {"reset": True, "session_id": "tools-1"})
+    status, body = http(SERVER, "DELETE", "/v1/sessions/never-seen")
+    assert (status, body) == (200, {"closed": True, "session_id": "never-seen"})
+    status, body = http(SERVER, "DELETE", "/v1/sessions/alice-s")
+    assert (status, body) == (200, {"closed": True, "session_id": "alice-s"})
+
+
+def test_metrics():
+    status, text = http(SERVER, "GET", "/metrics")
+    assert status == 200
+    assert re.search(r'hearth_requests_total\{endpoint="/v1/chat/completions",status="200"\} [1-9]', text)
+    assert re.search(r'hearth_requests_total\{endpoint="/v1/chat/completions",status="400"\} [1-9]', text)
+    for name in ["hearth_prompt_tokens_total", "hearth_completion_tokens_total", "hearth_reused_prompt_tokens_total",
+                 "hearth_prefill_tokens_per_second", "hearth_decode_tokens_per_second", "hearth_active_sessions"]:
+        assert re.search(rf"^{name} \d", text, re.M), name
+    assert float(re.search(r"^hearth_reused_prompt_tokens_total (\S+)", text, re.M).group(1)) > 0
+
+
+def main():
+    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
+    only = sys.argv[1:]
+    passed = failed = 0
+    setup_module()
+    try:
+        for name, fn in tests:
+            if only and not any(o in name for o in only):
+                continue
+            t0 = time.monotonic()
+            try:
+                fn()
+                passed += 1
+                print(f"PASS {name} ({time.monotonic() - t0:.1f} s)", flush=True)
+            except Exception as e:
+                failed += 1
+                print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+    finally:
+        try:
+            teardown_module()
+        except AssertionError as e:
+            failed += 1
+            print(f"FAIL shutdown: {e}")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
