@@ -5,6 +5,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use crate::config::RopeLayout;
+use crate::flash_attn_ggml as fa;
 use crate::kv_cache::{KvData, KvDtype, KvElem, LayerKvCache};
 
 /// RMSNorm of every row of `x` (row length = `dim`), in place:
@@ -196,12 +197,9 @@ fn attention_in<E: KvElem>(
     });
 }
 
-/// Attention over an f16 cache with llama.cpp's CPU flash-attention rounding
-/// (`ggml_compute_forward_flash_attn_ext_f16_one_chunk` with f16 K/V): q is
-/// rounded to f16, keys are visited in order with an online softmax, and the
-/// running Σ p·v is kept in f16: every rescale `acc *= exp(M_old - M)` and
-/// every update `acc = fma(v, exp(s - M), acc)` rounds to f16. Only the final
-/// division by the running sum S is in f32. Same shapes as [`attention`].
+/// Attention over an f16 cache with llama.cpp's CPU flash-attention rounding:
+/// the f16 path, the split-KV decode path or the tiled f32 path, chosen as
+/// llama.cpp chooses them (see `flash_attn_ggml`). Same shapes as [`attention`].
 #[allow(clippy::too_many_arguments)]
 fn attention_f16_flash(
     q: &[f32],
@@ -216,88 +214,31 @@ fn attention_f16_flash(
 ) {
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
-    let kv_row = s.n_kv_heads * hd;
+    let t_len = q.len() / (s.n_heads * hd);
+    let cells = fa::Cells::of(cache);
     out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
         let (t, h) = (idx / s.n_heads, idx % s.n_heads);
-        let kvh = h / group;
+        let src = fa::KvSource {
+            k_new,
+            v_new,
+            kc,
+            vc,
+            cache,
+            p0,
+            kv_row: s.n_kv_heads * hd,
+            kvh: h / group,
+        };
         let qpos = p0 + t;
-        let qv: Vec<f32> = q[idx * hd..(idx + 1) * hd]
-            .iter()
-            .map(|&x| f16::from_f32(x).to_f32())
-            .collect();
-        let mut acc = vec![f16::ZERO; hd];
-        let (mut vbuf, mut kbuf) = (vec![0.0f32; hd], vec![0.0f32; hd]);
-        let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);
-        // The hot loop: one key and one value per position, oldest first.
-        for pos in cache.window_start(qpos)..=qpos {
-            let dot: f32 = if pos >= p0 {
-                let off = (pos - p0) * kv_row + kvh * hd;
-                vbuf.copy_from_slice(&v_new[off..off + hd]);
-                dot_f16_ggml(&qv, &k_new[off..off + hd])
-            } else {
-                let off = cache.row_offset(kvh, pos);
-                vbuf.iter_mut()
-                    .zip(&vc[off..off + hd])
-                    .for_each(|(d, v)| *d = v.to_f32());
-                kbuf.iter_mut()
-                    .zip(&kc[off..off + hd])
-                    .for_each(|(d, k)| *d = k.to_f32());
-                dot_f16_ggml(&qv, &kbuf)
-            };
-            let sc = dot * s.scale;
-            let (mut ms, mut vs) = (1.0f32, 1.0f32);
-            if sc > max {
-                ms = (max - sc).exp();
-                max = sc;
-                acc.iter_mut()
-                    .for_each(|a| *a = f16::from_f32(a.to_f32() * ms));
-            } else {
-                vs = (sc - max).exp();
-            }
-            acc.iter_mut()
-                .zip(&vbuf)
-                .for_each(|(a, &v)| *a = f16::from_f32(v.mul_add(vs, a.to_f32())));
-            sum = sum.mul_add(ms, vs);
+        let lo = cache.window_start(qpos);
+        let qrow = &q[idx * hd..(idx + 1) * hd];
+        if t_len >= fa::TILED_MIN_ROWS {
+            fa::tiled_row(qrow, &src, cells, p0 + t_len - 1, lo, qpos, s.scale, o);
+        } else if t_len == 1 && fa::use_split_kv(cells, qpos) {
+            fa::split_kv_row(qrow, &src, cells, lo, qpos, s.scale, o);
+        } else {
+            fa::f16_row(qrow, &src, lo, qpos, s.scale, o);
         }
-        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-        o.iter_mut()
-            .zip(&acc)
-            .for_each(|(d, a)| *d = a.to_f32() * inv);
     });
-}
-
-/// Dot product of two f16-valued rows in the summation order of ggml's
-/// `ggml_vec_dot_f16` on AVX-512 (4 accumulators of 16 lanes over steps of 64,
-/// folded 0+2, 1+3, 0+1, then `_mm512_reduce_add_ps`'s halving tree; the tail
-/// past a multiple of 64 added in f64). Products of f16 values are exact in f32,
-/// so only this order decides the rounding.
-fn dot_f16_ggml(a: &[f32], b: &[f32]) -> f32 {
-    let np = a.len() & !63;
-    let mut acc = [[0.0f32; 16]; 4];
-    for i in (0..np).step_by(64) {
-        for (j, lanes) in acc.iter_mut().enumerate() {
-            for (l, s) in lanes.iter_mut().enumerate() {
-                *s += a[i + j * 16 + l] * b[i + j * 16 + l];
-            }
-        }
-    }
-    let mut v = [0.0f32; 16];
-    for l in 0..16 {
-        v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    }
-    let mut width = 8;
-    while width > 0 {
-        for l in 0..width {
-            v[l] += v[l + width];
-        }
-        width /= 2;
-    }
-    let tail: f64 = a[np..]
-        .iter()
-        .zip(&b[np..])
-        .map(|(x, y)| (x * y) as f64)
-        .sum();
-    (v[0] as f64 + tail) as f32
 }
 
 /// Rounds K or V rows to the cache precision (in place), so the chunk's own
@@ -313,8 +254,8 @@ pub fn silu(x: f32) -> f32 {
 
 /// exp(x) as ggml's AVX-512 `ggml_v_expf` computes it (ARM's optimized
 /// routine: n = round(x·log2 e), a degree-5 polynomial in the reduced
-/// argument, scaled by 2^n), not libm's `expf`. Its |n| > 192 branch is
-/// reproduced as written (n <= 0 gives +inf, else 0).
+/// argument, scaled by 2^n), not libm's `expf`. Past |n| > 192 it gives 0
+/// for n <= 0 and +inf otherwise (so exp(-inf) = 0).
 pub fn expf_ggml_v(x: f32) -> f32 {
     const R: f32 = 12582912.0; // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8aa3b), R); // log2(e)
@@ -322,7 +263,7 @@ pub fn expf_ggml_v(x: f32) -> f32 {
     let b = (-n).mul_add(f32::from_bits(0x3f317200), x); // ln2 high
     let b = (-n).mul_add(f32::from_bits(0x35bfbe8e), b); // ln2 low
     if n.abs() > 192.0 {
-        return if n <= 0.0 { f32::INFINITY } else { 0.0 };
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
     let u = b * b;
     let p_hi = f32::from_bits(0x3c072010).mul_add(b, f32::from_bits(0x3d2b9f17));
@@ -353,6 +294,14 @@ pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh())
 }
 
+/// [`gelu_tanh`] as GCC compiles ggml's `ggml_gelu_f32` (-O3, fp-contract=fast):
+/// `1 + a·x·x` becomes one fused multiply-add.
+fn gelu_tanh_fma(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let inner = (0.044715 * x).mul_add(x, 1.0);
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh())
+}
+
 /// GELU as llama.cpp's CPU backend evaluates it: the input rounded to f16,
 /// looked up in a table of f16 results (`GGML_GELU_FP16`), so exactly
 /// f16(gelu(f16(x))) inside (-10, 10). Gemma's parity with the reference
@@ -365,7 +314,7 @@ pub fn gelu_f16_table(x: f32) -> f32 {
         x
     } else {
         let xh = half::f16::from_f32(x).to_f32();
-        half::f16::from_f32(gelu_tanh(xh)).to_f32()
+        half::f16::from_f32(gelu_tanh_fma(xh)).to_f32()
     }
 }
 

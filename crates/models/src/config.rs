@@ -210,14 +210,7 @@ impl ModelConfig {
             "attn_scale = 0.3420629053992187",
             "output soft-cap 20, multiplier 0.19611613513",
         ]);
-        // §2: use_rope(i) = ((n_layers - i - 1) mod 4) != 0; the window follows the same flag.
-        let pattern = [window, window, window, 0];
-        let layers = (0..n_layers)
-            .map(|i| {
-                let w = pattern[(i + 4 - (n_layers % 4)) % 4];
-                if w > 0 { LayerKind::Sliding { window: w, rope: true } } else { LayerKind::Global { rope: false } }
-            })
-            .collect();
+        let layers = muse_glimmer_layers(n_layers, window);
         ModelConfig {
             arch: Architecture::MuseGlimmer,
             n_layers,
@@ -251,20 +244,34 @@ impl ModelConfig {
     }
 }
 
+/// Muse Glimmer's iRoPE schedule (spec §2): pattern [W, W, W, global] aligned
+/// so the last layer is global; `window(i) = pattern[(i + 4 - n mod 4) mod 4]`,
+/// and a layer uses RoPE exactly when it slides.
+pub fn muse_glimmer_layers(n_layers: usize, window: usize) -> Vec<LayerKind> {
+    let pattern = [window, window, window, 0];
+    (0..n_layers)
+        .map(|i| match pattern[(i + 4 - (n_layers % 4)) % 4] {
+            0 => LayerKind::Global { rope: false },
+            w => LayerKind::Sliding { window: w, rope: true },
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Spec §8.1: layer classification for 52 layers and the 8-layer toy.
+    /// Spec §8.1: for 52 layers exactly 3, 7, ..., 51 are global and NoPE;
+    /// the 8-layer toy has globals {3, 7}; use_rope(i) = ((n - i - 1) mod 4) != 0.
     #[test]
-    fn muse_glimmer_layer_schedule() {
+    fn muse_glimmer_layer_schedule_matches_spec() {
         for (n, globals) in [(52usize, (0..13).map(|k| 4 * k + 3).collect::<Vec<_>>()), (8, vec![3, 7])] {
-            let pattern = [16, 16, 16, 0];
-            let got: Vec<usize> = (0..n).filter(|&i| pattern[(i + 4 - (n % 4)) % 4] == 0).collect();
+            let layers = muse_glimmer_layers(n, 16);
+            let got: Vec<usize> = (0..n).filter(|&i| !layers[i].is_sliding()).collect();
             assert_eq!(got, globals);
-            for i in 0..n {
-                let use_rope = (n - i - 1) % 4 != 0;
-                assert_eq!(use_rope, pattern[(i + 4 - (n % 4)) % 4] > 0);
+            for (i, l) in layers.iter().enumerate() {
+                assert_eq!(l.uses_rope(), (n - i - 1) % 4 != 0, "layer {i}");
+                assert_eq!(l.uses_rope(), l.is_sliding());
             }
         }
     }

@@ -90,6 +90,7 @@ impl Model {
             Architecture::Gemma3 => {
                 let s = (c.dim as f32).sqrt();
                 x.iter_mut().for_each(|v| *v *= s);
+                blocks::dump("inp_scaled", 0, &x);
             }
             // Muse Glimmer §3.2: e = bf16(RMS_0(bf16(E[t]))).
             Architecture::MuseGlimmer => {

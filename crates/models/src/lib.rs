@@ -4,6 +4,7 @@
 
 pub mod blocks;
 pub mod config;
+mod flash_attn_ggml;
 mod forward;
 mod gemma3;
 pub mod kv_cache;

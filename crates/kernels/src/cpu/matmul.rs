@@ -8,6 +8,8 @@ use half::{bf16, f16};
 use hearth_gguf::GgmlType;
 use rayon::prelude::*;
 
+use super::repack::*;
+use super::tiled::*;
 use super::vec_dot::*;
 use crate::quant::blocks::*;
 use crate::quant::{dequantize, quantize_row_q8_k_ref};
@@ -56,6 +58,8 @@ enum QRow {
     Q8_0(Vec<BlockQ8_0>),
     Q8_1(Vec<BlockQ8_1>),
     Q8K(Vec<BlockQ8K>),
+    /// Q8_K rows of a repacked matmul's gemm part (see `repack`).
+    Q8KMat(Vec<BlockQ8K>),
 }
 
 fn quantize_activation(ty: GgmlType, x: &[f32], mode: Activations) -> QRow {
@@ -97,10 +101,17 @@ fn blocks<B: ByteBlock>(row: &[u8]) -> &[B] {
     as_blocks(row).expect("row is whole blocks")
 }
 
-/// Dot product of one weight row with one prepared activation row.
-fn dot(ty: GgmlType, w: &[u8], a: &QRow, scratch: &mut Vec<f32>) -> f32 {
+/// Dot product of one weight row with one prepared activation row;
+/// `path`: which of llama.cpp's x86 matmul kernels this product follows.
+fn dot(ty: GgmlType, path: Path, w: &[u8], a: &QRow, scratch: &mut Vec<f32>) -> f32 {
     use GgmlType::*;
+    let (repacked, tiled) = (path == Path::Repacked, path == Path::Tiled);
     match (ty, a) {
+        (Q4_K, QRow::Q8K(y)) if tiled => vec_dot_q4_k_q8_k_tiled(blocks(w), y),
+        (Q5_K, QRow::Q8K(y)) if tiled => vec_dot_q5_k_q8_k_tiled(blocks(w), y),
+        (Q6_K, QRow::Q8K(y)) if tiled => vec_dot_q6_k_q8_k_tiled(blocks(w), y),
+        (Q4_K, QRow::Q8KMat(y)) => vec_dot_q4_k_q8_k_gemm_x86(blocks(w), y),
+        (Q4_K, QRow::Q8K(y)) if repacked => vec_dot_q4_k_q8_k_gemv_x86(blocks(w), y),
         (F32, QRow::F32(x)) => {
             let w: Vec<f32> = w
                 .chunks_exact(4)
@@ -129,6 +140,17 @@ fn dot(ty: GgmlType, w: &[u8], a: &QRow, scratch: &mut Vec<f32>) -> f32 {
     }
 }
 
+/// Which of llama.cpp's x86 CPU matmul kernels a product follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// `vec_dot` per output (and llamafile's tinyBLAS for Q8_0/Q4_0/Q5_0 batches).
+    VecDot,
+    /// The repacked gemm/gemv of weights interleaved at load (`repack`).
+    Repacked,
+    /// The tiled K-quant matmul for batches of 8+ rows (`tiled`).
+    Tiled,
+}
+
 /// Output rows computed per task.
 const ROWS_PER_TASK: usize = 16;
 
@@ -136,9 +158,33 @@ const ROWS_PER_TASK: usize = 16;
 pub fn matmul(w: &QMatrix, x: &[f32], n: usize, out: &mut [f32], mode: Activations) {
     assert_eq!(x.len(), n * w.cols, "matmul: x is not [n, cols]");
     assert_eq!(out.len(), n * w.rows, "matmul: out is not [n, rows]");
+    // llama.cpp repacks Q4_K matrices of 8k rows: rows of x below the last
+    // multiple of 4 go through its gemm (own quantizer), the rest its gemv.
+    let repacked =
+        mode == Activations::Quantized && w.ty == GgmlType::Q4_K && is_repacked_q4_k(w.rows);
+    let n_gemm = if repacked { n - n % 4 } else { 0 };
+    let path = if repacked {
+        Path::Repacked
+    } else if mode == Activations::Quantized
+        && n >= 8
+        && matches!(w.ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+    {
+        Path::Tiled
+    } else {
+        Path::VecDot
+    };
     let acts: Vec<QRow> = x
         .chunks_exact(w.cols)
-        .map(|row| quantize_activation(w.ty, row, mode))
+        .enumerate()
+        .map(|(t, row)| {
+            if t < n_gemm {
+                let mut b = vec![BlockQ8K::default(); row.len() / QK_K];
+                quantize_row_q8_k_mat_x86(row, &mut b);
+                QRow::Q8KMat(b)
+            } else {
+                quantize_activation(w.ty, row, mode)
+            }
+        })
         .collect();
     let parts: Vec<(usize, Vec<f32>)> = (0..w.rows.div_ceil(ROWS_PER_TASK))
         .into_par_iter()
@@ -150,7 +196,7 @@ pub fn matmul(w: &QMatrix, x: &[f32], n: usize, out: &mut [f32], mode: Activatio
             let mut part = Vec::with_capacity((r1 - r0) * n);
             for r in r0..r1 {
                 let wrow = w.row(r);
-                part.extend(acts.iter().map(|a| dot(w.ty, wrow, a, &mut scratch)));
+                part.extend(acts.iter().map(|a| dot(w.ty, path, wrow, a, &mut scratch)));
             }
             (r0, part)
         })

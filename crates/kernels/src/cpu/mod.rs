@@ -2,4 +2,6 @@
 //! activations (`vec_dot`), and the multi-threaded matmul built on them.
 
 pub mod matmul;
+pub mod repack;
+pub mod tiled;
 pub mod vec_dot;

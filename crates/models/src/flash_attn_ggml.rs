@@ -1,0 +1,311 @@
+//! Attention over an f16 KV cache with the rounding of llama.cpp's CPU flash
+//! attention (ggml-cpu ops.cpp), which takes one of three paths:
+//! - fewer than 64 query rows: one key at a time, q rounded to f16, the
+//!   running Σ p·v kept in f16 ([`f16_chunk`]);
+//! - one query row against 512+ KV cells: the cells split in two halves (one
+//!   per thread, `n_threads = 2`), each half an [`f16_chunk`], merged
+//!   ([`split_kv_row`]);
+//! - 64+ query rows: f32 tiles of 64 KV cells with an online softmax per tile
+//!   ([`tiled_row`]).
+//!
+//! Keys are visited in KV-cell order. llama.cpp pads the number of cells it
+//! attends over (`n_kv`) to a multiple of 256; masked cells contribute
+//! nothing, but the padding decides where the split-KV halves start.
+
+use half::f16;
+
+use crate::blocks::expf_ggml_v;
+use crate::kv_cache::{CacheLayout, LayerKvCache};
+
+/// KV cells per tile of the tiled path (`GGML_FA_TILE_KV`).
+const KV_TILE: usize = 64;
+/// Query rows from which llama.cpp takes the tiled path (`GGML_FA_TILE_Q`).
+pub(crate) const TILED_MIN_ROWS: usize = 64;
+/// KV cells from which single-row decode takes the split-KV path.
+const SPLIT_KV_MIN_CELLS: usize = 512;
+/// Threads the reference runs with (the split-KV path makes one chunk per thread).
+const REF_THREADS: usize = 2;
+/// llama.cpp's micro-batch, which sizes its sliding-window cache.
+const REF_UBATCH: usize = 512;
+
+/// Where the keys and values of one KV head come from: the chunk's own rows
+/// (positions `p0..`, already rounded to f16) or the cache.
+pub(crate) struct KvSource<'a> {
+    pub k_new: &'a [f32],
+    pub v_new: &'a [f32],
+    pub kc: &'a [f16],
+    pub vc: &'a [f16],
+    pub cache: &'a LayerKvCache,
+    pub p0: usize,
+    /// Width of one token's K or V row: n_kv_heads * head_dim.
+    pub kv_row: usize,
+    pub kvh: usize,
+}
+
+impl KvSource<'_> {
+    fn load(&self, pos: usize, key: bool, out: &mut [f32]) {
+        let hd = out.len();
+        if pos >= self.p0 {
+            let off = (pos - self.p0) * self.kv_row + self.kvh * hd;
+            let src = if key { self.k_new } else { self.v_new };
+            out.copy_from_slice(&src[off..off + hd]);
+        } else {
+            let off = self.cache.row_offset(self.kvh, pos);
+            let src = if key { self.kc } else { self.vc };
+            out.iter_mut()
+                .zip(&src[off..off + hd])
+                .for_each(|(d, s)| *d = s.to_f32());
+        }
+    }
+}
+
+/// llama.cpp's KV cells for one layer: how many there are, and which position
+/// each holds after positions `..=last` were written.
+#[derive(Clone, Copy)]
+pub(crate) struct Cells {
+    /// Cells the cache has (sliding-window caches are small rings).
+    size: Option<usize>,
+}
+
+impl Cells {
+    pub(crate) fn of(cache: &LayerKvCache) -> Self {
+        match cache.layout {
+            CacheLayout::Flat => Cells { size: None },
+            // llama.cpp sizes a sliding-window cache as window + ubatch, padded to 256.
+            CacheLayout::Ring { window } => Cells {
+                size: Some((window + REF_UBATCH).next_multiple_of(256)),
+            },
+        }
+    }
+
+    /// Cells attended over (`get_n_kv`): the used cells padded to 256.
+    fn n_kv(&self, last: usize) -> usize {
+        let used = match self.size {
+            Some(size) if last + 1 > size => size,
+            _ => last + 1,
+        };
+        let n = used.next_multiple_of(256).max(256);
+        self.size.map_or(n, |s| n.min(s))
+    }
+
+    /// The position cell `c` holds once positions `..=last` are written
+    /// (a ring reuses cells in order; this is a model of llama.cpp's slot search).
+    fn pos(&self, c: usize, last: usize) -> Option<usize> {
+        match self.size {
+            None => (c <= last).then_some(c),
+            Some(size) => {
+                if c > last {
+                    return None;
+                }
+                Some(last - (last - c) % size)
+            }
+        }
+    }
+}
+
+/// One f16 flash-attention pass (`flash_attn_ext_f16_one_chunk`) over the
+/// given positions in order: returns (M, S, Σ p·v) with the sum unnormalized.
+/// `qv` is already rounded to f16.
+fn f16_chunk(
+    qv: &[f32],
+    src: &KvSource,
+    positions: impl Iterator<Item = usize>,
+    scale: f32,
+) -> (f32, f32, Vec<f32>) {
+    let hd = qv.len();
+    let mut acc = vec![f16::ZERO; hd];
+    let (mut vbuf, mut kbuf) = (vec![0.0f32; hd], vec![0.0f32; hd]);
+    let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);
+    // The hot loop: one key and one value per position.
+    for pos in positions {
+        src.load(pos, true, &mut kbuf);
+        src.load(pos, false, &mut vbuf);
+        let sc = dot_f16_ggml(qv, &kbuf) * scale;
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if sc > max {
+            ms = (max - sc).exp();
+            max = sc;
+            acc.iter_mut()
+                .for_each(|a| *a = f16::from_f32(a.to_f32() * ms));
+        } else {
+            vs = (sc - max).exp();
+        }
+        acc.iter_mut()
+            .zip(&vbuf)
+            .for_each(|(a, &v)| *a = f16::from_f32(v.mul_add(vs, a.to_f32())));
+        sum = sum.mul_add(ms, vs);
+    }
+    (max, sum, acc.iter().map(|a| a.to_f32()).collect())
+}
+
+/// The f16 path for one query row (fewer than 64 rows in the batch, or a
+/// decode step over fewer than 512 cells), positions `lo..=qpos` in order.
+pub(crate) fn f16_row(
+    q: &[f32],
+    src: &KvSource,
+    lo: usize,
+    qpos: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let qv: Vec<f32> = q.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+    let (_, sum, acc) = f16_chunk(&qv, src, lo..=qpos, scale);
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    out.iter_mut().zip(&acc).for_each(|(d, a)| *d = a * inv);
+}
+
+/// Whether a decode step at `qpos` takes the split-KV path.
+pub(crate) fn use_split_kv(cells: Cells, qpos: usize) -> bool {
+    cells.n_kv(qpos) >= SPLIT_KV_MIN_CELLS
+}
+
+/// The split-KV decode path for one query row: `n_kv` cells cut into
+/// `REF_THREADS` contiguous chunks, each an [`f16_chunk`] over its valid
+/// cells, merged as `acc = fma(acc, e^(M-M'), acc_c·e^(M_c-M'))`.
+pub(crate) fn split_kv_row(
+    q: &[f32],
+    src: &KvSource,
+    cells: Cells,
+    lo: usize,
+    qpos: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let qv: Vec<f32> = q.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+    let n_kv = cells.n_kv(qpos);
+    let chunk = n_kv.div_ceil(REF_THREADS);
+    let (mut m, mut s) = (f32::NEG_INFINITY, 0.0f32);
+    let mut acc = vec![0.0f32; q.len()];
+    for c0 in (0..n_kv).step_by(chunk) {
+        let positions = (c0..(c0 + chunk).min(n_kv))
+            .filter_map(|c| cells.pos(c, qpos))
+            .filter(|&p| p >= lo && p <= qpos);
+        let (mc, sc, vc) = f16_chunk(&qv, src, positions, scale);
+        if sc == 0.0 {
+            continue;
+        }
+        let mn = m.max(mc);
+        let (so, sn) = ((m - mn).exp(), (mc - mn).exp());
+        acc.iter_mut()
+            .zip(&vc)
+            .for_each(|(a, &v)| *a = a.mul_add(so, v * sn));
+        s = s.mul_add(so, sc * sn);
+        m = mn;
+    }
+    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+    out.iter_mut().zip(&acc).for_each(|(d, a)| *d = a * inv);
+}
+
+/// The tiled f32 path for one query row (`flash_attn_ext_tiled`): q stays
+/// f32; per tile of 64 cells, scores are sequential fma chains over the
+/// head dimension times `scale`; the running max M moves once per tile
+/// (rescaling Σ p·v and S by libm `expf`); p = ggml's vector exp of s - M,
+/// summed in groups of 16 (halving tree) into an f64 tile sum added to S;
+/// Σ p·v is a sequential fma chain over the cells.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tiled_row(
+    q: &[f32],
+    src: &KvSource,
+    cells: Cells,
+    last: usize,
+    lo: usize,
+    qpos: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let n_kv = cells.n_kv(last);
+    let mut vkq = vec![0.0f32; hd];
+    let (mut m, mut s) = (f32::NEG_INFINITY, 0.0f32);
+    let mut kq = [0.0f32; KV_TILE];
+    let mut kbuf = vec![0.0f32; hd];
+    let mut vt = vec![0.0f32; KV_TILE * hd];
+    for c0 in (0..n_kv).step_by(KV_TILE) {
+        let mut any = false;
+        for (i, score) in kq.iter_mut().enumerate() {
+            *score = f32::NEG_INFINITY;
+            let Some(p) = cells.pos(c0 + i, last) else {
+                continue;
+            };
+            if p < lo || p > qpos || c0 + i >= n_kv {
+                continue;
+            }
+            any = true;
+            src.load(p, true, &mut kbuf);
+            let dot = q
+                .iter()
+                .zip(&kbuf)
+                .fold(0.0f32, |acc, (a, b)| a.mul_add(*b, acc));
+            *score = dot * scale;
+            src.load(p, false, &mut vt[i * hd..(i + 1) * hd]);
+        }
+        if !any {
+            continue;
+        }
+        let tile_max = kq
+            .iter()
+            .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+        let mn = m.max(tile_max);
+        if mn > m {
+            let ms = (m - mn).exp();
+            vkq.iter_mut().for_each(|v| *v *= ms);
+            s *= ms;
+        }
+        m = mn;
+        let mut tile_sum = 0.0f64;
+        for group in kq.chunks_exact_mut(16) {
+            let mut lanes = [0.0f32; 16];
+            for (x, l) in group.iter_mut().zip(lanes.iter_mut()) {
+                *x = expf_ggml_v(*x - m);
+                *l = *x;
+            }
+            tile_sum += reduce_add_16(lanes) as f64;
+        }
+        s = (s as f64 + tile_sum) as f32;
+        for (i, &p) in kq.iter().enumerate() {
+            if p != 0.0 {
+                vkq.iter_mut()
+                    .zip(&vt[i * hd..(i + 1) * hd])
+                    .for_each(|(a, &v)| *a = p.mul_add(v, *a));
+            }
+        }
+    }
+    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+    out.iter_mut().zip(&vkq).for_each(|(d, a)| *d = a * inv);
+}
+
+/// `_mm512_reduce_add_ps` as GCC expands it: halves added pairwise (+8, +4, +2, +1).
+fn reduce_add_16(mut v: [f32; 16]) -> f32 {
+    let mut width = 8;
+    while width > 0 {
+        for l in 0..width {
+            v[l] += v[l + width];
+        }
+        width /= 2;
+    }
+    v[0]
+}
+
+/// Dot product of two f16-valued rows in the summation order of ggml's
+/// `ggml_vec_dot_f16` on AVX-512 (4 accumulators of 16 lanes over steps of 64,
+/// folded 0+2, 1+3, 0+1, then `_mm512_reduce_add_ps`'s halving tree; the tail
+/// past a multiple of 64 added in f64). Products of f16 values are exact in f32,
+/// so only this order decides the rounding.
+fn dot_f16_ggml(a: &[f32], b: &[f32]) -> f32 {
+    let np = a.len() & !63;
+    let mut acc = [[0.0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, lanes) in acc.iter_mut().enumerate() {
+            for (l, s) in lanes.iter_mut().enumerate() {
+                *s += a[i + j * 16 + l] * b[i + j * 16 + l];
+            }
+        }
+    }
+    let v: [f32; 16] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let tail: f64 = a[np..]
+        .iter()
+        .zip(&b[np..])
+        .map(|(x, y)| (x * y) as f64)
+        .sum();
+    (reduce_add_16(v) as f64 + tail) as f32
+}
