@@ -15,3 +15,5 @@ cargo test --workspace --release "$@"
 cargo build --release -q -p hearth
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 HEARTH_BIN="$target_dir/release/hearth" python3 tests/server/test_server.py
+# The Pi coding agent (npm, pinned in tests/server/pi) completing a turn against hearth.
+HEARTH_BIN="$target_dir/release/hearth" python3 tests/server/test_pi_agent.py

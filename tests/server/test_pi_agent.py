@@ -1,0 +1,377 @@
+#!/usr/bin/env python3
+"""End-to-end test: the Pi coding agent (npm `@mariozechner/pi-coding-agent`,
+pinned in tests/server/pi/package-lock.json) drives `hearth serve`.
+
+Installs Pi with `npm ci` into tests/server/pi/node_modules (unless the pinned
+version is already there), starts the real binary (target/release/hearth, or
+$HEARTH_BIN) on a free loopback port with qwen2.5-coder-0.5b, writes Pi's
+config (models.json pointing at the server's /v1, settings.json) into a temp
+HOME / PI_CODING_AGENT_DIR, and runs `pi --mode json -p TASK` in a temp
+working directory. The 0.5B model may or may not manage the task; what is
+asserted is that the agent loop completes without a client error: Pi exits 0,
+every assistant turn ends with stop/toolUse/length and no error message, and
+the server answered every one of Pi's requests with 200 (checked on /metrics
+and in the server's llm_turn_stats log lines), reusing the session's KV across
+the agent's turns.
+
+Run: python3 tests/server/test_pi_agent.py
+Needs: cargo build --release -p hearth; node >= 20.6 and npm.
+Env: HEARTH_BIN, HEARTH_TEST_MODEL (a .gguf path), HEARTH_PI_TIMEOUT (seconds
+for the whole Pi run, default 3600), HEARTH_PI_MAX_TURNS (default 8).
+CPU prefill of Pi's ~1.4k-token system prompt dominates the run time.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PI_DIR = ROOT / "tests" / "server" / "pi"
+BIN = os.environ.get("HEARTH_BIN", str(ROOT / "target" / "release" / "hearth"))
+API_KEY = "pi-test-key"
+MODEL_ID = "qwen-test"
+CTX = 8192  # Pi's prompt is ~1.4k tokens; room for several agent turns
+MAX_TOKENS = 128  # per request (Pi sends it as max_completion_tokens)
+PI_TIMEOUT = float(os.environ.get("HEARTH_PI_TIMEOUT", "3600"))
+MAX_TURNS = int(os.environ.get("HEARTH_PI_MAX_TURNS", "8"))
+TASK = "Create a file named hello.txt in the current directory containing the text: hi"
+
+SERVER = None
+TMP = None
+PI_RUN = None  # the result of the agent run, shared by the checks below
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def model_path():
+    if os.environ.get("HEARTH_TEST_MODEL"):
+        return os.environ["HEARTH_TEST_MODEL"]
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "fetch_models.py"), "qwen2.5-coder-0.5b"],
+        check=True, capture_output=True, text=True,
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def pinned_version():
+    return json.loads((PI_DIR / "package.json").read_text())["dependencies"]["@mariozechner/pi-coding-agent"]
+
+
+def pi_bin():
+    return PI_DIR / "node_modules" / ".bin" / "pi"
+
+
+def ensure_pi():
+    """`npm ci` from the lockfile unless the pinned version is already installed.
+    Install scripts are skipped: Pi's CLI needs none (koffi/protobufjs hooks
+    only matter for features the test does not use)."""
+    installed = PI_DIR / "node_modules" / "@mariozechner" / "pi-coding-agent" / "package.json"
+    if installed.exists() and json.loads(installed.read_text())["version"] == pinned_version() and pi_bin().exists():
+        return
+    t0 = time.monotonic()
+    log(f"installing Pi {pinned_version()} with npm ci into {PI_DIR / 'node_modules'}")
+    subprocess.run(["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=PI_DIR, check=True)
+    log(f"npm ci took {time.monotonic() - t0:.1f} s")
+
+
+class Server:
+    """A `hearth serve` process on a free loopback port (--port 0)."""
+
+    def __init__(self, *extra):
+        self.log_path = Path(TMP) / "hearth-serve.log"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [BIN, "serve", "-m", model_path(), "--model-id", MODEL_ID, "--port", "0", "-c", str(CTX), *extra],
+            stdout=subprocess.PIPE, stderr=self.log, text=True,
+        )
+        self.base = None
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"server exited early; log:\n{self.log_path.read_text()}")
+            m = re.search(r"listening on (http://\S+)", line)
+            if m:
+                self.base = m.group(1)
+            if "ready" in line and self.base:
+                return
+        raise RuntimeError("server did not become ready")
+
+    def logs(self):
+        return self.log_path.read_text()
+
+    def get(self, path):
+        req = urllib.request.Request(self.base.removesuffix("/v1") + path,
+                                     headers={"Authorization": f"Bearer {API_KEY}"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+
+    def metrics(self):
+        """{(name, labels): value} from the Prometheus text."""
+        out = {}
+        for line in self.get("/metrics")[1].splitlines():
+            m = re.match(r"^(\w+)(\{[^}]*\})?\s+(\S+)$", line)
+            if m:
+                out[(m.group(1), m.group(2) or "")] = float(m.group(3))
+        return out
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.log.close()
+        return code
+
+
+def chat_requests(metrics):
+    """{status: count} for /v1/chat/completions."""
+    out = {}
+    for (name, labels), v in metrics.items():
+        if name == "hearth_requests_total" and 'endpoint="/v1/chat/completions"' in labels:
+            status = re.search(r'status="(\d+)"', labels).group(1)
+            out[status] = out.get(status, 0) + int(v)
+    return out
+
+
+def turn_stats(logs):
+    """The server's llm_turn_stats lines as dicts."""
+    return [dict(kv.split("=", 1) for kv in line.split()[1:])
+            for line in logs.splitlines() if line.startswith("llm_turn_stats ")]
+
+
+def pi_env(home, agent_dir):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PI_") and not k.endswith("_API_KEY")}
+    env.update(HOME=str(home), PI_CODING_AGENT_DIR=str(agent_dir), PI_OFFLINE="1",
+               PI_SKIP_VERSION_CHECK="1", PI_TELEMETRY="0", NO_COLOR="1",
+               XDG_CONFIG_HOME=str(home / ".config"), XDG_CACHE_HOME=str(home / ".cache"),
+               XDG_DATA_HOME=str(home / ".local" / "share"))
+    return env
+
+
+def write_pi_config(agent_dir):
+    agent_dir.mkdir(parents=True, exist_ok=True)
+    models = (PI_DIR / "models.json").read_text()
+    for key, value in {"__BASE_URL__": SERVER.base, "__API_KEY__": API_KEY, "__MODEL_ID__": MODEL_ID,
+                       "__CONTEXT__": str(CTX), "__MAX_TOKENS__": str(MAX_TOKENS)}.items():
+        models = models.replace(key, value)
+    json.loads(models)  # the template must stay valid JSON once filled
+    (agent_dir / "models.json").write_text(models)
+    shutil.copy(PI_DIR / "settings.json", agent_dir / "settings.json")
+
+
+def pi_command(*args):
+    return [str(pi_bin()), "--provider", "hearth", "--model", MODEL_ID,
+            "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-context-files", "--no-themes",
+            *args]
+
+
+def setup_module(module=None):
+    global SERVER, TMP
+    ensure_pi()
+    TMP = tempfile.mkdtemp(prefix="hearth-pi-")
+    SERVER = Server("--api-key", API_KEY)
+    write_pi_config(Path(TMP) / "home" / ".pi" / "agent")
+    log(f"server at {SERVER.base}; Pi home {TMP}/home")
+
+
+def teardown_module(module=None):
+    try:
+        if SERVER is not None:
+            code = SERVER.stop()
+            assert code == 0, f"server exit code {code} after SIGTERM"
+    finally:
+        if TMP and not os.environ.get("HEARTH_PI_KEEP_TMP"):
+            shutil.rmtree(TMP, ignore_errors=True)
+
+
+def test_pi_is_the_pinned_version():
+    out = subprocess.run([str(pi_bin()), "--version"], capture_output=True, text=True, timeout=120,
+                         env=pi_env(Path(TMP) / "home", Path(TMP) / "home" / ".pi" / "agent"))
+    assert out.returncode == 0, out.stderr
+    assert pinned_version() in out.stdout + out.stderr, (out.stdout, out.stderr)
+
+
+def test_pi_sees_the_hearth_model():
+    home = Path(TMP) / "home"
+    out = subprocess.run([str(pi_bin()), "--list-models", "hearth"], capture_output=True, text=True, timeout=120,
+                         env=pi_env(home, home / ".pi" / "agent"), cwd=TMP)
+    assert out.returncode == 0, out.stderr
+    assert MODEL_ID in out.stdout + out.stderr, (out.stdout, out.stderr)
+    assert "error" not in out.stderr.lower(), out.stderr
+
+
+def run_pi_agent():
+    """Runs the agent on TASK in an empty temp dir; streams progress; returns a dict."""
+    home = Path(TMP) / "home"
+    work = Path(TMP) / "work"
+    work.mkdir()
+    before = chat_requests(SERVER.metrics())
+    t0 = time.monotonic()
+    proc = subprocess.Popen(pi_command("--no-session", "--mode", "json", "-p", TASK),
+                            cwd=work, env=pi_env(home, home / ".pi" / "agent"),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    events, bad_lines, turns, runaway = [], [], 0, False
+    stderr_parts = []
+    threading.Thread(target=lambda: stderr_parts.append(proc.stderr.read()), daemon=True).start()
+    expired = threading.Event()
+
+    def expire():
+        expired.set()
+        proc.kill()
+
+    timer = threading.Timer(PI_TIMEOUT, expire)
+    timer.start()
+    try:
+        for line in proc.stdout:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                bad_lines.append(line)
+                continue
+            events.append(ev)
+            kind = ev.get("type")
+            if kind == "turn_start":
+                turns += 1
+                log(f"pi: turn {turns} started ({time.monotonic() - t0:.0f} s)")
+                if turns > MAX_TURNS:
+                    runaway = True
+                    proc.kill()
+            elif kind == "message_end" and ev["message"].get("role") == "assistant":
+                m = ev["message"]
+                calls = [f"{c['name']}({json.dumps(c.get('arguments'))})" for c in m["content"] if c["type"] == "toolCall"]
+                text = "".join(c.get("text", "") for c in m["content"] if c["type"] == "text")
+                log(f"pi: assistant stopReason={m.get('stopReason')} usage={m.get('usage', {}).get('input')}+"
+                    f"{m.get('usage', {}).get('cacheRead')} cached -> {m.get('usage', {}).get('output')} "
+                    f"calls={calls} text={text[:120]!r}")
+            elif kind == "tool_execution_end":
+                log(f"pi: tool {ev.get('toolName')} done, isError={ev.get('isError')}")
+        proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    time.sleep(0.5)  # the stderr reader
+    wall = time.monotonic() - t0
+    after = chat_requests(SERVER.metrics())
+    delta = {s: after.get(s, 0) - before.get(s, 0) for s in after if after.get(s, 0) != before.get(s, 0)}
+    return dict(rc=proc.returncode, events=events, bad_lines=bad_lines, stderr="".join(stderr_parts),
+                turns=turns, runaway=runaway, timed_out=expired.is_set(), wall=wall, requests=delta, work=work)
+
+
+def pi_run():
+    global PI_RUN
+    if PI_RUN is None:
+        PI_RUN = run_pi_agent()
+    return PI_RUN
+
+
+def assistant_messages(run):
+    return [e["message"] for e in run["events"]
+            if e.get("type") == "message_end" and e["message"].get("role") == "assistant"]
+
+
+def test_pi_agent_turn_completes_without_client_error():
+    run = pi_run()
+    assert not run["timed_out"], f"Pi did not finish within {PI_TIMEOUT:.0f} s"
+    assert not run["runaway"], f"the agent was still calling tools after {MAX_TURNS} turns (model loop)"
+    assert run["rc"] == 0, f"pi exited {run['rc']}; stderr:\n{run['stderr'][-4000:]}"
+    assert not run["bad_lines"], f"non-JSON lines on Pi's stdout: {run['bad_lines'][:5]}"
+    types = [e.get("type") for e in run["events"]]
+    assert "agent_end" in types, f"no agent_end event; events: {types}"
+    msgs = assistant_messages(run)
+    assert msgs, "Pi produced no assistant message"
+    for m in msgs:
+        assert m.get("stopReason") in ("stop", "toolUse", "length"), \
+            f"assistant turn ended with {m.get('stopReason')}: {m.get('errorMessage')}"
+        assert not m.get("errorMessage"), m["errorMessage"]
+    for pattern in ("error", "status code", "Stream ended"):
+        assert pattern.lower() not in run["stderr"].lower(), f"Pi stderr:\n{run['stderr'][-4000:]}"
+
+
+def test_server_answered_every_pi_request():
+    run = pi_run()
+    n = len(assistant_messages(run))
+    assert run["requests"] == {"200": n}, \
+        f"chat completion statuses during the Pi run {run['requests']}, expected {n} x 200"
+    stats = turn_stats(SERVER.logs())
+    assert len(stats) == n, f"{len(stats)} llm_turn_stats lines for {n} assistant turns"
+    # Pi's session id arrives as an affinity header: one named session, and
+    # every turn after the first reuses the previous turn's KV.
+    session = next(e["id"] for e in run["events"] if e.get("type") == "session")
+    assert {s["session_id"] for s in stats} == {session}, (session, stats)
+    for s in stats[1:]:
+        assert int(s["reused_prompt_tokens"]) > 0, f"a later agent turn re-prefilled everything: {s}"
+    # What Pi reports matches what the server did.
+    for m, s in zip(assistant_messages(run), stats):
+        u = m["usage"]
+        assert u["input"] + u["cacheRead"] == int(s["prompt_tokens"]), (u, s)
+        assert u["cacheRead"] == int(s["reused_prompt_tokens"]), (u, s)
+        assert u["output"] == int(s["completion_tokens"]), (u, s)
+
+
+def report():
+    """Timings and the outcome of the task (informational)."""
+    if PI_RUN is None:
+        return
+    stats = turn_stats(SERVER.logs())
+    for i, s in enumerate(stats, 1):
+        log(f"turn {i}: prompt {s['prompt_tokens']} tokens ({s['reused_prompt_tokens']} reused, "
+            f"{s['prefilled_prompt_tokens']} prefilled in {int(s['prefill_ms']) / 1000:.1f} s), "
+            f"{s['completion_tokens']} generated at {s['decode_tok_s']} tok/s, finish={s['finish']}")
+    hello = PI_RUN["work"] / "hello.txt"
+    made = hello.read_text().strip() if hello.exists() else None
+    log(f"Pi run: {PI_RUN['turns']} turn(s), {PI_RUN['wall']:.0f} s; hello.txt: "
+        f"{'contains ' + repr(made) if made is not None else 'not created'} (informational: a 0.5B model)")
+
+
+def main():
+    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
+    only = sys.argv[1:]
+    passed = failed = 0
+    try:
+        setup_module()
+    except Exception as e:
+        print(f"FAIL setup: {type(e).__name__}: {e}")
+        print("0 passed, 1 failed")
+        return 1
+    try:
+        for name, fn in tests:
+            if only and not any(o in name for o in only):
+                continue
+            t0 = time.monotonic()
+            try:
+                fn()
+                passed += 1
+                print(f"PASS {name} ({time.monotonic() - t0:.1f} s)", flush=True)
+            except Exception as e:
+                failed += 1
+                print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+        report()
+    finally:
+        try:
+            teardown_module()
+        except AssertionError as e:
+            failed += 1
+            print(f"FAIL shutdown: {e}")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
