@@ -173,7 +173,6 @@ fn parity_gemma3_270m() {
 }
 
 #[test]
-#[ignore = "issue 3 open: long-context attention paths (tiled f32 / split-KV) not yet verified against llama.cpp"]
 fn parity_gemma3_270m_long_code() {
     check_model("gemma3-270m", Prompts::LongCode);
 }
@@ -184,7 +183,6 @@ fn parity_qwen25_coder_05b() {
 }
 
 #[test]
-#[ignore = "issue 3 open: long-context attention paths (tiled f32 / split-KV) not yet verified against llama.cpp"]
 fn parity_qwen25_coder_05b_long_code() {
     check_model("qwen2.5-coder-0.5b", Prompts::LongCode);
 }
