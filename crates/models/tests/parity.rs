@@ -162,7 +162,6 @@ fn parity_smollm2_135m() {
 }
 
 #[test]
-#[ignore = "issue 3 open: long-context attention paths (tiled f32 / split-KV) not yet verified against llama.cpp"]
 fn parity_smollm2_135m_long_code() {
     check_model("smollm2-135m", Prompts::LongCode);
 }
@@ -193,7 +192,6 @@ fn parity_qwen25_coder_15b() {
 }
 
 #[test]
-#[ignore = "issue 3 open: long-context attention paths (tiled f32 / split-KV) not yet verified against llama.cpp"]
 fn parity_qwen25_coder_15b_long_code() {
     check_model("qwen2.5-coder-1.5b", Prompts::LongCode);
 }
