@@ -57,6 +57,13 @@ pub struct Rope {
 }
 
 impl Rope {
+    /// Rotates `x` ([T, n_heads, head_dim]) for positions `p0..p0+T`.
+    pub fn apply_tokens(&self, x: &mut [f32], n_heads: usize, head_dim: usize, p0: usize) {
+        for (i, row) in x.chunks_exact_mut(n_heads * head_dim).enumerate() {
+            self.apply(row, head_dim, p0 + i);
+        }
+    }
+
     /// Rotates each of the `n_heads` heads in `x` ([n_heads, head_dim]) for position `pos`.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
         let half = self.n_rot / 2;

@@ -36,18 +36,8 @@ pub(crate) fn layer(m: &Model, li: usize, x: &mut [f32], cache: &mut LayerKvCach
         n_rot: hd,
         iterative: true,
     };
-    for i in 0..t {
-        rope.apply(
-            &mut q[i * c.n_heads * hd..(i + 1) * c.n_heads * hd],
-            hd,
-            p0 + i,
-        );
-        rope.apply(
-            &mut k[i * c.n_kv_heads * hd..(i + 1) * c.n_kv_heads * hd],
-            hd,
-            p0 + i,
-        );
-    }
+    rope.apply_tokens(&mut q, c.n_heads, hd, p0);
+    rope.apply_tokens(&mut k, c.n_kv_heads, hd, p0);
     blocks::dump("Qcur", li, &q);
     blocks::dump("Kcur", li, &k);
     // The query is scaled before attention (as the reference graph does).

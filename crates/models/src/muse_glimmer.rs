@@ -60,10 +60,8 @@ pub(crate) fn layer(m: &Model, li: usize, x: &mut [f32], cache: &mut LayerKvCach
     }
     if c.layers[li].uses_rope() {
         let rope = Rope { theta: c.rope_theta, layout: RopeLayout::Interleaved, n_rot: hd, iterative: false };
-        for i in 0..t {
-            rope.apply(&mut q[i * c.n_heads * hd..(i + 1) * c.n_heads * hd], hd, p0 + i);
-            rope.apply(&mut k[i * c.n_kv_heads * hd..(i + 1) * c.n_kv_heads * hd], hd, p0 + i);
-        }
+        rope.apply_tokens(&mut q, c.n_heads, hd, p0);
+        rope.apply_tokens(&mut k, c.n_kv_heads, hd, p0);
         round_bf16(m, &mut q);
         round_bf16(m, &mut k);
     }
