@@ -117,4 +117,16 @@ impl Drafter for DflashDrafter {
         self.state.reset();
         self.backlog.clear();
     }
+
+    /// Spec §7.2: keep only the backlog rows below `pos`; context K/V past it
+    /// are simply rewritten later (the cache is indexed by position).
+    fn rollback(&mut self, pos: usize) {
+        let width = self.draft.hidden_width();
+        if pos <= self.state.ctx_len {
+            self.state.ctx_len = pos;
+            self.backlog.clear();
+        } else {
+            self.backlog.truncate((pos - self.state.ctx_len) * width);
+        }
+    }
 }

@@ -43,19 +43,7 @@ impl DraftModelDrafter {
             )));
         }
         let state = State::with_ring_slack(&model, max_ctx, n_draft + 1);
-        let sampler = if target_sampling.is_greedy() {
-            None
-        } else {
-            let cfg = SamplerConfig {
-                repeat_penalty: 1.0,
-                presence_penalty: 0.0,
-                frequency_penalty: 0.0,
-                // Independent of the target's stream, reproducible when seeded.
-                seed: if target_sampling.seed == 0 { 0 } else { target_sampling.seed.wrapping_add(0x5eed) },
-                ..*target_sampling
-            };
-            Some(Sampler::new(cfg).map_err(|e| SpecError::Config(e.to_string()))?)
-        };
+        let sampler = draft_sampler(target_sampling)?;
         Ok(DraftModelDrafter { model, state, fed: Vec::new(), sampler })
     }
 
@@ -114,4 +102,30 @@ impl Drafter for DraftModelDrafter {
         self.state.reset();
         self.fed.clear();
     }
+
+    /// Nothing to do: the next proposal rolls back to the common prefix.
+    fn rollback(&mut self, _pos: usize) {}
+
+    fn set_sampling(&mut self, config: &SamplerConfig) -> Result<(), SpecError> {
+        self.sampler = draft_sampler(config)?;
+        Ok(())
+    }
+}
+
+/// The draft's own sampler: `None` (argmax drafts) for a greedy target;
+/// otherwise the target's temperature and filters without penalties, with
+/// its own RNG stream.
+fn draft_sampler(target: &SamplerConfig) -> Result<Option<Sampler>, SpecError> {
+    if target.is_greedy() {
+        return Ok(None);
+    }
+    let cfg = SamplerConfig {
+        repeat_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        // Independent of the target's stream, reproducible when seeded.
+        seed: if target.seed == 0 { 0 } else { target.seed.wrapping_add(0x5eed) },
+        ..*target
+    };
+    Sampler::new(cfg).map(Some).map_err(|e| SpecError::Config(e.to_string()))
 }

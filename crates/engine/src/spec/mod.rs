@@ -91,6 +91,16 @@ pub trait Drafter {
 
     /// Forget everything (a new conversation).
     fn reset(&mut self);
+
+    /// The target's state was rolled back to `pos` committed positions (a
+    /// session resuming from a common prefix): forget anything past it.
+    fn rollback(&mut self, pos: usize);
+
+    /// The sampling configuration of the next generation (a drafter that
+    /// samples its drafts follows the target's temperature and filters).
+    fn set_sampling(&mut self, _config: &crate::sampler::SamplerConfig) -> Result<(), SpecError> {
+        Ok(())
+    }
 }
 
 /// Acceptance statistics over one or more generations.

@@ -50,6 +50,8 @@ impl Drafter for NgramDrafter {
     }
 
     fn reset(&mut self) {}
+
+    fn rollback(&mut self, _pos: usize) {}
 }
 
 #[cfg(test)]
