@@ -223,24 +223,47 @@ fn attention_f16_flash(
     let group = s.n_heads / s.n_kv_heads;
     let t_len = q.len() / (s.n_heads * hd);
     let cells = fa::Cells::of(cache);
+    let kv_row = s.n_kv_heads * hd;
+    let source = |kvh: usize| fa::KvSource { k_new, v_new, kc, vc, cache, p0, kv_row, kvh };
+    if t_len >= fa::TILED_MIN_ROWS {
+        // Rows sharing a KV head go together (its tiles are converted once),
+        // in chunks so that both threads have work.
+        const ROWS_PER_TASK: usize = 32;
+        let tasks: Vec<(usize, Vec<usize>)> = (0..s.n_kv_heads)
+            .flat_map(|kvh| {
+                let idx: Vec<usize> = (0..t_len)
+                    .flat_map(|t| (kvh * group..(kvh + 1) * group).map(move |h| t * s.n_heads + h))
+                    .collect();
+                idx.chunks(ROWS_PER_TASK).map(|c| (kvh, c.to_vec())).collect::<Vec<_>>()
+            })
+            .collect();
+        let results: Vec<Vec<f32>> = tasks
+            .par_iter()
+            .map(|(kvh, idx)| {
+                let rows: Vec<(&[f32], usize, usize)> = idx
+                    .iter()
+                    .map(|&i| {
+                        let qpos = p0 + i / s.n_heads;
+                        (&q[i * hd..(i + 1) * hd], qpos, cache.window_start(qpos))
+                    })
+                    .collect();
+                fa::tiled_rows(&rows, &source(*kvh), cells, p0 + t_len - 1, s.scale)
+            })
+            .collect();
+        for ((_, idx), res) in tasks.iter().zip(&results) {
+            for (&i, row) in idx.iter().zip(res.chunks_exact(hd)) {
+                out[i * hd..(i + 1) * hd].copy_from_slice(row);
+            }
+        }
+        return;
+    }
     out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
         let (t, h) = (idx / s.n_heads, idx % s.n_heads);
-        let src = fa::KvSource {
-            k_new,
-            v_new,
-            kc,
-            vc,
-            cache,
-            p0,
-            kv_row: s.n_kv_heads * hd,
-            kvh: h / group,
-        };
+        let src = source(h / group);
         let qpos = p0 + t;
         let lo = cache.window_start(qpos);
         let qrow = &q[idx * hd..(idx + 1) * hd];
-        if t_len >= fa::TILED_MIN_ROWS {
-            fa::tiled_row(qrow, &src, cells, p0 + t_len - 1, lo, qpos, s.scale, o);
-        } else if t_len == 1 && fa::use_split_kv(cells, qpos) {
+        if t_len == 1 && fa::use_split_kv(cells, qpos) {
             fa::split_kv_row(qrow, &src, cells, lo, qpos, s.scale, o);
         } else {
             fa::f16_row(qrow, &src, lo, qpos, s.scale, o);
@@ -278,7 +301,8 @@ pub fn expf_ggml_v(x: f32) -> f32 {
     let p_lo = f32::from_bits(0x3f7ffff6).mul_add(b, 1.0);
     let j = p_hi.mul_add(u, p_mid).mul_add(u, p_lo);
     // _mm512_scalef_ps: j · 2^n with one rounding (exact in f64, then to f32).
-    (j as f64 * 2f64.powi(n as i32)) as f32
+    // 2^n is exact in f64 for |n| <= 192.
+    (j as f64 * f64::from_bits(((n as i64 + 1023) as u64) << 52)) as f32
 }
 
 /// SwiGLU as ggml's `ggml_vec_swiglu_f32` evaluates it on AVX-512, per row
