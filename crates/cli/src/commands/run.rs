@@ -156,6 +156,8 @@ pub fn run(args: Args) -> Result<()> {
                 "acceptance_rate": sp.acceptance_rate(),
                 "acceptance_by_position": sp.acceptance_by_position(),
                 "target_forwards": sp.target_forwards,
+                "drafted_at": sp.drafted_at,
+                "accepted_at": sp.accepted_at,
                 "draft_s": sp.draft_secs,
                 "verify_s": sp.verify_secs,
             });
