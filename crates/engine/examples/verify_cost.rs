@@ -2,6 +2,8 @@
 //! price of verifying n−1 drafts), at a given context position.
 //!
 //!   cargo run --release -p hearth-engine --example verify_cost -- MODEL.gguf [POS] [MAX_N]
+//!
+//! HEARTH_F32=1 measures the exact-f32 numerics instead.
 
 use std::time::Instant;
 
@@ -12,7 +14,10 @@ fn main() {
     let path = args.get(1).expect("usage: verify_cost MODEL.gguf [POS] [MAX_N]");
     let pos: usize = args.get(2).map_or(256, |s| s.parse().expect("POS"));
     let max_n: usize = args.get(3).map_or(9, |s| s.parse().expect("MAX_N"));
-    let model = Model::load(path).expect("loading the model");
+    let mut model = Model::load(path).expect("loading the model");
+    if std::env::var_os("HEARTH_F32").is_some() {
+        model.set_numerics(hearth_models::Numerics::F32);
+    }
     let mut state = State::with_ring_slack(&model, pos + 64, 16);
     let prompt: Vec<u32> = (0..pos as u32).map(|i| 100 + i % 1000).collect();
     model.forward(&mut state, &prompt, Logits::None).expect("prefill");

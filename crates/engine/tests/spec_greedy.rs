@@ -5,6 +5,19 @@
 //! sliding window so generation crosses it and rejected drafts are rolled
 //! back in a ring that has wrapped.
 //!
+//! Numerics. In exact f32 (`Numerics::F32`: f32 activations into the
+//! matmuls, f32 KV cache) a row's result does not depend on how many rows a
+//! forward pass carries, so a verify pass of K+1 tokens computes bit for bit
+//! what K+1 single-token passes would, and any difference from plain greedy
+//! is a bug in speculation. The default llama.cpp-matching numerics are not
+//! batch-invariant in general: like llama.cpp they take a gemm path for 4+
+//! rows of a repacked Q4_K matrix, a tiled path for 8+ rows of other K-quants,
+//! and a split-KV attention path for single-row decode once 512+ cells are
+//! attended (from position 256 on). Within those limits (K ≤ 2, contexts under
+//! 256) they are batch-invariant too, and the qwen2.5-coder-1.5b test checks
+//! the shipped numerics there. Elsewhere a near tie can flip;
+//! bench/spec.sh counts how often.
+//!
 //! Drafters: n-gram lookup; a DFlash draft with synthetic (random) weights
 //! matched to the target (nearly every draft is rejected, which exercises the
 //! rejection path, the hidden-state taps and the backlog bookkeeping); a
@@ -24,7 +37,7 @@ use hearth_engine::spec::{generate_speculative, Drafter, SpecParams, SpecStats};
 use hearth_models::dflash::DflashModel;
 use hearth_models::synth::{write_gguf, SynthOptions};
 use hearth_models::synth_dflash::{dflash_plan, DflashShape};
-use hearth_models::{Model, State};
+use hearth_models::{Model, Numerics, State};
 use hearth_tokenizer::Tokenizer;
 
 fn model_path(file: &str) -> PathBuf {
@@ -40,6 +53,7 @@ fn model_path(file: &str) -> PathBuf {
 const QWEN_05: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 const QWEN_15: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
 const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
+const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// 20 short coding prompts: writing functions, fixing bugs, editing given code.
 const PROMPTS: [&str; 20] = [
@@ -112,35 +126,41 @@ fn synthetic_dflash(model: &Model, name: &str) -> Arc<DflashModel> {
     Arc::new(d)
 }
 
-/// Which drafters a check runs.
+/// Which drafters a check runs, each with its K.
 #[derive(Clone, Copy, PartialEq)]
 enum Use {
-    Ngram,
-    Dflash,
+    Ngram(usize),
+    /// A synthetic DFlash draft (trained block 8) at block length K+1.
+    Dflash(usize),
     /// The draft model (the target itself when `None`).
-    Draft(Option<&'static str>),
+    Draft(Option<&'static str>, usize),
+}
+
+fn load(file: &str, numerics: Numerics) -> Arc<Model> {
+    let mut m = Model::load(model_path(file)).unwrap();
+    m.set_numerics(numerics);
+    Arc::new(m)
 }
 
 /// Runs the drafters on every prompt and compares with plain greedy.
-fn check(target_file: &str, uses: &[Use], prompts: &[Vec<u32>], n: usize, ctx: usize) {
-    let target = Arc::new(Model::load(model_path(target_file)).unwrap());
+fn check(target_file: &str, numerics: Numerics, uses: &[Use], prompts: &[Vec<u32>], n: usize, ctx: usize) {
+    let target = load(target_file, numerics);
     let tok = Tokenizer::from_gguf_path(model_path(target_file)).unwrap();
     let sampling = SamplerConfig::greedy();
     let mut drafters: Vec<(&str, usize, Box<dyn Drafter>)> = Vec::new();
     for u in uses {
         match *u {
-            Use::Ngram => drafters.push(("ngram", 4, Box::new(NgramDrafter::default()))),
-            // Block 4 (K = 3): random drafts are rejected, so keep verify passes short.
-            Use::Dflash => {
+            Use::Ngram(k) => drafters.push(("ngram", k, Box::new(NgramDrafter::default()))),
+            Use::Dflash(k) => {
                 let d = synthetic_dflash(&target, target_file);
-                drafters.push(("dflash", 3, Box::new(DflashDrafter::new(d, target.clone(), ctx, Some(4)).unwrap())));
+                drafters.push(("dflash", k, Box::new(DflashDrafter::new(d, target.clone(), ctx, Some(k + 1)).unwrap())));
             }
-            Use::Draft(file) => {
+            Use::Draft(file, k) => {
                 let draft = match file {
                     None => target.clone(),
-                    Some(f) => Arc::new(Model::load(model_path(f)).unwrap()),
+                    Some(f) => load(f, numerics),
                 };
-                drafters.push(("draft", 4, Box::new(DraftModelDrafter::new(draft, target.config.vocab_size, ctx, 4, &sampling).unwrap())));
+                drafters.push(("draft", k, Box::new(DraftModelDrafter::new(draft, target.config.vocab_size, ctx, k, &sampling).unwrap())));
             }
         }
     }
@@ -173,19 +193,24 @@ fn encode_all(target_file: &str) -> Vec<Vec<u32>> {
     PROMPTS.iter().map(|p| tok.encode(p, true, false)).collect()
 }
 
+/// 20 prompts, every drafter, exact f32 numerics.
 #[test]
-fn qwen_0_5b_ngram_and_dflash_greedy_spec_equal_plain_greedy() {
-    check(QWEN_05, &[Use::Ngram, Use::Dflash], &encode_all(QWEN_05), 24, 512);
+fn smollm2_f32_greedy_spec_equals_plain_greedy() {
+    check(SMOLLM2, Numerics::F32, &[Use::Ngram(4), Use::Dflash(2), Use::Draft(None, 3)], &encode_all(SMOLLM2), 24, 256);
 }
 
+/// The shipped numerics, qwen2.5-coder-0.5b drafting for qwen2.5-coder-1.5b,
+/// within the batch-invariant limits (K = 2, contexts under 256).
 #[test]
 fn qwen_1_5b_with_0_5b_draft_greedy_spec_equals_plain_greedy() {
-    check(QWEN_15, &[Use::Draft(Some(QWEN_05))], &encode_all(QWEN_15), 24, 512);
+    let prompts = encode_all(QWEN_15);
+    assert!(prompts.iter().all(|p| p.len() + 24 < 256));
+    check(QWEN_15, Numerics::Reference, &[Use::Draft(Some(QWEN_05), 2), Use::Ngram(2)], &prompts, 24, 256);
 }
 
-/// Prompts of 490 and 505 tokens: generating 32 tokens crosses gemma3's 512
+/// Prompts of 490 and 505 tokens: generating 24 tokens crosses gemma3's 512
 /// window, so verify passes write past the ring's wrap and rejected drafts are
-/// rolled back across it.
+/// rolled back across it. Exact f32 numerics.
 #[test]
 fn gemma3_ring_wrap_greedy_spec_equals_plain_greedy() {
     let tok = Tokenizer::from_gguf_path(model_path(GEMMA3)).unwrap();
@@ -196,5 +221,5 @@ fn gemma3_ring_wrap_greedy_spec_equals_plain_greedy() {
     let ids = tok.encode(&source, true, false);
     assert!(ids.len() > 600, "source is only {} tokens", ids.len());
     let prompts: Vec<Vec<u32>> = [490usize, 505].iter().map(|&n| ids[..n].to_vec()).collect();
-    check(GEMMA3, &[Use::Ngram, Use::Dflash, Use::Draft(None)], &prompts, 32, 1024);
+    check(GEMMA3, Numerics::F32, &[Use::Ngram(3), Use::Dflash(2), Use::Draft(None, 2)], &prompts, 24, 768);
 }
