@@ -12,16 +12,20 @@
 //!   mask), SwiGLU MLP; output norm and the target's lm_head with no
 //!   multiplier or soft-cap (§4.3–4.4).
 //!
-//! Numerics: f32 throughout (f32 activations into the matmuls, f32 context
-//! cache). The spec's bf16 rounding points describe the GPU reference; the
-//! drafter's precision only moves the acceptance rate, never the output, which
-//! verification keeps exactly the target's.
+//! Numerics: the target's activation mode for every matmul (8-bit quantized
+//! activations through the packed SIMD kernels for llama.cpp-style targets,
+//! exact f32 for an f32 or Muse Glimmer target), f32 everywhere else, f32
+//! context cache. The spec's bf16 rounding points describe the GPU reference;
+//! the drafter's precision only moves the acceptance rate, never the output,
+//! which verification keeps exactly the target's.
 
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
 use hearth_gguf::{GgmlType, GgufFile, Metadata};
+use hearth_kernels::cpu::packed::{matmul_packed, PackedMatrix};
+use hearth_kernels::cpu::simd;
 use hearth_kernels::{matmul, Activations, QMatrix};
 
 use crate::blocks::{rmsnorm, silu, Rope};
@@ -159,6 +163,8 @@ struct Mat {
     rows: usize,
     cols: usize,
     range: Range<usize>,
+    /// The rows repacked for the SIMD kernels, where the type has a packed form.
+    packed: Option<Arc<PackedMatrix>>,
 }
 
 struct DraftLayer {
@@ -235,7 +241,10 @@ impl DflashModel {
                 return Err(DflashError::UnsupportedType { name: name.into(), ty: ti.ty });
             }
             let start = (file.data_offset() + ti.offset) as usize;
-            Ok(Mat { ty: ti.ty, rows, cols, range: start..start + ti.n_bytes() as usize })
+            let range = start..start + ti.n_bytes() as usize;
+            let m = QMatrix { ty: ti.ty, rows, cols, data: &file.raw_bytes()[range.clone()] };
+            let packed = PackedMatrix::pack(&m).map(Arc::new);
+            Ok(Mat { ty: ti.ty, rows, cols, range, packed })
         };
         let vector = |name: &str, len: usize| -> Result<Vec<f32>, DflashError> {
             let ti = file.tensor_info(name).ok_or_else(|| DflashError::MissingTensor(name.into()))?;
@@ -286,11 +295,15 @@ impl DflashModel {
         self.config.target_layers.len() * self.config.dim
     }
 
-    fn linear(&self, w: &Mat, x: &[f32]) -> Vec<f32> {
+    /// `x @ W^T` with the target's activation mode.
+    fn linear(&self, mode: Activations, w: &Mat, x: &[f32]) -> Vec<f32> {
         let n = x.len() / w.cols;
         let mut out = vec![0.0f32; n * w.rows];
         let m = QMatrix { ty: w.ty, rows: w.rows, cols: w.cols, data: &self.file.raw_bytes()[w.range.clone()] };
-        matmul(&m, x, n, &mut out, Activations::F32);
+        match (&w.packed, mode) {
+            (Some(p), Activations::Quantized) => matmul_packed(simd::active(), p, &m, x, n, &mut out),
+            _ => matmul(&m, x, n, &mut out, mode),
+        }
         out
     }
 
@@ -340,9 +353,10 @@ impl DflashModel {
             return Err(DflashError::Invalid(format!("draft positions up to {} exceed the draft cache of {}", c1 + b, st.max_ctx)));
         }
         let rope = Rope { theta: c.rope_theta, layout: RopeLayout::Neox, n_rot: hd, iterative: false };
+        let mode = target.activations();
 
         // §4.1 context features, shared by every layer.
-        let mut ctx = self.linear(&self.fc, hidden);
+        let mut ctx = self.linear(mode, &self.fc, hidden);
         rmsnorm(&mut ctx, d, Some(&self.hidden_norm), c.eps);
         // §4.2 block input: raw target embedding rows.
         let emb = target.mat(&target.tok_embd);
@@ -354,10 +368,10 @@ impl DflashModel {
         for (li, l) in self.layers.iter().enumerate() {
             // §4.3.2 new context K/V, written at positions c0.. (committed rows only).
             if n_new > 0 {
-                let mut kc = self.linear(&l.wk, &ctx);
+                let mut kc = self.linear(mode, &l.wk, &ctx);
                 rmsnorm(&mut kc, hd, Some(&l.k_norm), c.eps);
                 rope.apply_tokens(&mut kc, nkv, hd, c0);
-                let vc = self.linear(&l.wv, &ctx);
+                let vc = self.linear(mode, &l.wv, &ctx);
                 let (ck, cv) = (&mut st.k[li], &mut st.v[li]);
                 for r in 0..n_new {
                     for h in 0..nkv {
@@ -371,9 +385,9 @@ impl DflashModel {
             // §4.3.3 block Q/K/V at positions C1+t.
             let mut h = x.clone();
             rmsnorm(&mut h, d, Some(&l.attn_norm), c.eps);
-            let mut q = self.linear(&l.wq, &h);
-            let mut kb = self.linear(&l.wk, &h);
-            let vb = self.linear(&l.wv, &h);
+            let mut q = self.linear(mode, &l.wq, &h);
+            let mut kb = self.linear(mode, &l.wk, &h);
+            let vb = self.linear(mode, &l.wv, &h);
             rmsnorm(&mut q, hd, Some(&l.q_norm), c.eps);
             rmsnorm(&mut kb, hd, Some(&l.k_norm), c.eps);
             rope.apply_tokens(&mut q, nh, hd, c1);
@@ -384,15 +398,15 @@ impl DflashModel {
                 None => 0,
             };
             let y = self.attend(&q, &kb, &vb, &st.k[li], &st.v[li], st.max_ctx, lo, c1, b);
-            let a = self.linear(&l.wo, &y);
+            let a = self.linear(mode, &l.wo, &y);
             x.iter_mut().zip(&a).for_each(|(xi, ai)| *xi += ai);
             // §4.3.6 SwiGLU MLP.
             let mut h2 = x.clone();
             rmsnorm(&mut h2, d, Some(&l.ffn_norm), c.eps);
-            let mut g = self.linear(&l.gate, &h2);
-            let u = self.linear(&l.up, &h2);
+            let mut g = self.linear(mode, &l.gate, &h2);
+            let u = self.linear(mode, &l.up, &h2);
             g.iter_mut().zip(&u).for_each(|(gi, ui)| *gi = silu(*gi) * ui);
-            let m = self.linear(&l.down, &g);
+            let m = self.linear(mode, &l.down, &g);
             x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
         }
         st.ctx_len = c1;
@@ -400,10 +414,7 @@ impl DflashModel {
         // §4.4 output norm and the target's lm_head, rows 1..=n_out only.
         let mut out = x[d..(n_out + 1) * d].to_vec();
         rmsnorm(&mut out, d, Some(&self.output_norm), c.eps);
-        let head = target.mat(&target.output);
-        let mut logits = vec![0.0f32; n_out * head.rows];
-        matmul(&head, &out, n_out, &mut logits, Activations::F32);
-        Ok(logits)
+        Ok(target.linear(&target.output, &out))
     }
 
     /// Non-causal attention of the B block queries over context positions

@@ -10,9 +10,12 @@ pub struct NgramDrafter {
     pub max_n: usize,
 }
 
+/// Matches of 2 to 4 tokens: a single matching token proposes too often for
+/// its acceptance (on qwen2.5-coder-0.5b, 12 bench prompts, K = 4: 1.07x with
+/// min_n = 1, 1.24x with 2, 1.24x with 3, one interleaved run).
 impl Default for NgramDrafter {
     fn default() -> Self {
-        NgramDrafter { min_n: 1, max_n: 4 }
+        NgramDrafter { min_n: 2, max_n: 4 }
     }
 }
 
