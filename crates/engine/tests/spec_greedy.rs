@@ -213,7 +213,10 @@ fn smollm2_f32_longer_drafts_greedy_spec_equals_plain_greedy() {
 
 /// Prompts of 490 and 505 tokens: generating 24 tokens crosses gemma3's 512
 /// window, so verify passes write past the ring's wrap and rejected drafts are
-/// rolled back across it. Exact f32 numerics.
+/// rolled back across it (the target's ring and the draft model's). Exact f32
+/// numerics. DFlash is left out here (its context cache is flat and never
+/// rolls back; the tests above cover it) because f32 prefills of 500 tokens
+/// are slow.
 #[test]
 fn gemma3_ring_wrap_greedy_spec_equals_plain_greedy() {
     let tok = Tokenizer::from_gguf_path(model_path(GEMMA3)).unwrap();
@@ -224,5 +227,5 @@ fn gemma3_ring_wrap_greedy_spec_equals_plain_greedy() {
     let ids = tok.encode(&source, true, false);
     assert!(ids.len() > 600, "source is only {} tokens", ids.len());
     let prompts: Vec<Vec<u32>> = [490usize, 505].iter().map(|&n| ids[..n].to_vec()).collect();
-    check(GEMMA3, Numerics::F32, &[Use::Ngram(3), Use::Dflash(2), Use::Draft(None, 2)], &prompts, 24, 768);
+    check(GEMMA3, Numerics::F32, &[Use::Ngram(3), Use::Draft(None, 2)], &prompts, 24, 768);
 }
