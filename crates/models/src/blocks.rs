@@ -344,8 +344,14 @@ pub fn gelu_f16_table(x: f32) -> f32 {
     } else if x >= 10.0 {
         x
     } else {
-        let xh = half::f16::from_f32(x).to_f32();
-        half::f16::from_f32(gelu_tanh_fma(xh)).to_f32()
+        // ggml's table: one entry per f16 input.
+        static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+        let table = TABLE.get_or_init(|| {
+            (0..=u16::MAX)
+                .map(|bits| half::f16::from_f32(gelu_tanh_fma(half::f16::from_bits(bits).to_f32())).to_f32())
+                .collect()
+        });
+        table[half::f16::from_f32(x).to_bits() as usize]
     }
 }
 

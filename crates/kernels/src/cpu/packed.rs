@@ -365,7 +365,10 @@ unsafe fn dot_q0<S: Simd, const NT: usize>(
     for b in 0..y[0].len() {
         let blk = w.add(b * pb);
         let dx = S::rows_f16(blk);
-        let d: [S::F; NT] = std::array::from_fn(|t| S::fmul(dx, S::fsplat(yb(&y, t, b).d.to_f32())));
+        let mut d = [S::fzero(); NT];
+        for t in 0..NT {
+            d[t] = S::fmul(dx, S::fsplat(yb(&y, t, b).d.to_f32()));
+        }
         if ty == GgmlType::Q8_0 {
             for u in 0..4 {
                 let q = S::load(blk.add(16 + 64 * u));
@@ -395,7 +398,11 @@ unsafe fn dot_q0<S: Simd, const NT: usize>(
             }
         }
     }
-    acc.map(|a| hsum_rows::<S>(a))
+    let mut out = [[0.0; 8]; NT];
+    for t in 0..NT {
+        out[t] = hsum_rows::<S>(acc[t]);
+    }
+    out
 }
 
 /// Q4_1 weights · Q8_1 activations.
@@ -421,10 +428,14 @@ unsafe fn dot_q4_1<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8_1]; NT]
             }
         }
     }
-    std::array::from_fn(|t| {
+    let mut out = [[0.0; 8]; NT];
+    for t in 0..NT {
         let (h, m) = (hsum_rows::<S>(acc[t]), S::fstore(summs[t]));
-        std::array::from_fn(|r| h[r] + m[2 * r])
-    })
+        for r in 0..8 {
+            out[t][r] = h[r] + m[2 * r];
+        }
+    }
+    out
 }
 
 /// Q4_K weights · Q8_K activations (llama.cpp's repacked gemv or gemm order).
@@ -435,8 +446,12 @@ unsafe fn dot_q4_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
     for b in 0..y[0].len() {
         let blk = w.add(b * layout::Q4_K);
         let (dx, dmx) = (S::rows_f16(blk), S::rows_f16(blk.add(16)));
-        let d: [S::F; NT] = std::array::from_fn(|t| S::fmul(dx, S::fsplat(yb(&y, t, b).d)));
-        let dmin: [S::F; NT] = std::array::from_fn(|t| S::fmul(dmx, S::fsplat(yb(&y, t, b).d)));
+        let (mut d, mut dmin) = ([S::fzero(); NT], [S::fzero(); NT]);
+        for t in 0..NT {
+            let dy = S::fsplat(yb(&y, t, b).d);
+            d[t] = S::fmul(dx, dy);
+            dmin[t] = S::fmul(dmx, dy);
+        }
         let (sc, mn, qs) = (blk.add(layout::Q4_K_SC), blk.add(layout::Q4_K_MN), blk.add(layout::Q4_K_QS));
         let (mut isum, mut msum) = ([S::izero(); NT], [S::izero(); NT]);
         for p in 0..4 {
@@ -475,10 +490,14 @@ unsafe fn dot_q4_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
             }
         }
     }
-    std::array::from_fn(|t| {
+    let mut out = [[0.0; 8]; NT];
+    for t in 0..NT {
         let v = S::fstore(S::fsub(acc[t], acc_m[t]));
-        std::array::from_fn(|r| v[2 * r])
-    })
+        for r in 0..8 {
+            out[t][r] = v[2 * r];
+        }
+    }
+    out
 }
 
 /// Q6_K weights · Q8_K activations (`vec_dot` lanes, or the tiled per-block order).
@@ -511,14 +530,14 @@ unsafe fn dot_q6_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
                 }
             }
         }
-        let srow = |g0: usize, g1: usize| S::rows_bytes::<true>(sc.add(8 * g0), sc.add(8 * g1));
         let dx = S::rows_f16(blk);
         if order == Order::Vec {
             // Lane l (= 2u + h) subtracts 32·(bsums·scales) of groups 2l, 2l + 1.
-            let (s0, s1): ([S::I; 4], [S::I; 4]) = (
-                std::array::from_fn(|u| srow(4 * u, 4 * u + 2)),
-                std::array::from_fn(|u| srow(4 * u + 1, 4 * u + 3)),
-            );
+            let (mut s0, mut s1) = ([S::izero(); 4], [S::izero(); 4]);
+            for u in 0..4 {
+                s0[u] = S::rows_bytes::<true>(sc.add(8 * (4 * u)), sc.add(8 * (4 * u + 2)));
+                s1[u] = S::rows_bytes::<true>(sc.add(8 * (4 * u + 1)), sc.add(8 * (4 * u + 3)));
+            }
             for t in 0..NT {
                 let by = yb(&y, t, b);
                 let bs = |g: usize| by.bsums[g] as i32;
@@ -533,7 +552,10 @@ unsafe fn dot_q6_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
                 }
             }
         } else {
-            let sp: [S::I; 8] = std::array::from_fn(|u| srow(2 * u, 2 * u + 1));
+            let mut sp = [S::izero(); 8];
+            for (u, s) in sp.iter_mut().enumerate() {
+                *s = S::rows_bytes::<true>(sc.add(8 * (2 * u)), sc.add(8 * (2 * u + 1)));
+            }
             for t in 0..NT {
                 let by = yb(&y, t, b);
                 let bs = |g: usize| by.bsums[g] as i32;
@@ -548,14 +570,18 @@ unsafe fn dot_q6_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
             }
         }
     }
-    std::array::from_fn(|t| {
+    let mut out = [[0.0; 8]; NT];
+    for t in 0..NT {
         if order == Order::Vec {
-            hsum_rows::<S>(lanes_acc[t])
+            out[t] = hsum_rows::<S>(lanes_acc[t]);
         } else {
             let v = S::fstore(acc[t]);
-            std::array::from_fn(|r| v[2 * r])
+            for r in 0..8 {
+                out[t][r] = v[2 * r];
+            }
         }
-    })
+    }
+    out
 }
 
 /// Tokens per tile: a tile's activations stay in cache while every group of
