@@ -286,23 +286,29 @@ pub fn silu(x: f32) -> f32 {
 /// routine: n = round(x·log2 e), a degree-5 polynomial in the reduced
 /// argument, scaled by 2^n), not libm's `expf`. Past |n| > 192 it gives 0
 /// for n <= 0 and +inf otherwise (so exp(-inf) = 0).
+#[inline(always)]
 pub fn expf_ggml_v(x: f32) -> f32 {
+    // Branch-free (select at the end) so loops over it vectorize.
     const R: f32 = 12582912.0; // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8aa3b), R); // log2(e)
     let n = z - R;
     let b = (-n).mul_add(f32::from_bits(0x3f317200), x); // ln2 high
     let b = (-n).mul_add(f32::from_bits(0x35bfbe8e), b); // ln2 low
-    if n.abs() > 192.0 {
-        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
-    }
     let u = b * b;
     let p_hi = f32::from_bits(0x3c072010).mul_add(b, f32::from_bits(0x3d2b9f17));
     let p_mid = f32::from_bits(0x3e2aaf33).mul_add(b, f32::from_bits(0x3efffedb));
     let p_lo = f32::from_bits(0x3f7ffff6).mul_add(b, 1.0);
     let j = p_hi.mul_add(u, p_mid).mul_add(u, p_lo);
-    // _mm512_scalef_ps: j · 2^n with one rounding (exact in f64, then to f32).
+    // _mm512_scalef_ps: j · 2^n with one rounding (exact in f64, then to f32);
     // 2^n is exact in f64 for |n| <= 192.
-    (j as f64 * f64::from_bits(((n as i64 + 1023) as u64) << 52)) as f32
+    let nc = n.clamp(-192.0, 192.0);
+    let r = (j as f64 * f64::from_bits(((nc as i64 + 1023) as u64) << 52)) as f32;
+    let special = if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    if n.abs() > 192.0 {
+        special
+    } else {
+        r
+    }
 }
 
 /// SwiGLU as ggml's `ggml_vec_swiglu_f32` evaluates it on AVX-512, per row

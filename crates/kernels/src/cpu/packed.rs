@@ -147,8 +147,13 @@ impl PackedMatrix {
     }
 }
 
-#[derive(Clone, Copy)]
 struct SendPtr<T>(*mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
 unsafe impl<T> Send for SendPtr<T> {}
 unsafe impl<T> Sync for SendPtr<T> {}
 impl<T> SendPtr<T> {
@@ -261,8 +266,8 @@ fn pack_block(ty: GgmlType, src: &[&[u8]; GROUP], dst: &mut [u8]) {
 
 /// Activations quantized for one matmul, `blocks` blocks per token.
 enum Acts {
-    /// Q8_0 blocks and, per block, the sums of each group of 4 quants (for
-    /// the offset of unsigned Q4_0/Q5_0 weights).
+    /// Q8_0 blocks and, per block and group of 4 quants, `-off · Σ a` (the
+    /// offset correction of unsigned Q4_0/Q5_0 weights; zero for Q8_0).
     Q8_0(Vec<BlockQ8_0>, Vec<[i32; 8]>),
     Q8_1(Vec<BlockQ8_1>),
     /// Q8_K blocks; tokens below `gemm_rows` were quantized by the 4-row
@@ -279,45 +284,60 @@ enum Order {
     Batch,
 }
 
+/// Fills `out` (`n` tokens of `per_token` items) with `f(t, token's items)`,
+/// tokens split across the pool.
+fn par_tokens<B: Send>(out: &mut [B], n: usize, f: impl Fn(usize, &mut [B]) + Sync) {
+    let per_token = out.len() / n.max(1);
+    let ptr = SendPtr(out.as_mut_ptr());
+    let work = |range: std::ops::Range<usize>| {
+        for t in range {
+            // SAFETY: token t's items are written by one thread only.
+            let items = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(t * per_token), per_token) };
+            f(t, items);
+        }
+    };
+    let work = &work;
+    if n < 4 {
+        work(0..n);
+    } else {
+        pool::global().run(|i, nt| work(pool::share(n, i, nt)));
+    }
+}
+
 fn quantize_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Acts {
     use GgmlType::*;
+    let row = |t: usize| &x[t * cols..(t + 1) * cols];
     match ty {
         Q8_0 | Q4_0 | Q5_0 => {
             let mut b = vec![BlockQ8_0::default(); n * cols / QK];
-            for (row, out) in x.chunks_exact(cols).zip(b.chunks_exact_mut(cols / QK)) {
-                quantize_row_q8_0_x86(row, out);
-            }
-            let sums = b
+            par_tokens(&mut b, n, |t, out| quantize_row_q8_0_x86(row(t), out));
+            // Unsigned Q4_0/Q5_0 quants carry an offset: Σ (q - off)·a = Σ q·a - off·Σ a.
+            let off = match ty {
+                Q4_0 => 8,
+                Q5_0 => 16,
+                _ => 0,
+            };
+            let corr = b
                 .iter()
-                .map(|blk| {
-                    std::array::from_fn(|g| {
-                        blk.qs[4 * g..4 * g + 4].iter().map(|&q| q as i32).sum()
-                    })
-                })
+                .map(|blk| std::array::from_fn(|g| -off * blk.qs[4 * g..4 * g + 4].iter().map(|&q| q as i32).sum::<i32>()))
                 .collect();
-            Acts::Q8_0(b, sums)
+            Acts::Q8_0(b, corr)
         }
         Q4_1 => {
             let mut b = vec![BlockQ8_1::default(); n * cols / QK];
-            for (row, out) in x.chunks_exact(cols).zip(b.chunks_exact_mut(cols / QK)) {
-                quantize_row_q8_1_ref(row, out);
-            }
+            par_tokens(&mut b, n, |t, out| quantize_row_q8_1_ref(row(t), out));
             Acts::Q8_1(b)
         }
         Q4_K | Q6_K => {
             let gemm_rows = if ty == Q4_K { n - n % 4 } else { 0 };
             let mut b = vec![BlockQ8K::default(); n * cols / QK_K];
-            for (t, (row, out)) in x
-                .chunks_exact(cols)
-                .zip(b.chunks_exact_mut(cols / QK_K))
-                .enumerate()
-            {
+            par_tokens(&mut b, n, |t, out| {
                 if t < gemm_rows {
-                    quantize_row_q8_k_mat_x86(row, out);
+                    quantize_row_q8_k_mat_x86(row(t), out);
                 } else {
-                    quantize_row_q8_k_ref(row, out);
+                    quantize_row_q8_k_ref(row(t), out);
                 }
-            }
+            });
             Acts::Q8K(b, gemm_rows)
         }
         _ => unreachable!("packed types only"),
@@ -380,7 +400,7 @@ unsafe fn dot_q0<S: Simd, const NT: usize>(
             continue;
         }
         let q5 = ty == GgmlType::Q5_0;
-        let (off, units) = if q5 { (16, blk.add(48)) } else { (8, blk.add(16)) };
+        let units = if q5 { blk.add(48) } else { blk.add(16) };
         for u in 0..2 {
             let raw = S::load(units.add(64 * u));
             let (mut lo, mut hi) = (S::nib_lo(raw), S::nib_hi(raw));
@@ -390,9 +410,8 @@ unsafe fn dot_q0<S: Simd, const NT: usize>(
             }
             for (q, v) in [(lo, u), (hi, 2 + u)] {
                 for t in 0..NT {
-                    let gs = yb(&sums, t, b);
-                    let i = S::dot_u8(S::izero(), q, a64(&yb(&y, t, b).qs, 8 * v));
-                    let i = S::sub(i, S::splat2(off * gs[2 * v], off * gs[2 * v + 1]));
+                    let c = yb(&sums, t, b);
+                    let i = S::dot_u8(S::splat2(c[2 * v], c[2 * v + 1]), q, a64(&yb(&y, t, b).qs, 8 * v));
                     acc[t][v] = S::fma(d[t], S::cvt(i), acc[t][v]);
                 }
             }
