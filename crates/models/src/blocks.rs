@@ -237,19 +237,22 @@ fn attention_f16_flash(
                 idx.chunks(ROWS_PER_TASK).map(|c| (kvh, c.to_vec())).collect::<Vec<_>>()
             })
             .collect();
-        let results: Vec<Vec<f32>> = tasks
-            .par_iter()
-            .map(|(kvh, idx)| {
-                let rows: Vec<(&[f32], usize, usize)> = idx
-                    .iter()
-                    .map(|&i| {
-                        let qpos = p0 + i / s.n_heads;
-                        (&q[i * hd..(i + 1) * hd], qpos, cache.window_start(qpos))
-                    })
-                    .collect();
-                fa::tiled_rows(&rows, &source(*kvh), cells, p0 + t_len - 1, s.scale)
-            })
-            .collect();
+        // Tasks are taken dynamically by the threads of the forward pass's pool.
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let slots: Vec<std::sync::Mutex<Vec<f32>>> = tasks.iter().map(|_| Default::default()).collect();
+        hearth_kernels::pool::global().run(|_, _| loop {
+            let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some((kvh, idx)) = tasks.get(k) else { break };
+            let rows: Vec<(&[f32], usize, usize)> = idx
+                .iter()
+                .map(|&i| {
+                    let qpos = p0 + i / s.n_heads;
+                    (&q[i * hd..(i + 1) * hd], qpos, cache.window_start(qpos))
+                })
+                .collect();
+            *slots[k].lock().unwrap() = fa::tiled_rows(&rows, &source(*kvh), cells, p0 + t_len - 1, s.scale);
+        });
+        let results: Vec<Vec<f32>> = slots.into_iter().map(|m| m.into_inner().unwrap()).collect();
         for ((_, idx), res) in tasks.iter().zip(&results) {
             for (&i, row) in idx.iter().zip(res.chunks_exact(hd)) {
                 out[i * hd..(i + 1) * hd].copy_from_slice(row);
@@ -257,18 +260,35 @@ fn attention_f16_flash(
         }
         return;
     }
-    out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
-        let (t, h) = (idx / s.n_heads, idx % s.n_heads);
-        let src = source(h / group);
-        let qpos = p0 + t;
-        let lo = cache.window_start(qpos);
-        let qrow = &q[idx * hd..(idx + 1) * hd];
-        if t_len == 1 && fa::use_split_kv(cells, qpos) {
-            fa::split_kv_row(qrow, &src, cells, lo, qpos, s.scale, o);
-        } else {
-            fa::f16_row(qrow, &src, lo, qpos, s.scale, o);
+    // One output row per (token, head), rows split across the pool.
+    let rows = out.len() / hd;
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    hearth_kernels::pool::global().run(|i, n| {
+        for idx in hearth_kernels::pool::share(rows, i, n) {
+            // SAFETY: each row is written by one thread only.
+            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(idx * hd), hd) };
+            let (t, h) = (idx / s.n_heads, idx % s.n_heads);
+            let src = source(h / group);
+            let qpos = p0 + t;
+            let lo = cache.window_start(qpos);
+            let qrow = &q[idx * hd..(idx + 1) * hd];
+            if t_len == 1 && fa::use_split_kv(cells, qpos) {
+                fa::split_kv_row(qrow, &src, cells, lo, qpos, s.scale, o);
+            } else {
+                fa::f16_row(qrow, &src, lo, qpos, s.scale, o);
+            }
         }
     });
+}
+
+/// A raw pointer that may cross threads (each thread writes disjoint rows).
+struct SendPtr(*mut f32);
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
 }
 
 /// Rounds K or V rows to the cache precision (in place), so the chunk's own
