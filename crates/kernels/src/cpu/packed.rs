@@ -39,20 +39,18 @@ mod layout {
     pub const Q5_0: usize = 16 + 32 + 2 * 64;
     // Q4_1: d[8], m[8], 2 units.
     pub const Q4_1: usize = 32 + 2 * 64;
-    // Q4_K: d[8], dmin[8], scales[8][8][2] (sub-block j, row r, twice: one
-    // per lane of the row), mins[8][8][2], 16 units (pair p, u: bytes
-    // 32p + 8u.. of qs).
-    pub const Q4_K: usize = 32 + 128 + 128 + 16 * 64;
+    // Q4_K: d[8], dmin[8], scales[8][8] (sub-block j, row r), mins[8][8],
+    // 16 units (pair p, u: bytes 32p + 8u.. of qs).
+    pub const Q4_K: usize = 32 + 64 + 64 + 16 * 64;
     pub const Q4_K_SC: usize = 32;
-    pub const Q4_K_MN: usize = 160;
-    pub const Q4_K_QS: usize = 288;
-    // Q6_K: d[8], scales[16][8][2] (i8, twice per row), 16 ql units (half
-    // n, h, u: bytes 64n + 32h + 8u.. of ql), 8 qh units (n, u: bytes
-    // 32n + 8u.. of qh).
-    pub const Q6_K: usize = 16 + 256 + 16 * 64 + 8 * 64;
+    pub const Q4_K_MN: usize = 96;
+    pub const Q4_K_QS: usize = 160;
+    // Q6_K: d[8], scales[16][8] (i8), 16 ql units (half n, h, u: bytes
+    // 64n + 32h + 8u.. of ql), 8 qh units (n, u: bytes 32n + 8u.. of qh).
+    pub const Q6_K: usize = 16 + 128 + 16 * 64 + 8 * 64;
     pub const Q6_K_SC: usize = 16;
-    pub const Q6_K_QL: usize = 272;
-    pub const Q6_K_QH: usize = 272 + 16 * 64;
+    pub const Q6_K_QL: usize = 144;
+    pub const Q6_K_QH: usize = 144 + 16 * 64;
 }
 
 /// Bytes of one packed block of 8 rows, or `None` if the type has no packed kernels.
@@ -274,10 +272,8 @@ fn pack_block(ty: GgmlType, src: &[&[u8]; GROUP], dst: &mut [u8]) {
                 let scales: &[u8; 12] = s[4..16].try_into().unwrap();
                 for j in 0..8 {
                     let (sc, m) = scale_min_k4(j, scales);
-                    for h in 0..2 {
-                        dst[layout::Q4_K_SC + 16 * j + 2 * r + h] = sc;
-                        dst[layout::Q4_K_MN + 16 * j + 2 * r + h] = m;
-                    }
+                    dst[layout::Q4_K_SC + 8 * j + r] = sc;
+                    dst[layout::Q4_K_MN + 8 * j + r] = m;
                 }
             }
             for p in 0..4 {
@@ -295,8 +291,7 @@ fn pack_block(ty: GgmlType, src: &[&[u8]; GROUP], dst: &mut [u8]) {
             f16s(src, 208, &mut dst[..16]);
             for (r, s) in src.iter().enumerate() {
                 for g in 0..16 {
-                    dst[layout::Q6_K_SC + 16 * g + 2 * r] = s[192 + g];
-                    dst[layout::Q6_K_SC + 16 * g + 2 * r + 1] = s[192 + g];
+                    dst[layout::Q6_K_SC + 8 * g + r] = s[192 + g];
                 }
             }
             for n in 0..2 {
@@ -542,10 +537,10 @@ unsafe fn dot_q4_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
                 }
             }
             let (j0, j1) = (2 * p, 2 * p + 1);
-            let s0 = S::rows_dup::<false>(sc.add(16 * j0));
-            let s1 = S::rows_dup::<false>(sc.add(16 * j1));
-            let m0 = S::rows_dup::<false>(mn.add(16 * j0));
-            let m1 = S::rows_dup::<false>(mn.add(16 * j1));
+            let s0 = S::rows_bytes::<false>(sc.add(8 * j0), sc.add(8 * j0));
+            let s1 = S::rows_bytes::<false>(sc.add(8 * j1), sc.add(8 * j1));
+            let m0 = S::rows_bytes::<false>(mn.add(8 * j0), mn.add(8 * j0));
+            let m1 = S::rows_bytes::<false>(mn.add(8 * j1), mn.add(8 * j1));
             for t in 0..NT {
                 let by = yb(&y, t, b);
                 let bs = |j: usize| by.bsums[2 * j] as i32 + by.bsums[2 * j + 1] as i32;
@@ -600,7 +595,7 @@ unsafe fn dot_q6_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
                 for (k, q) in qs.into_iter().enumerate() {
                     let idx = 128 * n + 32 * k + 8 * u;
                     let g = idx / 16;
-                    let s = S::rows_dup::<true>(sc.add(16 * g));
+                    let s = S::rows_bytes::<true>(sc.add(8 * g), sc.add(8 * g));
                     for t in 0..NT {
                         l[t][u] = S::add(l[t][u], S::mul(S::dot_u8(S::izero(), q, a64(&yb(&y, t, b).qs, idx)), s));
                     }
@@ -612,8 +607,8 @@ unsafe fn dot_q6_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
             // Lane l (= 2u + h) subtracts 32·(bsums·scales) of groups 2l, 2l + 1.
             let (mut s0, mut s1) = ([S::izero(); 4], [S::izero(); 4]);
             for u in 0..4 {
-                s0[u] = S::rows_pair::<true>(sc.add(16 * (4 * u)), sc.add(16 * (4 * u + 2)));
-                s1[u] = S::rows_pair::<true>(sc.add(16 * (4 * u + 1)), sc.add(16 * (4 * u + 3)));
+                s0[u] = S::rows_bytes::<true>(sc.add(8 * (4 * u)), sc.add(8 * (4 * u + 2)));
+                s1[u] = S::rows_bytes::<true>(sc.add(8 * (4 * u + 1)), sc.add(8 * (4 * u + 3)));
             }
             for t in 0..NT {
                 let by = yb(&y, t, b);
@@ -631,7 +626,7 @@ unsafe fn dot_q6_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
         } else {
             let mut sp = [S::izero(); 8];
             for (u, s) in sp.iter_mut().enumerate() {
-                *s = S::rows_pair::<true>(sc.add(16 * (2 * u)), sc.add(16 * (2 * u + 1)));
+                *s = S::rows_bytes::<true>(sc.add(8 * (2 * u)), sc.add(8 * (2 * u + 1)));
             }
             for t in 0..NT {
                 let by = yb(&y, t, b);

@@ -154,10 +154,8 @@ pub trait Simd: Copy {
     unsafe fn shl(a: Self::I, n: u32) -> Self::I;
     /// Lane `2r + h` = `[lo, hi][h]`.
     unsafe fn splat2(lo: i32, hi: i32) -> Self::I;
-    /// Lane `l` = `p[l]` (16 bytes at `p`), zero-extended (`SIGNED`: sign-extended).
-    unsafe fn rows_dup<const SIGNED: bool>(p: *const u8) -> Self::I;
-    /// Lane `l` = `[p0, p1][l % 2][l]`, extended as in [`Simd::rows_dup`].
-    unsafe fn rows_pair<const SIGNED: bool>(p0: *const u8, p1: *const u8) -> Self::I;
+    /// Lane `2r + h` = `[p0, p1][h][r]`, bytes zero-extended (`SIGNED`: sign-extended).
+    unsafe fn rows_bytes<const SIGNED: bool>(p0: *const u8, p1: *const u8) -> Self::I;
     /// Both lanes of a row get the row's sum: lanes `2r`, `2r + 1` = `a[2r] + a[2r+1]`.
     unsafe fn pair_sum(a: Self::I) -> Self::I;
 

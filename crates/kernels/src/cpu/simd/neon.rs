@@ -37,22 +37,6 @@ impl Neon {
     }
 }
 
-impl Neon {
-    /// 16 bytes to 16 i32 lanes.
-    #[inline]
-    #[target_feature(enable = "neon")]
-    unsafe fn widen<const SIGNED: bool>(x: uint8x16_t) -> [int32x4_t; 4] {
-        if SIGNED {
-            let (w0, w1) = (vmovl_s8(vget_low_s8(vreinterpretq_s8_u8(x))), vmovl_s8(vget_high_s8(vreinterpretq_s8_u8(x))));
-            [vmovl_s16(vget_low_s16(w0)), vmovl_s16(vget_high_s16(w0)), vmovl_s16(vget_low_s16(w1)), vmovl_s16(vget_high_s16(w1))]
-        } else {
-            let (w0, w1) = (vmovl_u8(vget_low_u8(x)), vmovl_u8(vget_high_u8(x)));
-            let f = |x: uint16x4_t| vreinterpretq_s32_u32(vmovl_u16(x));
-            [f(vget_low_u16(w0)), f(vget_high_u16(w0)), f(vget_low_u16(w1)), f(vget_high_u16(w1))]
-        }
-    }
-}
-
 impl Simd for Neon {
     type U = [uint8x16_t; 4];
     type I = [int32x4_t; 4];
@@ -112,12 +96,17 @@ impl Simd for Neon {
             let v = vreinterpretq_s32_u64(vdupq_n_u64(((hi as u32 as u64) << 32) | lo as u32 as u64));
             [v; 4]
         }
-        unsafe fn rows_dup<const SIGNED: bool>(p: *const u8) -> [int32x4_t; 4] {
-            Self::widen::<SIGNED>(vld1q_u8(p))
-        }
-        unsafe fn rows_pair<const SIGNED: bool>(p0: *const u8, p1: *const u8) -> [int32x4_t; 4] {
-            let odd = vreinterpretq_u8_u16(vdupq_n_u16(0xff00));
-            Self::widen::<SIGNED>(vbslq_u8(odd, vld1q_u8(p1), vld1q_u8(p0)))
+        unsafe fn rows_bytes<const SIGNED: bool>(p0: *const u8, p1: *const u8) -> [int32x4_t; 4] {
+            let (x0, x1) = (vld1_u8(p0), vld1_u8(p1));
+            let (z0, z1) = (vzip1_u8(x0, x1), vzip2_u8(x0, x1));
+            if SIGNED {
+                let (w0, w1) = (vmovl_s8(vreinterpret_s8_u8(z0)), vmovl_s8(vreinterpret_s8_u8(z1)));
+                [vmovl_s16(vget_low_s16(w0)), vmovl_s16(vget_high_s16(w0)), vmovl_s16(vget_low_s16(w1)), vmovl_s16(vget_high_s16(w1))]
+            } else {
+                let (w0, w1) = (vmovl_u8(z0), vmovl_u8(z1));
+                let f = |x: uint16x4_t| vreinterpretq_s32_u32(vmovl_u16(x));
+                [f(vget_low_u16(w0)), f(vget_high_u16(w0)), f(vget_low_u16(w1)), f(vget_high_u16(w1))]
+            }
         }
         unsafe fn pair_sum(a: [int32x4_t; 4]) -> [int32x4_t; 4] {
             each!(|x| vaddq_s32(x, vrev64q_s32(x)), a)

@@ -70,12 +70,9 @@ impl Simd for Scalar {
     unsafe fn splat2(lo: i32, hi: i32) -> [i32; 16] {
         lanes(|l| if l % 2 == 0 { lo } else { hi })
     }
-    unsafe fn rows_dup<const SIGNED: bool>(p: *const u8) -> [i32; 16] {
-        Self::rows_pair::<SIGNED>(p, p)
-    }
-    unsafe fn rows_pair<const SIGNED: bool>(p0: *const u8, p1: *const u8) -> [i32; 16] {
+    unsafe fn rows_bytes<const SIGNED: bool>(p0: *const u8, p1: *const u8) -> [i32; 16] {
         lanes(|l| {
-            let b = *[p0, p1][l % 2].add(l);
+            let b = *[p0, p1][l % 2].add(l / 2);
             if SIGNED {
                 b as i8 as i32
             } else {

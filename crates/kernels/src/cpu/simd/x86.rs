@@ -68,21 +68,12 @@ impl Simd for Avx512 {
         unsafe fn splat2(lo: i32, hi: i32) -> __m512i {
             _mm512_set1_epi64((((hi as u32 as u64) << 32) | lo as u32 as u64) as i64)
         }
-        unsafe fn rows_dup<const SIGNED: bool>(p: *const u8) -> __m512i {
-            let x = _mm_loadu_si128(p as *const _);
+        unsafe fn rows_bytes<const SIGNED: bool>(p0: *const u8, p1: *const u8) -> __m512i {
+            let il = _mm_unpacklo_epi8(_mm_loadl_epi64(p0 as *const _), _mm_loadl_epi64(p1 as *const _));
             if SIGNED {
-                _mm512_cvtepi8_epi32(x)
+                _mm512_cvtepi8_epi32(il)
             } else {
-                _mm512_cvtepu8_epi32(x)
-            }
-        }
-        unsafe fn rows_pair<const SIGNED: bool>(p0: *const u8, p1: *const u8) -> __m512i {
-            let odd = _mm_set1_epi16(0xff00u16 as i16);
-            let x = _mm_blendv_epi8(_mm_loadu_si128(p0 as *const _), _mm_loadu_si128(p1 as *const _), odd);
-            if SIGNED {
-                _mm512_cvtepi8_epi32(x)
-            } else {
-                _mm512_cvtepu8_epi32(x)
+                _mm512_cvtepu8_epi32(il)
             }
         }
         unsafe fn pair_sum(a: __m512i) -> __m512i {
@@ -218,22 +209,13 @@ impl Simd for Avx2 {
         unsafe fn splat2(lo: i32, hi: i32) -> [__m256i; 2] {
             [_mm256_set1_epi64x((((hi as u32 as u64) << 32) | lo as u32 as u64) as i64); 2]
         }
-        unsafe fn rows_dup<const SIGNED: bool>(p: *const u8) -> [__m256i; 2] {
-            let (lo, hi) = (_mm_loadl_epi64(p as *const _), _mm_loadl_epi64(p.add(8) as *const _));
+        unsafe fn rows_bytes<const SIGNED: bool>(p0: *const u8, p1: *const u8) -> [__m256i; 2] {
+            let il = _mm_unpacklo_epi8(_mm_loadl_epi64(p0 as *const _), _mm_loadl_epi64(p1 as *const _));
+            let hi = _mm_srli_si128::<8>(il);
             if SIGNED {
-                [_mm256_cvtepi8_epi32(lo), _mm256_cvtepi8_epi32(hi)]
+                [_mm256_cvtepi8_epi32(il), _mm256_cvtepi8_epi32(hi)]
             } else {
-                [_mm256_cvtepu8_epi32(lo), _mm256_cvtepu8_epi32(hi)]
-            }
-        }
-        unsafe fn rows_pair<const SIGNED: bool>(p0: *const u8, p1: *const u8) -> [__m256i; 2] {
-            let odd = _mm_set1_epi16(0xff00u16 as i16);
-            let x = _mm_blendv_epi8(_mm_loadu_si128(p0 as *const _), _mm_loadu_si128(p1 as *const _), odd);
-            let hi = _mm_srli_si128::<8>(x);
-            if SIGNED {
-                [_mm256_cvtepi8_epi32(x), _mm256_cvtepi8_epi32(hi)]
-            } else {
-                [_mm256_cvtepu8_epi32(x), _mm256_cvtepu8_epi32(hi)]
+                [_mm256_cvtepu8_epi32(il), _mm256_cvtepu8_epi32(hi)]
             }
         }
         unsafe fn pair_sum(a: [__m256i; 2]) -> [__m256i; 2] {
