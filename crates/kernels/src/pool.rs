@@ -188,12 +188,26 @@ static GLOBAL: OnceLock<ThreadPool> = OnceLock::new();
 
 /// Sizes the process-wide pool; returns false if it already exists.
 pub fn init_global(n_threads: usize) -> bool {
+    tune_allocator();
     GLOBAL.set(ThreadPool::new(n_threads)).is_ok()
+}
+
+/// Keeps freed activation buffers in the process (glibc otherwise returns
+/// every large block to the kernel with munmap, and each forward step pays
+/// page faults and page zeroing for its multi-megabyte buffers again).
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator thresholds.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
 }
 
 /// The process-wide pool (all available cores unless `init_global` ran first).
 pub fn global() -> &'static ThreadPool {
     GLOBAL.get_or_init(|| {
+        tune_allocator();
         ThreadPool::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
     })
 }

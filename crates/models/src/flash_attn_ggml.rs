@@ -244,12 +244,17 @@ pub(crate) fn tiled_rows(rows: &[(&[f32], usize, usize)], src: &KvSource, cells:
             if !valid.iter().any(|&v| v) {
                 continue;
             }
+            // 32 keys at a time, so the accumulators stay in registers.
             let mut kq = [0.0f32; KV_TILE];
-            for (d, &qd) in q.iter().enumerate() {
-                let krow = &kt[d * KV_TILE..(d + 1) * KV_TILE];
-                for (acc, &k) in kq.iter_mut().zip(krow) {
-                    *acc = qd.mul_add(k, *acc);
+            for (kb, chunk) in kq.chunks_exact_mut(32).enumerate() {
+                let mut a = [0.0f32; 32];
+                for (d, &qd) in q.iter().enumerate() {
+                    let krow: &[f32; 32] = kt[d * KV_TILE + 32 * kb..][..32].try_into().unwrap();
+                    for j in 0..32 {
+                        a[j] = qd.mul_add(krow[j], a[j]);
+                    }
                 }
+                chunk.copy_from_slice(&a);
             }
             for (score, &ok) in kq.iter_mut().zip(&valid) {
                 *score = if ok { *score * scale } else { f32::NEG_INFINITY };
@@ -274,9 +279,24 @@ pub(crate) fn tiled_rows(rows: &[(&[f32], usize, usize)], src: &KvSource, cells:
                 tile_sum += reduce_add_16(lanes) as f64;
             }
             *s = (*s as f64 + tile_sum) as f32;
+            // Σ p·v, 32 output values at a time over all cells (each value's
+            // chain still runs over the cells in order).
+            let whole = hd - hd % 32;
+            for dc in (0..whole).step_by(32) {
+                let mut a: [f32; 32] = out[dc..dc + 32].try_into().unwrap();
+                for (i, &p) in kq.iter().enumerate() {
+                    if p != 0.0 {
+                        let v: &[f32; 32] = vt[i * hd + dc..][..32].try_into().unwrap();
+                        for j in 0..32 {
+                            a[j] = p.mul_add(v[j], a[j]);
+                        }
+                    }
+                }
+                out[dc..dc + 32].copy_from_slice(&a);
+            }
             for (i, &p) in kq.iter().enumerate() {
                 if p != 0.0 {
-                    out.iter_mut().zip(&vt[i * hd..(i + 1) * hd]).for_each(|(a, &v)| *a = p.mul_add(v, *a));
+                    out[whole..].iter_mut().zip(&vt[i * hd + whole..(i + 1) * hd]).for_each(|(a, &v)| *a = p.mul_add(v, *a));
                 }
             }
         }

@@ -78,7 +78,58 @@ pub struct PackedMatrix {
     /// Quantization blocks per row.
     pub blocks: usize,
     block_bytes: usize,
-    data: Vec<u8>,
+    data: HugeBuf,
+}
+
+/// A zeroed byte buffer aligned to 2 MiB and, on Linux, backed by
+/// transparent huge pages where the kernel allows (`MADV_HUGEPAGE`):
+/// streaming a gigabyte of weights per token through 4 KiB pages costs a
+/// TLB miss every 4 KiB.
+struct HugeBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+unsafe impl Send for HugeBuf {}
+unsafe impl Sync for HugeBuf {}
+
+impl HugeBuf {
+    const ALIGN: usize = 2 << 20;
+
+    fn zeroed(len: usize) -> HugeBuf {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), Self::ALIGN).expect("buffer size");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        let Some(ptr) = std::ptr::NonNull::new(ptr) else { std::alloc::handle_alloc_error(layout) };
+        #[cfg(target_os = "linux")]
+        // SAFETY: advice on memory we own; failure is harmless.
+        unsafe {
+            libc::madvise(ptr.as_ptr() as *mut libc::c_void, layout.size(), libc::MADV_HUGEPAGE);
+        }
+        // SAFETY: `len` bytes were allocated.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
+        HugeBuf { ptr, len }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for HugeBuf {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len.max(1), Self::ALIGN).expect("buffer size");
+        // SAFETY: allocated in `zeroed` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+    }
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -104,7 +155,7 @@ impl PackedMatrix {
             return None;
         }
         let (groups, blocks) = (m.rows / GROUP, m.cols / m.ty.block_size());
-        let mut data = vec![0u8; groups * blocks * pb];
+        let mut data = HugeBuf::zeroed(groups * blocks * pb);
         let ts = m.ty.type_size();
         let fill = |g: usize, out: &mut [u8]| {
             for b in 0..blocks {
@@ -143,12 +194,19 @@ impl PackedMatrix {
     }
 
     fn group(&self, g: usize) -> *const u8 {
-        self.data[g * self.blocks * self.block_bytes..].as_ptr()
+        assert!(g < self.groups);
+        // SAFETY: in bounds (groups * blocks * block_bytes bytes).
+        unsafe { self.data.as_ptr().add(g * self.blocks * self.block_bytes) }
     }
 }
 
-#[derive(Clone, Copy)]
 struct SendPtr<T>(*mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
 unsafe impl<T> Send for SendPtr<T> {}
 unsafe impl<T> Sync for SendPtr<T> {}
 impl<T> SendPtr<T> {
@@ -261,8 +319,8 @@ fn pack_block(ty: GgmlType, src: &[&[u8]; GROUP], dst: &mut [u8]) {
 
 /// Activations quantized for one matmul, `blocks` blocks per token.
 enum Acts {
-    /// Q8_0 blocks and, per block, the sums of each group of 4 quants (for
-    /// the offset of unsigned Q4_0/Q5_0 weights).
+    /// Q8_0 blocks and, per block and group of 4 quants, `-off · Σ a` (the
+    /// offset correction of unsigned Q4_0/Q5_0 weights; zero for Q8_0).
     Q8_0(Vec<BlockQ8_0>, Vec<[i32; 8]>),
     Q8_1(Vec<BlockQ8_1>),
     /// Q8_K blocks; tokens below `gemm_rows` were quantized by the 4-row
@@ -279,54 +337,91 @@ enum Order {
     Batch,
 }
 
+/// Fills `out` (`n` tokens of `per_token` items) with `f(t, token's items)`,
+/// tokens split across the pool.
+fn par_tokens<B: Send>(out: &mut [B], n: usize, f: impl Fn(usize, &mut [B]) + Sync) {
+    let per_token = out.len() / n.max(1);
+    let ptr = SendPtr(out.as_mut_ptr());
+    let work = |range: std::ops::Range<usize>| {
+        for t in range {
+            // SAFETY: token t's items are written by one thread only.
+            let items = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(t * per_token), per_token) };
+            f(t, items);
+        }
+    };
+    let work = &work;
+    if n < 4 {
+        work(0..n);
+    } else {
+        pool::global().run(|i, nt| work(pool::share(n, i, nt)));
+    }
+}
+
 fn quantize_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Acts {
     use GgmlType::*;
+    let row = |t: usize| &x[t * cols..(t + 1) * cols];
     match ty {
         Q8_0 | Q4_0 | Q5_0 => {
             let mut b = vec![BlockQ8_0::default(); n * cols / QK];
-            for (row, out) in x.chunks_exact(cols).zip(b.chunks_exact_mut(cols / QK)) {
-                quantize_row_q8_0_x86(row, out);
-            }
-            let sums = b
+            par_tokens(&mut b, n, |t, out| quantize_row_q8_0_x86(row(t), out));
+            // Unsigned Q4_0/Q5_0 quants carry an offset: Σ (q - off)·a = Σ q·a - off·Σ a.
+            let off = match ty {
+                Q4_0 => 8,
+                Q5_0 => 16,
+                _ => 0,
+            };
+            let corr = b
                 .iter()
-                .map(|blk| {
-                    std::array::from_fn(|g| {
-                        blk.qs[4 * g..4 * g + 4].iter().map(|&q| q as i32).sum()
-                    })
-                })
+                .map(|blk| std::array::from_fn(|g| -off * blk.qs[4 * g..4 * g + 4].iter().map(|&q| q as i32).sum::<i32>()))
                 .collect();
-            Acts::Q8_0(b, sums)
+            Acts::Q8_0(b, corr)
         }
         Q4_1 => {
             let mut b = vec![BlockQ8_1::default(); n * cols / QK];
-            for (row, out) in x.chunks_exact(cols).zip(b.chunks_exact_mut(cols / QK)) {
-                quantize_row_q8_1_ref(row, out);
-            }
+            par_tokens(&mut b, n, |t, out| quantize_row_q8_1_ref(row(t), out));
             Acts::Q8_1(b)
         }
         Q4_K | Q6_K => {
             let gemm_rows = if ty == Q4_K { n - n % 4 } else { 0 };
             let mut b = vec![BlockQ8K::default(); n * cols / QK_K];
-            for (t, (row, out)) in x
-                .chunks_exact(cols)
-                .zip(b.chunks_exact_mut(cols / QK_K))
-                .enumerate()
-            {
+            par_tokens(&mut b, n, |t, out| {
                 if t < gemm_rows {
-                    quantize_row_q8_k_mat_x86(row, out);
+                    quantize_row_q8_k_mat_x86(row(t), out);
                 } else {
-                    quantize_row_q8_k_ref(row, out);
+                    quantize_row_q8_k_ref(row(t), out);
                 }
-            }
+            });
             Acts::Q8K(b, gemm_rows)
         }
         _ => unreachable!("packed types only"),
     }
 }
 
+/// The 8 activation bytes at `off` as a little-endian u64.
 #[inline(always)]
-fn a64(qs: &[i8], off: usize) -> u64 {
-    u64::from_le_bytes(std::array::from_fn(|i| qs[off + i] as u8))
+fn a64<const N: usize>(qs: &[i8; N], off: usize) -> u64 {
+    assert!(off + 8 <= N);
+    // SAFETY: in bounds (checked above; `off` is a constant per unrolled loop).
+    unsafe { std::ptr::read_unaligned(qs.as_ptr().add(off) as *const u64) }
+}
+
+/// Block `b` of token `t`'s row (callers loop `b` below the row length).
+#[inline(always)]
+unsafe fn yb<'a, B, const NT: usize>(y: &[&'a [B]; NT], t: usize, b: usize) -> &'a B {
+    &*(y[t].as_ptr().add(b))
+}
+
+/// Prefetches the block two blocks ahead (`pb` bytes per block): decode
+/// streams the weights once, and the hardware prefetcher restarts at every
+/// matmul.
+#[inline(always)]
+unsafe fn prefetch_ahead<S: Simd>(blk: *const u8, pb: usize) {
+    let ahead = blk.wrapping_add(2 * pb);
+    let mut off = 0;
+    while off < pb {
+        S::prefetch(ahead.wrapping_add(off));
+        off += 64;
+    }
 }
 
 /// `hsum_float_8` of each row's eight lanes, which live in four vectors
@@ -337,147 +432,172 @@ unsafe fn hsum_rows<S: Simd>(acc: [S::F; 4]) -> [f32; 8] {
     std::array::from_fn(|r| s[2 * r] + s[2 * r + 1])
 }
 
-/// Q8_0 / Q4_0 / Q5_0 weights · Q8_0 activations, one group, one token.
+/// The kernels below compute one group of 8 rows against `NT` tokens at
+/// once: every weight unit is loaded and unpacked once and used for all of
+/// them. Each token's arithmetic is exactly the single-token order.
+
+/// Q8_0 / Q4_0 / Q5_0 weights · Q8_0 activations.
 #[inline(always)]
-unsafe fn dot_q0<S: Simd>(
+unsafe fn dot_q0<S: Simd, const NT: usize>(
     ty: GgmlType,
     w: *const u8,
-    y: &[BlockQ8_0],
-    sums: &[[i32; 8]],
-) -> [f32; 8] {
-    let mut acc = [S::fzero(); 4];
+    y: [&[BlockQ8_0]; NT],
+    sums: [&[[i32; 8]]; NT],
+) -> [[f32; 8]; NT] {
+    let mut acc = [[S::fzero(); 4]; NT];
     let pb = packed_block_bytes(ty).unwrap_or(0);
-    for (b, (by, gs)) in y.iter().zip(sums).enumerate() {
+    assert!(sums.iter().all(|r| r.len() == y[0].len()));
+    assert!(y.iter().all(|r| r.len() == y[0].len()));
+    for b in 0..y[0].len() {
         let blk = w.add(b * pb);
-        let d = S::fmul(S::rows_f16(blk), S::fsplat(by.d.to_f32()));
-        match ty {
-            GgmlType::Q8_0 => {
-                for (u, a) in acc.iter_mut().enumerate() {
-                    let i = S::dot_i8(
-                        S::izero(),
-                        S::load(blk.add(16 + 64 * u)),
-                        a64(&by.qs, 8 * u),
-                    );
-                    *a = S::fma(d, S::cvt(i), *a);
+        prefetch_ahead::<S>(blk, pb);
+        let dx = S::rows_f16(blk);
+        let mut d = [S::fzero(); NT];
+        for t in 0..NT {
+            d[t] = S::fmul(dx, S::fsplat(yb(&y, t, b).d.to_f32()));
+        }
+        if ty == GgmlType::Q8_0 {
+            for u in 0..4 {
+                let q = S::load(blk.add(16 + 64 * u));
+                for t in 0..NT {
+                    let i = S::dot_i8(S::izero(), q, a64(&yb(&y, t, b).qs, 8 * u));
+                    acc[t][u] = S::fma(d[t], S::cvt(i), acc[t][u]);
                 }
             }
-            _ => {
-                let q5 = ty == GgmlType::Q5_0;
-                let (off, units) = if q5 {
-                    (16, blk.add(48))
-                } else {
-                    (8, blk.add(16))
-                };
-                for u in 0..2 {
-                    let raw = S::load(units.add(64 * u));
-                    let (mut lo, mut hi) = (S::nib_lo(raw), S::nib_hi(raw));
-                    if q5 {
-                        lo = S::set_bit4(
-                            lo,
-                            std::ptr::read_unaligned(blk.add(16 + 8 * u) as *const u64),
-                        );
-                        hi = S::set_bit4(
-                            hi,
-                            std::ptr::read_unaligned(blk.add(16 + 8 * (2 + u)) as *const u64),
-                        );
-                    }
-                    for (half, q, s) in [(0, lo, u), (2, hi, 2 + u)] {
-                        let _ = half;
-                        let i = S::dot_u8(S::izero(), q, a64(&by.qs, 8 * s));
-                        let i = S::sub(i, S::splat2(off * gs[2 * s], off * gs[2 * s + 1]));
-                        acc[s] = S::fma(d, S::cvt(i), acc[s]);
-                    }
+            continue;
+        }
+        let q5 = ty == GgmlType::Q5_0;
+        let units = if q5 { blk.add(48) } else { blk.add(16) };
+        for u in 0..2 {
+            let raw = S::load(units.add(64 * u));
+            let (mut lo, mut hi) = (S::nib_lo(raw), S::nib_hi(raw));
+            if q5 {
+                lo = S::set_bit4(lo, std::ptr::read_unaligned(blk.add(16 + 8 * u) as *const u64));
+                hi = S::set_bit4(hi, std::ptr::read_unaligned(blk.add(16 + 8 * (2 + u)) as *const u64));
+            }
+            for (q, v) in [(lo, u), (hi, 2 + u)] {
+                for t in 0..NT {
+                    let c = yb(&sums, t, b);
+                    let i = S::dot_u8(S::splat2(c[2 * v], c[2 * v + 1]), q, a64(&yb(&y, t, b).qs, 8 * v));
+                    acc[t][v] = S::fma(d[t], S::cvt(i), acc[t][v]);
                 }
             }
         }
     }
-    hsum_rows::<S>(acc)
+    let mut out = [[0.0; 8]; NT];
+    for t in 0..NT {
+        out[t] = hsum_rows::<S>(acc[t]);
+    }
+    out
 }
 
-/// Q4_1 weights · Q8_1 activations, one group, one token.
+/// Q4_1 weights · Q8_1 activations.
 #[inline(always)]
-unsafe fn dot_q4_1<S: Simd>(w: *const u8, y: &[BlockQ8_1]) -> [f32; 8] {
-    let (mut acc, mut summs) = ([S::fzero(); 4], S::fzero());
-    for (b, by) in y.iter().enumerate() {
+unsafe fn dot_q4_1<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8_1]; NT]) -> [[f32; 8]; NT] {
+    let (mut acc, mut summs) = ([[S::fzero(); 4]; NT], [S::fzero(); NT]);
+    assert!(y.iter().all(|r| r.len() == y[0].len()));
+    for b in 0..y[0].len() {
         let blk = w.add(b * layout::Q4_1);
-        summs = S::fma(S::rows_f16(blk.add(16)), S::fsplat(by.s), summs);
-        let d = S::fmul(S::rows_f16(blk), S::fsplat(by.d));
+        prefetch_ahead::<S>(blk, layout::Q4_1);
+        let (dx, mx) = (S::rows_f16(blk), S::rows_f16(blk.add(16)));
+        let mut d = [S::fzero(); NT];
+        for t in 0..NT {
+            summs[t] = S::fma(mx, S::fsplat(yb(&y, t, b).s), summs[t]);
+            d[t] = S::fmul(dx, S::fsplat(yb(&y, t, b).d));
+        }
         for u in 0..2 {
             let raw = S::load(blk.add(32 + 64 * u));
-            for (q, s) in [(S::nib_lo(raw), u), (S::nib_hi(raw), 2 + u)] {
-                let i = S::dot_u8(S::izero(), q, a64(&by.qs, 8 * s));
-                acc[s] = S::fma(d, S::cvt(i), acc[s]);
+            for (q, v) in [(S::nib_lo(raw), u), (S::nib_hi(raw), 2 + u)] {
+                for t in 0..NT {
+                    let i = S::dot_u8(S::izero(), q, a64(&yb(&y, t, b).qs, 8 * v));
+                    acc[t][v] = S::fma(d[t], S::cvt(i), acc[t][v]);
+                }
             }
         }
     }
-    let (h, m) = (hsum_rows::<S>(acc), S::fstore(summs));
-    std::array::from_fn(|r| h[r] + m[2 * r])
+    let mut out = [[0.0; 8]; NT];
+    for t in 0..NT {
+        let (h, m) = (hsum_rows::<S>(acc[t]), S::fstore(summs[t]));
+        for r in 0..8 {
+            out[t][r] = h[r] + m[2 * r];
+        }
+    }
+    out
 }
 
 /// Q4_K weights · Q8_K activations (llama.cpp's repacked gemv or gemm order).
 #[inline(always)]
-unsafe fn dot_q4_k<S: Simd>(w: *const u8, y: &[BlockQ8K], order: Order) -> [f32; 8] {
-    let (mut acc, mut acc_m) = (S::fzero(), S::fzero());
-    for (b, by) in y.iter().enumerate() {
+unsafe fn dot_q4_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT], order: Order) -> [[f32; 8]; NT] {
+    let (mut acc, mut acc_m) = ([S::fzero(); NT], [S::fzero(); NT]);
+    assert!(y.iter().all(|r| r.len() == y[0].len()));
+    for b in 0..y[0].len() {
         let blk = w.add(b * layout::Q4_K);
-        let dy = S::fsplat(by.d);
-        let (d, dmin) = (
-            S::fmul(S::rows_f16(blk), dy),
-            S::fmul(S::rows_f16(blk.add(16)), dy),
-        );
-        let (sc, mn, qs) = (
-            blk.add(layout::Q4_K_SC),
-            blk.add(layout::Q4_K_MN),
-            blk.add(layout::Q4_K_QS),
-        );
-        let (mut isum, mut msum) = (S::izero(), S::izero());
+        prefetch_ahead::<S>(blk, layout::Q4_K);
+        let (dx, dmx) = (S::rows_f16(blk), S::rows_f16(blk.add(16)));
+        let (mut d, mut dmin) = ([S::fzero(); NT], [S::fzero(); NT]);
+        for t in 0..NT {
+            let dy = S::fsplat(yb(&y, t, b).d);
+            d[t] = S::fmul(dx, dy);
+            dmin[t] = S::fmul(dmx, dy);
+        }
+        let (sc, mn, qs) = (blk.add(layout::Q4_K_SC), blk.add(layout::Q4_K_MN), blk.add(layout::Q4_K_QS));
+        let (mut isum, mut msum) = ([S::izero(); NT], [S::izero(); NT]);
         for p in 0..4 {
-            let (mut il, mut ih) = (S::izero(), S::izero());
+            let (mut il, mut ih) = ([S::izero(); NT], [S::izero(); NT]);
             for u in 0..4 {
                 let raw = S::load(qs.add(64 * (4 * p + u)));
-                il = S::dot_u8(il, S::nib_lo(raw), a64(&by.qs, 64 * p + 8 * u));
-                ih = S::dot_u8(ih, S::nib_hi(raw), a64(&by.qs, 64 * p + 32 + 8 * u));
+                let (lo, hi) = (S::nib_lo(raw), S::nib_hi(raw));
+                for t in 0..NT {
+                    il[t] = S::dot_u8(il[t], lo, a64(&yb(&y, t, b).qs, 64 * p + 8 * u));
+                    ih[t] = S::dot_u8(ih[t], hi, a64(&yb(&y, t, b).qs, 64 * p + 32 + 8 * u));
+                }
             }
             let (j0, j1) = (2 * p, 2 * p + 1);
             let s0 = S::rows_bytes::<false>(sc.add(8 * j0), sc.add(8 * j0));
             let s1 = S::rows_bytes::<false>(sc.add(8 * j1), sc.add(8 * j1));
-            let pi = S::add(S::mul(il, s0), S::mul(ih, s1));
-            let bs = |j: usize| by.bsums[2 * j] as i32 + by.bsums[2 * j + 1] as i32;
             let m0 = S::rows_bytes::<false>(mn.add(8 * j0), mn.add(8 * j0));
             let m1 = S::rows_bytes::<false>(mn.add(8 * j1), mn.add(8 * j1));
-            let pm = S::add(
-                S::mul(m0, S::splat2(bs(j0), bs(j0))),
-                S::mul(m1, S::splat2(bs(j1), bs(j1))),
-            );
-            if order == Order::Batch {
-                acc = S::fma(S::cvt(S::pair_sum(pi)), d, acc);
-                acc_m = S::fma(S::cvt(pm), dmin, acc_m);
-            } else {
-                isum = S::add(isum, pi);
-                msum = S::add(msum, pm);
+            for t in 0..NT {
+                let by = yb(&y, t, b);
+                let bs = |j: usize| by.bsums[2 * j] as i32 + by.bsums[2 * j + 1] as i32;
+                let pi = S::add(S::mul(il[t], s0), S::mul(ih[t], s1));
+                let pm = S::add(S::mul(m0, S::splat2(bs(j0), bs(j0))), S::mul(m1, S::splat2(bs(j1), bs(j1))));
+                if order == Order::Batch {
+                    acc[t] = S::fma(S::cvt(S::pair_sum(pi)), d[t], acc[t]);
+                    acc_m[t] = S::fma(S::cvt(pm), dmin[t], acc_m[t]);
+                } else {
+                    isum[t] = S::add(isum[t], pi);
+                    msum[t] = S::add(msum[t], pm);
+                }
             }
         }
         if order == Order::Vec {
-            acc = S::fma(S::cvt(S::pair_sum(isum)), d, acc);
-            acc_m = S::fma(S::cvt(msum), dmin, acc_m);
+            for t in 0..NT {
+                acc[t] = S::fma(S::cvt(S::pair_sum(isum[t])), d[t], acc[t]);
+                acc_m[t] = S::fma(S::cvt(msum[t]), dmin[t], acc_m[t]);
+            }
         }
     }
-    let v = S::fstore(S::fsub(acc, acc_m));
-    std::array::from_fn(|r| v[2 * r])
+    let mut out = [[0.0; 8]; NT];
+    for t in 0..NT {
+        let v = S::fstore(S::fsub(acc[t], acc_m[t]));
+        for r in 0..8 {
+            out[t][r] = v[2 * r];
+        }
+    }
+    out
 }
 
 /// Q6_K weights · Q8_K activations (`vec_dot` lanes, or the tiled per-block order).
 #[inline(always)]
-unsafe fn dot_q6_k<S: Simd>(w: *const u8, y: &[BlockQ8K], order: Order) -> [f32; 8] {
-    let (mut lanes_acc, mut acc) = ([S::fzero(); 4], S::fzero());
-    for (b, by) in y.iter().enumerate() {
+unsafe fn dot_q6_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT], order: Order) -> [[f32; 8]; NT] {
+    let (mut lanes_acc, mut acc) = ([[S::fzero(); 4]; NT], [S::fzero(); NT]);
+    assert!(y.iter().all(|r| r.len() == y[0].len()));
+    for b in 0..y[0].len() {
         let blk = w.add(b * layout::Q6_K);
-        let (sc, ql, qh) = (
-            blk.add(layout::Q6_K_SC),
-            blk.add(layout::Q6_K_QL),
-            blk.add(layout::Q6_K_QH),
-        );
-        let mut l = [S::izero(); 4];
+        prefetch_ahead::<S>(blk, layout::Q6_K);
+        let (sc, ql, qh) = (blk.add(layout::Q6_K_SC), blk.add(layout::Q6_K_QL), blk.add(layout::Q6_K_QH));
+        let mut l = [[S::izero(); 4]; NT];
         for n in 0..2 {
             for u in 0..4 {
                 let h = S::load(qh.add(64 * (4 * n + u)));
@@ -493,89 +613,108 @@ unsafe fn dot_q6_k<S: Simd>(w: *const u8, y: &[BlockQ8K], order: Order) -> [f32;
                     let idx = 128 * n + 32 * k + 8 * u;
                     let g = idx / 16;
                     let s = S::rows_bytes::<true>(sc.add(8 * g), sc.add(8 * g));
-                    l[u] = S::add(l[u], S::mul(S::dot_u8(S::izero(), q, a64(&by.qs, idx)), s));
+                    for t in 0..NT {
+                        l[t][u] = S::add(l[t][u], S::mul(S::dot_u8(S::izero(), q, a64(&yb(&y, t, b).qs, idx)), s));
+                    }
                 }
             }
         }
-        let bs = |g: usize| by.bsums[g] as i32;
-        let srow = |g0: usize, g1: usize| S::rows_bytes::<true>(sc.add(8 * g0), sc.add(8 * g1));
+        let dx = S::rows_f16(blk);
         if order == Order::Vec {
             // Lane l (= 2u + h) subtracts 32·(bsums·scales) of groups 2l, 2l + 1.
-            let d = S::fmul(S::fsplat(by.d), S::rows_f16(blk));
+            let (mut s0, mut s1) = ([S::izero(); 4], [S::izero(); 4]);
             for u in 0..4 {
-                let c = S::add(
-                    S::mul(srow(4 * u, 4 * u + 2), S::splat2(bs(4 * u), bs(4 * u + 2))),
-                    S::mul(
-                        srow(4 * u + 1, 4 * u + 3),
-                        S::splat2(bs(4 * u + 1), bs(4 * u + 3)),
-                    ),
-                );
-                let li = S::sub(l[u], S::shl(c, 5));
-                lanes_acc[u] = S::fma(d, S::cvt(li), lanes_acc[u]);
+                s0[u] = S::rows_bytes::<true>(sc.add(8 * (4 * u)), sc.add(8 * (4 * u + 2)));
+                s1[u] = S::rows_bytes::<true>(sc.add(8 * (4 * u + 1)), sc.add(8 * (4 * u + 3)));
+            }
+            for t in 0..NT {
+                let by = yb(&y, t, b);
+                let bs = |g: usize| by.bsums[g] as i32;
+                let d = S::fmul(S::fsplat(by.d), dx);
+                for u in 0..4 {
+                    let c = S::add(
+                        S::mul(s0[u], S::splat2(bs(4 * u), bs(4 * u + 2))),
+                        S::mul(s1[u], S::splat2(bs(4 * u + 1), bs(4 * u + 3))),
+                    );
+                    let li = S::sub(l[t][u], S::shl(c, 5));
+                    lanes_acc[t][u] = S::fma(d, S::cvt(li), lanes_acc[t][u]);
+                }
             }
         } else {
-            let mut c = S::izero();
-            for u in 0..8 {
-                c = S::add(
-                    c,
-                    S::mul(srow(2 * u, 2 * u + 1), S::splat2(bs(2 * u), bs(2 * u + 1))),
-                );
+            let mut sp = [S::izero(); 8];
+            for (u, s) in sp.iter_mut().enumerate() {
+                *s = S::rows_bytes::<true>(sc.add(8 * (2 * u)), sc.add(8 * (2 * u + 1)));
             }
-            let all = S::add(S::add(l[0], l[1]), S::add(l[2], l[3]));
-            let isum = S::sub(S::pair_sum(all), S::shl(S::pair_sum(c), 5));
-            let block = S::fmul(S::cvt(isum), S::rows_f16(blk));
-            acc = S::fma(block, S::fsplat(by.d), acc);
+            for t in 0..NT {
+                let by = yb(&y, t, b);
+                let bs = |g: usize| by.bsums[g] as i32;
+                let mut c = S::izero();
+                for (u, &s) in sp.iter().enumerate() {
+                    c = S::add(c, S::mul(s, S::splat2(bs(2 * u), bs(2 * u + 1))));
+                }
+                let all = S::add(S::add(l[t][0], l[t][1]), S::add(l[t][2], l[t][3]));
+                let isum = S::sub(S::pair_sum(all), S::shl(S::pair_sum(c), 5));
+                let block = S::fmul(S::cvt(isum), dx);
+                acc[t] = S::fma(block, S::fsplat(by.d), acc[t]);
+            }
         }
     }
-    if order == Order::Vec {
-        hsum_rows::<S>(lanes_acc)
-    } else {
-        let v = S::fstore(acc);
-        std::array::from_fn(|r| v[2 * r])
+    let mut out = [[0.0; 8]; NT];
+    for t in 0..NT {
+        if order == Order::Vec {
+            out[t] = hsum_rows::<S>(lanes_acc[t]);
+        } else {
+            let v = S::fstore(acc[t]);
+            for r in 0..8 {
+                out[t][r] = v[2 * r];
+            }
+        }
     }
+    out
 }
 
 /// Tokens per tile: a tile's activations stay in cache while every group of
 /// the thread's rows passes over them.
 const TOKEN_TILE: usize = 32;
 
+/// One group against tokens `t0..t0 + NT`, results written to `out`.
+#[inline(always)]
+unsafe fn group_tokens<S: Simd, const NT: usize>(pm: &PackedMatrix, acts: &Acts, n: usize, g: usize, t0: usize, out: *mut f32) {
+    let nb = pm.blocks;
+    let w = pm.group(g);
+    let rows = |t: usize| t * nb..(t + 1) * nb;
+    let v: [[f32; 8]; NT] = match acts {
+        Acts::Q8_0(y, s) => dot_q0::<S, NT>(pm.ty, w, std::array::from_fn(|i| &y[rows(t0 + i)]), std::array::from_fn(|i| &s[rows(t0 + i)])),
+        Acts::Q8_1(y) => dot_q4_1::<S, NT>(w, std::array::from_fn(|i| &y[rows(t0 + i)])),
+        Acts::Q8K(y, gemm_rows) => {
+            let ys = std::array::from_fn(|i| &y[rows(t0 + i)]);
+            if pm.ty == GgmlType::Q4_K {
+                // Token blocks start at multiples of 4, so a block is all gemm or all gemv.
+                dot_q4_k::<S, NT>(w, ys, if t0 < *gemm_rows { Order::Batch } else { Order::Vec })
+            } else {
+                dot_q6_k::<S, NT>(w, ys, if n >= 8 { Order::Batch } else { Order::Vec })
+            }
+        }
+    };
+    for (i, row) in v.iter().enumerate() {
+        std::ptr::copy_nonoverlapping(row.as_ptr(), out.add((t0 + i) * pm.rows + g * GROUP), GROUP);
+    }
+}
+
 /// Computes output rows `groups` (in units of 8) for all `n` tokens.
 #[inline(always)]
-unsafe fn run_groups<S: Simd>(
-    pm: &PackedMatrix,
-    acts: &Acts,
-    n: usize,
-    groups: std::ops::Range<usize>,
-    out: *mut f32,
-) {
-    let nb = pm.blocks;
+unsafe fn run_groups<S: Simd>(pm: &PackedMatrix, acts: &Acts, n: usize, groups: std::ops::Range<usize>, out: *mut f32) {
     for t0 in (0..n).step_by(TOKEN_TILE) {
+        let t1 = (t0 + TOKEN_TILE).min(n);
         for g in groups.clone() {
-            let w = pm.group(g);
-            for t in t0..(t0 + TOKEN_TILE).min(n) {
-                let v = match acts {
-                    Acts::Q8_0(y, s) => {
-                        dot_q0::<S>(pm.ty, w, &y[t * nb..(t + 1) * nb], &s[t * nb..(t + 1) * nb])
-                    }
-                    Acts::Q8_1(y) => dot_q4_1::<S>(w, &y[t * nb..(t + 1) * nb]),
-                    Acts::Q8K(y, gemm_rows) => {
-                        let y = &y[t * nb..(t + 1) * nb];
-                        if pm.ty == GgmlType::Q4_K {
-                            dot_q4_k::<S>(
-                                w,
-                                y,
-                                if t < *gemm_rows {
-                                    Order::Batch
-                                } else {
-                                    Order::Vec
-                                },
-                            )
-                        } else {
-                            dot_q6_k::<S>(w, y, if n >= 8 { Order::Batch } else { Order::Vec })
-                        }
-                    }
-                };
-                std::ptr::copy_nonoverlapping(v.as_ptr(), out.add(t * pm.rows + g * GROUP), GROUP);
+            let mut t = t0;
+            while t + 4 <= t1 {
+                group_tokens::<S, 4>(pm, acts, n, g, t, out);
+                t += 4;
+            }
+            while t < t1 {
+                group_tokens::<S, 1>(pm, acts, n, g, t, out);
+                t += 1;
             }
         }
     }
