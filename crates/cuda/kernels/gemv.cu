@@ -1,0 +1,388 @@
+// Quantized matrix-vector products for decode (and small token blocks):
+// y[t, r] = sum_k W[r, k] * x[t, k] for NT activation columns at once, with the
+// activations quantized to 8 bits per 32-value block (quantize_q8 below) so
+// that every weight type is consumed by packed integer dot products (dp4a).
+//
+// One warp per output row. A row is cut into "items" (64 weights of a K-quant
+// super-block, or one 32-weight block); lanes stride over the items, so the
+// warp reads the row front to back in wide, coalesced loads. Decode is bound
+// by reading the weights once, so the loop body only has to keep enough loads
+// in flight; the arithmetic per byte is small.
+//
+// Weight layouts are ggml's block layouts, except that types whose blocks are
+// not 16-byte multiples (Q8_0, Q4_0, Q5_0, Q6_K) are uploaded split into an
+// aligned body array and a separate array of f16 scales (see repack.rs).
+
+// Weight type ids shared with the host (WeightKind in repack.rs).
+#define WT_F32 0
+#define WT_F16 1
+#define WT_BF16 2
+#define WT_Q8_0 3
+#define WT_Q4_0 4
+#define WT_Q5_0 5
+#define WT_Q4_K 6
+#define WT_Q5_K 7
+#define WT_Q6_K 8
+
+#define OUT_SOFTCAP 4  // Muse Glimmer's 20*tanh(z*0.19611613513/20) after bf16 rounding
+
+// Quantizes x [n_blocks * 32] into int8 with one f32 scale per 32 values:
+// d = amax / 127, q = round(x / d) (halves away from zero), and s = d * sum(q)
+// so kernels can fold a weight offset (dmin, or the -8/-16/-32 of the
+// symmetric types) without a second pass over q.
+extern "C" __global__ void quantize_q8(const float* __restrict__ x, i8* __restrict__ xq, float* __restrict__ xd,
+                                       float* __restrict__ xs, int n_blocks) {
+    const int b = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (b >= n_blocks) return;
+    const float v = x[b * 32 + lane];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q = (int)roundf(v * id);
+    xq[b * 32 + lane] = (i8)q;
+    const int sum = warp_sum_int(q);
+    if (lane == 0) {
+        xd[b] = d;
+        xs[b] = d * (float)sum;
+    }
+}
+
+__device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+
+// Byte i (0..11) of the packed K-quant scales held in three words.
+__device__ __forceinline__ int scale_byte(u32 s0, u32 s1, u32 s2, int i) {
+    const u32 w = i < 4 ? s0 : (i < 8 ? s1 : s2);
+    return (int)((w >> (8 * (i & 3))) & 0xffu);
+}
+
+// 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block (ggml's get_scale_min_k4).
+__device__ __forceinline__ void scale_min_k4(u32 s0, u32 s1, u32 s2, int j, float& sc, float& m) {
+    if (j < 4) {
+        sc = (float)(scale_byte(s0, s1, s2, j) & 63);
+        m = (float)(scale_byte(s0, s1, s2, j + 4) & 63);
+    } else {
+        sc = (float)((scale_byte(s0, s1, s2, j + 4) & 15) | ((scale_byte(s0, s1, s2, j - 4) >> 6) << 4));
+        m = (float)((scale_byte(s0, s1, s2, j + 4) >> 4) | ((scale_byte(s0, s1, s2, j) >> 6) << 4));
+    }
+}
+
+__device__ __forceinline__ void load8(const void* p, int* v) {
+    const int4 a = ((const int4*)p)[0], b = ((const int4*)p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+
+__device__ __forceinline__ void load4(const void* p, int* v) {
+    const int4 a = *(const int4*)p;
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+}
+
+// Activations of column t: xq + t*K, xd/xs + t*K/32.
+struct Act {
+    const i8* q;
+    const float* d;
+    const float* s;
+    int K;
+};
+
+// ---- per-item dot products; `it` indexes the items of one row ----
+
+// Q4_K: 144-byte super-blocks [d, dmin, scales[12], qs[128]]; item c (0..3) is
+// sub-blocks 2c (low nibbles of qs[32c..]) and 2c+1 (high nibbles).
+template <int NT>
+__device__ __forceinline__ void item_q4k(const u8* row, const u16*, int it, Act a, float* acc) {
+    const int b = it >> 2, c = it & 3;
+    const u8* blk = row + b * 144;
+    const u32 dm = *(const u32*)blk;
+    const float d = f16_to_f32(dm & 0xffff), dmin = f16_to_f32(dm >> 16);
+    const u32* S = (const u32*)(blk + 4);
+    const u32 s0 = S[0], s1 = S[1], s2 = S[2];
+    float sc0, m0, sc1, m1;
+    scale_min_k4(s0, s1, s2, 2 * c, sc0, m0);
+    scale_min_k4(s0, s1, s2, 2 * c + 1, sc1, m1);
+    int q[8];
+    load8(blk + 16 + 32 * c, q);
+    const int k0 = b * 256 + 64 * c;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        int x0[8], x1[8];
+        load8(a.q + t * a.K + k0, x0);
+        load8(a.q + t * a.K + k0 + 32, x1);
+        int dot0 = 0, dot1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            dot0 = dp4a(q[i] & 0x0f0f0f0f, x0[i], dot0);
+            dot1 = dp4a((q[i] >> 4) & 0x0f0f0f0f, x1[i], dot1);
+        }
+        const int bi = t * (a.K / 32) + k0 / 32;
+        acc[t] += d * (sc0 * (float)dot0 * a.d[bi] + sc1 * (float)dot1 * a.d[bi + 1]) -
+                  dmin * (m0 * a.s[bi] + m1 * a.s[bi + 1]);
+    }
+}
+
+// Q5_K: 176-byte super-blocks [d, dmin, scales[12], qh[32], qs[128]]; the
+// fifth bit of value l of sub-block j is bit j of qh[l].
+template <int NT>
+__device__ __forceinline__ void item_q5k(const u8* row, const u16*, int it, Act a, float* acc) {
+    const int b = it >> 2, c = it & 3;
+    const u8* blk = row + b * 176;
+    const u32 dm = *(const u32*)blk;
+    const float d = f16_to_f32(dm & 0xffff), dmin = f16_to_f32(dm >> 16);
+    const u32* S = (const u32*)(blk + 4);
+    const u32 s0 = S[0], s1 = S[1], s2 = S[2];
+    float sc0, m0, sc1, m1;
+    scale_min_k4(s0, s1, s2, 2 * c, sc0, m0);
+    scale_min_k4(s0, s1, s2, 2 * c + 1, sc1, m1);
+    int q[8], h[8];
+    load8(blk + 48 + 32 * c, q);
+    load8(blk + 16, h);
+    int lo[8], hi[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        lo[i] = (q[i] & 0x0f0f0f0f) | (((h[i] >> (2 * c)) & 0x01010101) << 4);
+        hi[i] = ((q[i] >> 4) & 0x0f0f0f0f) | (((h[i] >> (2 * c + 1)) & 0x01010101) << 4);
+    }
+    const int k0 = b * 256 + 64 * c;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        int x0[8], x1[8];
+        load8(a.q + t * a.K + k0, x0);
+        load8(a.q + t * a.K + k0 + 32, x1);
+        int dot0 = 0, dot1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            dot0 = dp4a(lo[i], x0[i], dot0);
+            dot1 = dp4a(hi[i], x1[i], dot1);
+        }
+        const int bi = t * (a.K / 32) + k0 / 32;
+        acc[t] += d * (sc0 * (float)dot0 * a.d[bi] + sc1 * (float)dot1 * a.d[bi + 1]) -
+                  dmin * (m0 * a.s[bi] + m1 * a.s[bi + 1]);
+    }
+}
+
+// Q6_K, repacked: 208-byte bodies [ql[128], qh[64], scales[16]] and the f16 d
+// apart. Item i (0..3) covers half n = i/2 and lanes l0 = 16*(i%2) of it:
+// four 16-value groups at offsets 128n + l0 + 32g, each with its own scale.
+template <int NT>
+__device__ __forceinline__ void item_q6k(const u8* row, const u16* dv, int it, Act a, float* acc) {
+    const int b = it >> 2, i = it & 3, n = i >> 1, l0 = (i & 1) * 16;
+    const u8* blk = row + b * 208;
+    const float d = f16_to_f32(dv[b]);
+    int la[4], lb[4], h[4];
+    load4(blk + 64 * n + l0, la);
+    load4(blk + 64 * n + l0 + 32, lb);
+    load4(blk + 128 + 32 * n + l0, h);
+    const i8* sc = (const i8*)(blk + 192 + 8 * n + l0 / 16);
+    int v[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        v[0][j] = __vsub4((la[j] & 0x0f0f0f0f) | ((h[j] & 0x03030303) << 4), 0x20202020);
+        v[1][j] = __vsub4((lb[j] & 0x0f0f0f0f) | (((h[j] >> 2) & 0x03030303) << 4), 0x20202020);
+        v[2][j] = __vsub4(((la[j] >> 4) & 0x0f0f0f0f) | (((h[j] >> 4) & 0x03030303) << 4), 0x20202020);
+        v[3][j] = __vsub4(((lb[j] >> 4) & 0x0f0f0f0f) | (((h[j] >> 6) & 0x03030303) << 4), 0x20202020);
+    }
+    const float s[4] = {(float)sc[0], (float)sc[2], (float)sc[4], (float)sc[6]};
+    const int kb = b * 256 + 128 * n;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            int x[4];
+            load4(a.q + t * a.K + kb + 32 * g + l0, x);
+            int dot = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) dot = dp4a(v[g][j], x[j], dot);
+            sum += s[g] * (float)dot * a.d[t * (a.K / 32) + (kb + 32 * g) / 32];
+        }
+        acc[t] += d * sum;
+    }
+}
+
+// Q8_0, repacked: 32-byte bodies of int8 and the f16 d apart.
+template <int NT>
+__device__ __forceinline__ void item_q8_0(const u8* row, const u16* dv, int it, Act a, float* acc) {
+    int q[8];
+    load8(row + it * 32, q);
+    const float d = f16_to_f32(dv[it]);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        int x[8];
+        load8(a.q + t * a.K + it * 32, x);
+        int dot = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) dot = dp4a(q[i], x[i], dot);
+        acc[t] += d * (float)dot * a.d[t * (a.K / 32) + it];
+    }
+}
+
+// Q4_0, repacked: 16-byte bodies; value l is (qs[l] & 15) - 8 for l < 16 and
+// (qs[l-16] >> 4) - 8 above.
+template <int NT>
+__device__ __forceinline__ void item_q4_0(const u8* row, const u16* dv, int it, Act a, float* acc) {
+    int q[4];
+    load4(row + it * 16, q);
+    const float d = f16_to_f32(dv[it]);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        int x[8];
+        load8(a.q + t * a.K + it * 32, x);
+        int dot = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            dot = dp4a(q[i] & 0x0f0f0f0f, x[i], dot);
+            dot = dp4a((q[i] >> 4) & 0x0f0f0f0f, x[i + 4], dot);
+        }
+        const int bi = t * (a.K / 32) + it;
+        acc[t] += d * ((float)dot * a.d[bi] - 8.0f * a.s[bi]);
+    }
+}
+
+// Spreads bits 0..3 of b to bit 4 of bytes 0..3.
+__device__ __forceinline__ int spread_bits4(u32 b) {
+    return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
+}
+
+// Q5_0, repacked: 20-byte bodies [qh (u32), qs[16]]; value l is
+// (nibble | bit l of qh << 4) - 16.
+template <int NT>
+__device__ __forceinline__ void item_q5_0(const u8* row, const u16* dv, int it, Act a, float* acc) {
+    const u32* body = (const u32*)(row + it * 20);
+    const u32 qh = body[0];
+    int lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int q = (int)body[1 + i];
+        lo[i] = (q & 0x0f0f0f0f) | spread_bits4(qh >> (4 * i));
+        hi[i] = ((q >> 4) & 0x0f0f0f0f) | spread_bits4(qh >> (16 + 4 * i));
+    }
+    const float d = f16_to_f32(dv[it]);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        int x[8];
+        load8(a.q + t * a.K + it * 32, x);
+        int dot = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            dot = dp4a(lo[i], x[i], dot);
+            dot = dp4a(hi[i], x[i + 4], dot);
+        }
+        const int bi = t * (a.K / 32) + it;
+        acc[t] += d * ((float)dot * a.d[bi] - 16.0f * a.s[bi]);
+    }
+}
+
+// Float weights (F32, F16, BF16): 32 values per item against the dequantized activations.
+template <int WT, int NT>
+__device__ __forceinline__ void item_float(const u8* row, const u16*, int it, Act a, float* acc) {
+    float w[32];
+    if (WT == WT_F32) {
+        const float4* p = (const float4*)(row + it * 128);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float4 f = p[i];
+            w[4 * i] = f.x; w[4 * i + 1] = f.y; w[4 * i + 2] = f.z; w[4 * i + 3] = f.w;
+        }
+    } else {
+        const u32* p = (const u32*)(row + it * 64);
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const u32 u = p[i];
+            w[2 * i] = WT == WT_F16 ? f16_to_f32(u & 0xffff) : bf16_to_f32(u & 0xffff);
+            w[2 * i + 1] = WT == WT_F16 ? f16_to_f32(u >> 16) : bf16_to_f32(u >> 16);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const i8* x = a.q + t * a.K + it * 32;
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) dot += w[i] * (float)x[i];
+        acc[t] += dot * a.d[t * (a.K / 32) + it];
+    }
+}
+
+template <int WT, int NT>
+__device__ __forceinline__ void gemv_item(const u8* row, const u16* dv, int it, Act a, float* acc) {
+    if (WT == WT_Q4_K) item_q4k<NT>(row, dv, it, a, acc);
+    else if (WT == WT_Q5_K) item_q5k<NT>(row, dv, it, a, acc);
+    else if (WT == WT_Q6_K) item_q6k<NT>(row, dv, it, a, acc);
+    else if (WT == WT_Q8_0) item_q8_0<NT>(row, dv, it, a, acc);
+    else if (WT == WT_Q4_0) item_q4_0<NT>(row, dv, it, a, acc);
+    else if (WT == WT_Q5_0) item_q5_0<NT>(row, dv, it, a, acc);
+    else item_float<WT, NT>(row, dv, it, a, acc);
+}
+
+// Bytes of one row's body and number of items, per weight type.
+template <int WT>
+__device__ __forceinline__ void row_geometry(int K, int& row_bytes, int& n_items, int& blocks_per_row) {
+    switch (WT) {
+        case WT_Q4_K: blocks_per_row = K / 256; row_bytes = blocks_per_row * 144; n_items = blocks_per_row * 4; break;
+        case WT_Q5_K: blocks_per_row = K / 256; row_bytes = blocks_per_row * 176; n_items = blocks_per_row * 4; break;
+        case WT_Q6_K: blocks_per_row = K / 256; row_bytes = blocks_per_row * 208; n_items = blocks_per_row * 4; break;
+        case WT_Q8_0: blocks_per_row = K / 32; row_bytes = blocks_per_row * 32; n_items = blocks_per_row; break;
+        case WT_Q4_0: blocks_per_row = K / 32; row_bytes = blocks_per_row * 16; n_items = blocks_per_row; break;
+        case WT_Q5_0: blocks_per_row = K / 32; row_bytes = blocks_per_row * 20; n_items = blocks_per_row; break;
+        case WT_F32: blocks_per_row = K / 32; row_bytes = K * 4; n_items = blocks_per_row; break;
+        default: blocks_per_row = K / 32; row_bytes = K * 2; n_items = blocks_per_row; break;
+    }
+}
+
+// y[t * y_stride + r] (op)= f(acc + bias[r]) for rows r of W [rows, K].
+template <int WT, int NT>
+__device__ __forceinline__ void gemv(const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K,
+                                     const i8* __restrict__ xq, const float* __restrict__ xd,
+                                     const float* __restrict__ xs, float* __restrict__ y, int y_stride,
+                                     const float* __restrict__ bias, int flags) {
+    const int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (r >= rows) return;
+    int row_bytes, n_items, bpr;
+    row_geometry<WT>(K, row_bytes, n_items, bpr);
+    const u8* row = w + (size_t)r * row_bytes;
+    const u16* dv = wd ? wd + (size_t)r * bpr : nullptr;
+    const Act a = {xq, xd, xs, K};
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    // The hot loop: each lane takes every 32nd item of the row.
+#pragma unroll 2
+    for (int it = lane; it < n_items; it += WARP) gemv_item<WT, NT>(row, dv, it, a, acc);
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
+    if (lane < NT) {
+        float v = 0.0f;
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (t == lane) v = acc[t];
+        if (bias) v += bias[r];
+        if (flags & OUT_BF16) v = round_bf16(v);
+        if (flags & OUT_SOFTCAP) v = 20.0f * tanhf(v * 0.19611613513f / 20.0f);
+        float* out = y + (size_t)lane * y_stride + r;
+        *out = (flags & OUT_ADD) ? *out + v : v;
+    }
+}
+
+#define GEMV_KERNEL(name, WT, NT)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) name(                                                \
+        const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K, const i8* __restrict__ xq,   \
+        const float* __restrict__ xd, const float* __restrict__ xs, float* __restrict__ y, int y_stride,   \
+        const float* __restrict__ bias, int flags) {                                                       \
+        gemv<WT, NT>(w, wd, rows, K, xq, xd, xs, y, y_stride, bias, flags);                                \
+    }
+
+#define GEMV_KERNELS(tname, WT) \
+    GEMV_KERNEL(gemv_##tname##_1, WT, 1) \
+    GEMV_KERNEL(gemv_##tname##_2, WT, 2) \
+    GEMV_KERNEL(gemv_##tname##_4, WT, 4) \
+    GEMV_KERNEL(gemv_##tname##_8, WT, 8)
+
+GEMV_KERNELS(f32, WT_F32)
+GEMV_KERNELS(f16, WT_F16)
+GEMV_KERNELS(bf16, WT_BF16)
+GEMV_KERNELS(q8_0, WT_Q8_0)
+GEMV_KERNELS(q4_0, WT_Q4_0)
+GEMV_KERNELS(q5_0, WT_Q5_0)
+GEMV_KERNELS(q4_k, WT_Q4_K)
+GEMV_KERNELS(q5_k, WT_Q5_K)
+GEMV_KERNELS(q6_k, WT_Q6_K)
