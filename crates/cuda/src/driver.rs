@@ -124,6 +124,9 @@ pub struct Gpu {
     funcs: Mutex<HashMap<&'static str, sys::CUfunction>>,
     /// Whether the kernels came from the disk cache (false: compiled now).
     pub kernels_cached: bool,
+    /// Per-kernel (launches, milliseconds) when HEARTH_CUDA_PROFILE is set:
+    /// every launch is then timed with events and waited for (slow; no graphs).
+    profile: Option<Mutex<HashMap<&'static str, (u64, f64)>>>,
 }
 
 // SAFETY: the context is made current on whichever thread uses it (`bind`);
@@ -164,7 +167,8 @@ impl Gpu {
         // SAFETY: cubin is a complete image produced by NVRTC for this device.
         let module = unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) }.ctx("cuModuleLoadData")?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking).ctx("cuStreamCreate")?;
-        Ok(Gpu { info, ctx, dev, stream, module, funcs: Mutex::new(HashMap::new()), kernels_cached })
+        let profile = std::env::var_os("HEARTH_CUDA_PROFILE").map(|_| Mutex::new(HashMap::new()));
+        Ok(Gpu { info, ctx, dev, stream, module, funcs: Mutex::new(HashMap::new()), kernels_cached, profile })
     }
 
     /// Makes this context current on the calling thread.
@@ -262,11 +266,66 @@ impl Gpu {
         let f = self.function(name)?;
         let mut store: Vec<u64> = args.iter().map(|a| a.bits()).collect();
         let mut params: Vec<*mut c_void> = store.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
+        let timing = match &self.profile {
+            Some(_) => {
+                let (a, b) = (self.event()?, self.event()?);
+                self.record(&a)?;
+                Some((a, b))
+            }
+            None => None,
+        };
         // SAFETY: each parameter points at an 8-byte slot holding the value in
         // its low bytes (little-endian), which is what the kernel reads for
         // its 4- or 8-byte parameter; the slots outlive the call.
         unsafe { result::launch_kernel(f, grid, (block, 1, 1), 0, self.stream, &mut params) }
-            .map_err(|e| CudaError::Driver { call: "cuLaunchKernel", msg: format!("{name}: {e:?}") })
+            .map_err(|e| CudaError::Driver { call: "cuLaunchKernel", msg: format!("{name}: {e:?}") })?;
+        if let (Some((a, b)), Some(p)) = (timing, &self.profile) {
+            self.record(&b)?;
+            let ms = a.elapsed_ms(&b)? as f64;
+            let mut p = p.lock().expect("profile table poisoned");
+            let e = p.entry(name).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += ms;
+        }
+        Ok(())
+    }
+
+    /// Whether launches are being timed (HEARTH_CUDA_PROFILE).
+    pub fn profiling(&self) -> bool {
+        self.profile.is_some()
+    }
+
+    /// (kernel, launches, total ms) since the last reset, slowest first.
+    pub fn profile_report(&self) -> Vec<(&'static str, u64, f64)> {
+        let Some(p) = &self.profile else { return Vec::new() };
+        let mut v: Vec<_> = p.lock().expect("profile table poisoned").iter().map(|(k, &(n, ms))| (*k, n, ms)).collect();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2));
+        v
+    }
+
+    pub fn profile_reset(&self) {
+        if let Some(p) = &self.profile {
+            p.lock().expect("profile table poisoned").clear();
+        }
+    }
+
+    /// Device-to-device copy bandwidth in GB/s (bytes read + bytes written),
+    /// the decode roofline: `bytes` copied `reps` times after a warm-up, from
+    /// a buffer of pseudo-random values (never zeros).
+    pub fn copy_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64> {
+        let src = self.alloc(bytes, "the bandwidth test")?;
+        let dst = self.alloc(bytes, "the bandwidth test")?;
+        self.launch("fill_random_kv", (1024, 1, 1), 256, &[Arg::Ptr(src.ptr), Arg::Ptr((bytes / 2) as u64), Arg::I32(7), Arg::I32(0)])?;
+        self.copy_dtod(dst.ptr, src.ptr, bytes)?;
+        self.sync()?;
+        let (a, b) = (self.event()?, self.event()?);
+        self.record(&a)?;
+        for _ in 0..reps {
+            self.copy_dtod(dst.ptr, src.ptr, bytes)?;
+        }
+        self.record(&b)?;
+        let ms = a.elapsed_ms(&b)? as f64;
+        Ok(2.0 * bytes as f64 * reps as f64 / (ms * 1e-3) / 1e9)
     }
 
     /// Starts recording the stream's work into a graph instead of running it.

@@ -193,7 +193,7 @@ impl GpuModel {
             self.embed(st, chunk)?;
             self.gpu.upload(st.s.pos.ptr, &[st.pos as i32])?;
             let t = chunk.len();
-            if t == 1 && st.use_graph && want != Logits::All {
+            if t == 1 && st.use_graph && !self.gpu.profiling() && want != Logits::All {
                 if st.graph.is_none() {
                     self.gpu.begin_capture()?;
                     let captured = self.layers_and_head(st, 1, 1);

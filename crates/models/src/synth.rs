@@ -515,6 +515,11 @@ pub struct SynthOptions {
     pub chunk_bytes: usize,
     /// Generation threads; `None` uses rayon's global pool.
     pub threads: Option<usize>,
+    /// `Some(n)`: row r of every tensor is a copy of row r mod n (n rows are
+    /// generated and quantized per chunk, the rest copied), which writes a
+    /// full-size model at disk speed. For speed benchmarks only: the bytes are
+    /// real quantized random rows, but the model is not the seeded one.
+    pub row_pool: Option<usize>,
 }
 
 impl Default for SynthOptions {
@@ -523,8 +528,37 @@ impl Default for SynthOptions {
             seed: 0,
             chunk_bytes: 8 << 20,
             threads: None,
+            row_pool: None,
         }
     }
+}
+
+/// Like [`fill_rows`], but row r is row (r mod `pool`) of the tensor.
+pub fn fill_rows_pooled(
+    t: &TensorPlan,
+    seed: u64,
+    rows: Range<usize>,
+    pool: usize,
+    out: &mut [u8],
+) -> Result<(), SynthError> {
+    let rb = t.row_bytes();
+    let pool = pool.max(1);
+    if rows.len() <= pool {
+        let mut done = 0;
+        for r in rows.clone() {
+            let src = r % pool;
+            fill_rows(t, seed, src..src + 1, &mut out[done * rb..(done + 1) * rb])?;
+            done += 1;
+        }
+        return Ok(());
+    }
+    let mut distinct = vec![0u8; pool * rb];
+    fill_rows(t, seed, 0..pool.min(t.rows()), &mut distinct[..pool.min(t.rows()) * rb])?;
+    for (i, dst) in out.chunks_exact_mut(rb).enumerate() {
+        let src = (rows.start + i) % pool;
+        dst.copy_from_slice(&distinct[src * rb..(src + 1) * rb]);
+    }
+    Ok(())
 }
 
 /// Streams the plan's GGUF into `w`: chunks of rows are generated and
@@ -554,7 +588,10 @@ pub fn write_gguf<W: Write + Send>(
                 for start in (0..t.rows()).step_by(rows_per_chunk) {
                     let rows = start..(start + rows_per_chunk).min(t.rows());
                     let mut buf = vec![0u8; rows.len() * t.row_bytes()];
-                    fill_rows(t, opts.seed, rows, &mut buf)?;
+                    match opts.row_pool {
+                        Some(pool) => fill_rows_pooled(t, opts.seed, rows, pool, &mut buf)?,
+                        None => fill_rows(t, opts.seed, rows, &mut buf)?,
+                    }
                     if tx.send((ti, buf)).is_err() {
                         return Ok(()); // the writer failed; its error is reported below
                     }

@@ -67,6 +67,11 @@ pub struct Args {
     /// Generation threads [default: all cores].
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Speed benchmarks: generate N distinct rows per tensor and repeat them
+    /// (row r = row r mod N), writing at disk speed instead of quantizing
+    /// every row. The result is not the seeded model.
+    #[arg(long, value_name = "N")]
+    pub row_pool: Option<usize>,
     /// Print the plan (tensors, types, size) and write nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -167,6 +172,9 @@ pub fn run(args: Args) -> Result<()> {
     crate::init_threads(args.threads)?;
     let opts = SynthOptions {
         seed: args.seed,
+        row_pool: args.row_pool,
+        // Pooled rows are mostly copies: larger chunks amortize the pool.
+        chunk_bytes: if args.row_pool.is_some() { 64 << 20 } else { 8 << 20 },
         ..SynthOptions::default()
     };
     let t0 = Instant::now();
