@@ -99,19 +99,25 @@ pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {
     }
     println!("{:>14} {:>10} {:>10} {:>10} {:>9} {:>9} {:>11}", "test", "tok/s", "min", "max", "GB/s", "of roof", "KV MiB");
     if o.n_prompt > 0 {
-        let mut st = gm.new_state(o.n_prompt + 1)?;
-        let mut xs = Vec::new();
-        for rep in 0..=o.reps {
-            st.reset();
-            let toks = tokens(o.n_prompt);
-            let t0 = Instant::now();
-            gm.forward(&mut st, &toks, Logits::Last)?;
-            if rep > 0 {
-                xs.push(o.n_prompt as f64 / t0.elapsed().as_secs_f64());
+        for &depth in &o.depths {
+            let mut st = gm.new_state(depth + o.n_prompt + 1)?;
+            let mut xs = Vec::new();
+            for rep in 0..=o.reps {
+                st.reset();
+                if depth > 0 {
+                    gm.fill_random_context(&mut st, depth, rep as u32 + 1)?;
+                }
+                let toks = tokens(o.n_prompt);
+                let t0 = Instant::now();
+                gm.forward(&mut st, &toks, Logits::Last)?;
+                if rep > 0 {
+                    xs.push(o.n_prompt as f64 / t0.elapsed().as_secs_f64());
+                }
             }
+            let (m, lo, hi) = median(xs);
+            let test = if depth > 0 { format!("pp{}@d{}", o.n_prompt, depth) } else { format!("pp{}", o.n_prompt) };
+            println!("{test:>14} {m:>10.2} {lo:>10.2} {hi:>10.2} {:>9} {:>9} {:>11}", "", "", "");
         }
-        let (m, lo, hi) = median(xs);
-        println!("{:>14} {m:>10.2} {lo:>10.2} {hi:>10.2} {:>9} {:>9} {:>11}", format!("pp{}", o.n_prompt), "", "", "");
     }
     if o.n_gen > 0 {
         for &depth in &o.depths {

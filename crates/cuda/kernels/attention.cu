@@ -12,9 +12,15 @@
 // so that the T new keys, written before this kernel runs, never overwrite a
 // key that one of the T queries still needs.
 
-#define ATT_TILE 128  // keys per tile = threads per block
+#define ATT_TILE 64   // keys per tile
+#define ATT_THREADS 128
 #define ATT_MAX_G 16  // query heads per kv head
+#define ATT_KPAD 16   // halves of padding per K row in shared memory (conflict-free 16-byte reads)
 
+// Each tile of keys and values is first copied to shared memory with
+// coalesced 16-byte loads. Scores: two threads per key, each taking every
+// other 8-dimension chunk, with the queries of all G heads from shared memory.
+// Values: thread d owns dimension d of every head.
 template <int HD, bool BF16>
 __device__ __forceinline__ void attn_split(const float* __restrict__ q, const u16* __restrict__ kc,
                                            const u16* __restrict__ vc, const int* __restrict__ pos0, int n_heads,
@@ -30,12 +36,13 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ q, const u1
     const int chunk = max((n + S - 1) / S, ATT_TILE);
     const int start = lo + s * chunk, end = min(start + chunk, qpos + 1);
 
+    __shared__ __align__(16) u16 Ks[ATT_TILE][HD + ATT_KPAD];
+    __shared__ __align__(16) u16 Vs[ATT_TILE][HD];
     __shared__ float qs[ATT_MAX_G][HD];
     __shared__ float sc[ATT_MAX_G][ATT_TILE];
     __shared__ float alpha[ATT_MAX_G], m_run[ATT_MAX_G], l_run[ATT_MAX_G];
-    __shared__ float o_red[ATT_MAX_G][HD];
 
-    for (int i = tid; i < G * HD; i += blockDim.x) {
+    for (int i = tid; i < G * HD; i += ATT_THREADS) {
         const int g = i / HD, d = i % HD;
         qs[g][d] = q[((size_t)t * n_heads + kvh * G + g) * HD + d];
     }
@@ -43,50 +50,65 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ q, const u1
         m_run[tid] = -INFINITY;
         l_run[tid] = 0.0f;
     }
-    // V accumulation: thread owns dimension d of every head, for the keys of
-    // one "lane group" (HD = 64: two groups of 64 threads split the tile).
-    const int d = tid % HD, grp = tid / HD, n_grp = ATT_TILE / HD;
+    const int d = tid % HD, grp = tid / HD, n_grp = ATT_THREADS / HD;
     float acc[ATT_MAX_G];
 #pragma unroll
     for (int g = 0; g < ATT_MAX_G; g++) acc[g] = 0.0f;
-    __syncthreads();
 
     const u16* kh = kc + (size_t)kvh * slots * HD;
     const u16* vh = vc + (size_t)kvh * slots * HD;
+    constexpr int CHUNKS = HD / 8;  // 16-byte pieces per row
     for (int base = start; base < end; base += ATT_TILE) {
-        // Scores: thread tid takes key base + tid, reading its row in 16-byte pieces.
-        const int p = base + tid;
-        float sg[ATT_MAX_G];
+        const int n_here = min(ATT_TILE, end - base);
+        // Copy the tile: consecutive threads read consecutive 16-byte pieces.
+        for (int i = tid; i < n_here * CHUNKS; i += ATT_THREADS) {
+            const int r = i / CHUNKS, c = i % CHUNKS;
+            const size_t row = (size_t)((base + r) % slots) * HD;
+            *(uint4*)&Ks[r][c * 8] = *(const uint4*)(kh + row + c * 8);
+            *(uint4*)&Vs[r][c * 8] = *(const uint4*)(vh + row + c * 8);
+        }
+        __syncthreads();
+        // Scores: key kk, half h of the 8-dim chunks (c = 2j + h).
+        {
+            const int kk = tid / 2, h = tid % 2;
+            float sg[ATT_MAX_G];
 #pragma unroll
-        for (int g = 0; g < ATT_MAX_G; g++) sg[g] = 0.0f;
-        if (p < end) {
-            const uint4* kr = (const uint4*)(kh + (size_t)(p % slots) * HD);
+            for (int g = 0; g < ATT_MAX_G; g++) sg[g] = 0.0f;
+            if (kk < n_here) {
 #pragma unroll 4
-            for (int c = 0; c < HD / 8; c++) {
-                const uint4 u = kr[c];
-                const u32 w[4] = {u.x, u.y, u.z, u.w};
-                float kf[8];
+                for (int j = 0; j < CHUNKS / 2; j++) {
+                    const int c = 2 * j + h;
+                    const uint4 u = *(const uint4*)&Ks[kk][c * 8];
+                    const u32 w[4] = {u.x, u.y, u.z, u.w};
+                    float kf[8];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    kf[2 * j] = BF16 ? bf16_to_f32(w[j] & 0xffff) : f16_to_f32(w[j] & 0xffff);
-                    kf[2 * j + 1] = BF16 ? bf16_to_f32(w[j] >> 16) : f16_to_f32(w[j] >> 16);
-                }
+                    for (int e = 0; e < 4; e++) {
+                        kf[2 * e] = BF16 ? bf16_to_f32(w[e] & 0xffff) : f16_to_f32(w[e] & 0xffff);
+                        kf[2 * e + 1] = BF16 ? bf16_to_f32(w[e] >> 16) : f16_to_f32(w[e] >> 16);
+                    }
 #pragma unroll
-                for (int g = 0; g < ATT_MAX_G; g++) {
-                    if (g < G) {
-#pragma unroll
-                        for (int j = 0; j < 8; j++) sg[g] += qs[g][c * 8 + j] * kf[j];
+                    for (int g = 0; g < ATT_MAX_G; g++) {
+                        if (g < G) {
+                            const float4 qa = *(const float4*)&qs[g][c * 8];
+                            const float4 qb = *(const float4*)&qs[g][c * 8 + 4];
+                            sg[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
+                                     qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+                        }
                     }
                 }
             }
-        }
 #pragma unroll
-        for (int g = 0; g < ATT_MAX_G; g++)
-            if (g < G) sc[g][tid] = p < end ? sg[g] * scale : -INFINITY;
+            for (int g = 0; g < ATT_MAX_G; g++) {
+                if (g < G) {
+                    const float v = sg[g] + __shfl_xor_sync(0xffffffffu, sg[g], 1);
+                    if (h == 0) sc[g][kk] = kk < n_here ? v * scale : -INFINITY;
+                }
+            }
+        }
         __syncthreads();
         // Online softmax per head: warp w takes heads w, w + 4, ...
         const int warp = tid / WARP, lane = tid % WARP;
-        for (int g = warp; g < G; g += ATT_TILE / WARP) {
+        for (int g = warp; g < G; g += ATT_THREADS / WARP) {
             float mx = -INFINITY;
             for (int j = lane; j < ATT_TILE; j += WARP) mx = fmaxf(mx, sc[g][j]);
             mx = warp_max(mx);
@@ -109,9 +131,8 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ q, const u1
 #pragma unroll
         for (int g = 0; g < ATT_MAX_G; g++)
             if (g < G) acc[g] *= alpha[g];
-        const int n_here = min(ATT_TILE, end - base);
         for (int j = grp; j < n_here; j += n_grp) {
-            const u16 raw = vh[(size_t)((base + j) % slots) * HD + d];
+            const u16 raw = Vs[j][d];
             const float vf = BF16 ? bf16_to_f32(raw) : f16_to_f32(raw);
 #pragma unroll
             for (int g = 0; g < ATT_MAX_G; g++)
@@ -119,19 +140,21 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ q, const u1
         }
         __syncthreads();
     }
-    // Reduce the lane groups and write this split's partial result.
+    // Reduce the lane groups (HD = 64: two) through shared memory (reusing
+    // the K tile), then write this split's partial result.
+    float* o_red = (float*)&Ks[0][0];  // [G][HD] floats fit in the K tile
     for (int r = 0; r < n_grp; r++) {
         if (grp == r) {
 #pragma unroll
             for (int g = 0; g < ATT_MAX_G; g++)
-                if (g < G) o_red[g][d] = (r == 0 ? 0.0f : o_red[g][d]) + acc[g];
+                if (g < G) o_red[g * HD + d] = (r == 0 ? 0.0f : o_red[g * HD + d]) + acc[g];
         }
         __syncthreads();
     }
-    for (int i = tid; i < G * HD; i += blockDim.x) {
+    for (int i = tid; i < G * HD; i += ATT_THREADS) {
         const int g = i / HD, dd = i % HD;
         const size_t idx = ((size_t)t * n_heads + kvh * G + g) * S + s;
-        part_o[idx * HD + dd] = o_red[g][dd];
+        part_o[idx * HD + dd] = o_red[g * HD + dd];
         if (dd == 0) {
             part_ml[idx * 2] = m_run[g];
             part_ml[idx * 2 + 1] = l_run[g];
@@ -140,7 +163,7 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ q, const u1
 }
 
 #define ATTN_KERNEL(name, HD, BF16)                                                                         \
-    extern "C" __global__ void __launch_bounds__(ATT_TILE) name(                                             \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) name(                                             \
         const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                 \
         const int* __restrict__ pos0, int n_heads, int n_kv, int slots, int window, float scale,             \
         float* __restrict__ part_o, float* __restrict__ part_ml) {                                           \

@@ -1,12 +1,14 @@
 // Prefill / block matrix products on tensor cores: Y[t, r] = sum_k W[r, k] X[t, k]
-// for many tokens at once. Each block computes a 64 (weight rows) x 64
+// for many tokens at once. Each block computes a 64 (weight rows) x 128
 // (tokens) tile: per 64-wide step of k it dequantizes its weight tile to
 // f16 (bf16 for Muse Glimmer, whose activations are bf16) into shared memory,
-// converts the f32 activations likewise, and multiplies with
-// mma.sync.m16n8k16 (f32 accumulation). Four warps each own 32 x 32 of the tile.
+// copies the activations (converted to the same type once, by to_half) and
+// multiplies with mma.sync.m16n8k16 (f32 accumulation). Eight warps each own
+// 32 x 32 of the tile.
 
 #define GM_BM 64
-#define GM_BN 64
+#define GM_BN 128
+#define GM_THREADS 256
 #define GM_BK 64
 #define GM_PAD 8  // halves of padding per shared-memory row (bank conflicts)
 
@@ -105,15 +107,21 @@ __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
 }
 
 // y[t * y_stride + r] (op)= f(sum_k W[r, k] x[t, k] + bias[r]) for r < rows, t < T; K % 64 == 0.
+// x [n] f32 -> f16 or bf16 (the GEMM's operand type).
+extern "C" __global__ void to_half(const float* __restrict__ x, u16* __restrict__ out, int n, int bf16) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        out[i] = bf16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+}
+
 template <int WT, bool BF>
 __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K,
-                                        const float* __restrict__ x, int T, float* __restrict__ y, int y_stride,
+                                        const u16* __restrict__ x, int T, float* __restrict__ y, int y_stride,
                                         const float* __restrict__ bias, int flags) {
     __shared__ __align__(16) u16 As[GM_BM][GM_BK + GM_PAD];
     __shared__ __align__(16) u16 Bs[GM_BN][GM_BK + GM_PAD];
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     const int r0 = blockIdx.x * GM_BM, t0 = blockIdx.y * GM_BN;
-    const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;  // this warp's 32 x 32 sub-tile
+    const int wm = (warp / 4) * 32, wn = (warp % 4) * 32;  // this warp's 32 x 32 sub-tile
     const int gid = lane >> 2, tig = lane & 3;
     int row_bytes, n_items, bpr;
     row_geometry<WT>(K, row_bytes, n_items, bpr);
@@ -126,10 +134,10 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
     for (int k0 = 0; k0 < K; k0 += GM_BK) {
-        // Weight tile: 64 rows x 64 k = 512 groups of 8, four per thread.
+        // Weight tile: 64 rows x 64 k = 512 groups of 8, two per thread.
 #pragma unroll
-        for (int gi = 0; gi < 4; gi++) {
-            const int grp = tid + gi * 128, rr = grp / 8, kk = (grp % 8) * 8;
+        for (int gi = 0; gi < 2; gi++) {
+            const int grp = tid + gi * GM_THREADS, rr = grp / 8, kk = (grp % 8) * 8;
             const int r = r0 + rr;
             float v[8];
             if (r < rows) {
@@ -141,22 +149,12 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
             uint4 pk = make_uint4(pack2<BF>(v[0], v[1]), pack2<BF>(v[2], v[3]), pack2<BF>(v[4], v[5]), pack2<BF>(v[6], v[7]));
             *(uint4*)&As[rr][kk] = pk;
         }
-        // Activation tile: 64 tokens x 64 k.
+        // Activation tile: 128 tokens x 64 k = 1024 pieces of 16 bytes, four per thread.
 #pragma unroll
         for (int gi = 0; gi < 4; gi++) {
-            const int grp = tid + gi * 128, tt = grp / 8, kk = (grp % 8) * 8;
+            const int grp = tid + gi * GM_THREADS, tt = grp / 8, kk = (grp % 8) * 8;
             const int t = t0 + tt;
-            float v[8];
-            if (t < T) {
-                const float4 a = *(const float4*)(x + (size_t)t * K + k0 + kk);
-                const float4 b = *(const float4*)(x + (size_t)t * K + k0 + kk + 4);
-                v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; i++) v[i] = 0.0f;
-            }
-            uint4 pk = make_uint4(pack2<BF>(v[0], v[1]), pack2<BF>(v[2], v[3]), pack2<BF>(v[4], v[5]), pack2<BF>(v[6], v[7]));
-            *(uint4*)&Bs[tt][kk] = pk;
+            *(uint4*)&Bs[tt][kk] = t < T ? *(const uint4*)(x + (size_t)t * K + k0 + kk) : make_uint4(0, 0, 0, 0);
         }
         __syncthreads();
 #pragma unroll
@@ -204,8 +202,8 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
 }
 
 #define GEMM_KERNEL(name, WT, BF)                                                                            \
-    extern "C" __global__ void __launch_bounds__(128) name(                                                   \
-        const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K, const float* __restrict__ x,   \
+    extern "C" __global__ void __launch_bounds__(GM_THREADS) name(                                            \
+        const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K, const u16* __restrict__ x,     \
         int T, float* __restrict__ y, int y_stride, const float* __restrict__ bias, int flags) {              \
         gemm_tc<WT, BF>(w, wd, rows, K, x, T, y, y_stride, bias, flags);                                      \
     }

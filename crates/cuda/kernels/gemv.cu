@@ -67,6 +67,11 @@ __device__ __forceinline__ void scale_min_k4(u32 s0, u32 s1, u32 s2, int j, floa
     }
 }
 
+// Spreads bits 0..3 of b to bit 4 of bytes 0..3.
+__device__ __forceinline__ int spread_bits4(u32 b) {
+    return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
+}
+
 __device__ __forceinline__ void load8(const void* p, int* v) {
     const int4 a = ((const int4*)p)[0], b = ((const int4*)p)[1];
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
@@ -86,189 +91,178 @@ struct Act {
 };
 
 // ---- per-item dot products; `it` indexes the items of one row ----
+//
+// Each item is split into a load (the weight bytes into registers, with
+// streaming loads that bypass L1 so the activations stay cached there) and a
+// compute step, so that the row loop can issue the loads of several items
+// before the first dot product needs them.
 
-// Q4_K: 144-byte super-blocks [d, dmin, scales[12], qs[128]]; item c (0..3) is
-// sub-blocks 2c (low nibbles of qs[32c..]) and 2c+1 (high nibbles).
-template <int NT>
-__device__ __forceinline__ void item_q4k(const u8* row, const u16*, int it, Act a, float* acc) {
-    const int b = it >> 2, c = it & 3;
-    const u8* blk = row + b * 144;
-    const u32 dm = *(const u32*)blk;
-    const float d = f16_to_f32(dm & 0xffff), dmin = f16_to_f32(dm >> 16);
-    const u32* S = (const u32*)(blk + 4);
-    const u32 s0 = S[0], s1 = S[1], s2 = S[2];
-    float sc0, m0, sc1, m1;
-    scale_min_k4(s0, s1, s2, 2 * c, sc0, m0);
-    scale_min_k4(s0, s1, s2, 2 * c + 1, sc1, m1);
-    int q[8];
-    load8(blk + 16 + 32 * c, q);
-    const int k0 = b * 256 + 64 * c;
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        int x0[8], x1[8];
-        load8(a.q + t * a.K + k0, x0);
-        load8(a.q + t * a.K + k0 + 32, x1);
-        int dot0 = 0, dot1 = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            dot0 = dp4a(q[i] & 0x0f0f0f0f, x0[i], dot0);
-            dot1 = dp4a((q[i] >> 4) & 0x0f0f0f0f, x1[i], dot1);
+// 16 bytes of weights, read once: not allocated in L1.
+__device__ __forceinline__ int4 ld_stream(const void* p) {
+    int4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void ld_stream4(const void* p, int* v) {
+    const int4 a = ld_stream(p);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+}
+
+// The raw registers of one item (fields unused by a type are optimised away).
+struct Raw {
+    int w[16];
+    u32 x0, x1, x2, x3;
+};
+
+template <int WT>
+__device__ __forceinline__ void load_item(const u8* row, const u16* dv, int it, Raw& r) {
+    if (WT == WT_Q4_K || WT == WT_Q5_K) {
+        // Q4_K: 144-byte super-blocks [d, dmin, scales[12], qs[128]]; Q5_K: 176
+        // bytes with qh[32] before qs. Item c (0..3) is sub-blocks 2c (low
+        // nibbles of qs[32c..]) and 2c+1 (high nibbles).
+        const int b = it >> 2, c = it & 3;
+        const u8* blk = row + b * (WT == WT_Q4_K ? 144 : 176);
+        const int4 hdr = *(const int4*)blk;  // d, dmin, scales[0..12]: L1-cached, shared by 4 lanes
+        r.x0 = hdr.x; r.x1 = hdr.y; r.x2 = hdr.z; r.x3 = hdr.w;
+        const u8* qs = blk + (WT == WT_Q4_K ? 16 : 48) + 32 * c;
+        ld_stream4(qs, r.w);
+        ld_stream4(qs + 16, r.w + 4);
+        if (WT == WT_Q5_K) {
+            const int4 h0 = *(const int4*)(blk + 16), h1 = *(const int4*)(blk + 32);
+            r.w[8] = h0.x; r.w[9] = h0.y; r.w[10] = h0.z; r.w[11] = h0.w;
+            r.w[12] = h1.x; r.w[13] = h1.y; r.w[14] = h1.z; r.w[15] = h1.w;
         }
-        const int bi = t * (a.K / 32) + k0 / 32;
-        acc[t] += d * (sc0 * (float)dot0 * a.d[bi] + sc1 * (float)dot1 * a.d[bi + 1]) -
-                  dmin * (m0 * a.s[bi] + m1 * a.s[bi + 1]);
+    } else if (WT == WT_Q6_K) {
+        // Repacked: 208-byte bodies [ql[128], qh[64], scales[16]], f16 d apart.
+        // Item i (0..3): half n = i/2, lanes l0 = 16*(i%2): four 16-value groups
+        // at offsets 128n + l0 + 32g, each with its own scale.
+        const int b = it >> 2, i = it & 3, n = i >> 1, l0 = (i & 1) * 16;
+        const u8* blk = row + b * 208;
+        ld_stream4(blk + 64 * n + l0, r.w);
+        ld_stream4(blk + 64 * n + l0 + 32, r.w + 4);
+        ld_stream4(blk + 128 + 32 * n + l0, r.w + 8);
+        const u8* sc = blk + 192 + 8 * n + l0 / 16;
+        r.x1 = (u32)sc[0] | ((u32)sc[2] << 8) | ((u32)sc[4] << 16) | ((u32)sc[6] << 24);
+        r.x0 = dv[b];
+    } else if (WT == WT_Q8_0) {
+        ld_stream4(row + it * 32, r.w);
+        ld_stream4(row + it * 32 + 16, r.w + 4);
+        r.x0 = dv[it];
+    } else if (WT == WT_Q4_0) {
+        ld_stream4(row + it * 16, r.w);
+        r.x0 = dv[it];
+    } else if (WT == WT_Q5_0) {
+        const u32* body = (const u32*)(row + it * 20);
+        r.x1 = body[0];
+        r.w[0] = (int)body[1]; r.w[1] = (int)body[2]; r.w[2] = (int)body[3]; r.w[3] = (int)body[4];
+        r.x0 = dv[it];
     }
 }
 
-// Q5_K: 176-byte super-blocks [d, dmin, scales[12], qh[32], qs[128]]; the
-// fifth bit of value l of sub-block j is bit j of qh[l].
-template <int NT>
-__device__ __forceinline__ void item_q5k(const u8* row, const u16*, int it, Act a, float* acc) {
-    const int b = it >> 2, c = it & 3;
-    const u8* blk = row + b * 176;
-    const u32 dm = *(const u32*)blk;
-    const float d = f16_to_f32(dm & 0xffff), dmin = f16_to_f32(dm >> 16);
-    const u32* S = (const u32*)(blk + 4);
-    const u32 s0 = S[0], s1 = S[1], s2 = S[2];
-    float sc0, m0, sc1, m1;
-    scale_min_k4(s0, s1, s2, 2 * c, sc0, m0);
-    scale_min_k4(s0, s1, s2, 2 * c + 1, sc1, m1);
-    int q[8], h[8];
-    load8(blk + 48 + 32 * c, q);
-    load8(blk + 16, h);
-    int lo[8], hi[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        lo[i] = (q[i] & 0x0f0f0f0f) | (((h[i] >> (2 * c)) & 0x01010101) << 4);
-        hi[i] = ((q[i] >> 4) & 0x0f0f0f0f) | (((h[i] >> (2 * c + 1)) & 0x01010101) << 4);
-    }
-    const int k0 = b * 256 + 64 * c;
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        int x0[8], x1[8];
-        load8(a.q + t * a.K + k0, x0);
-        load8(a.q + t * a.K + k0 + 32, x1);
-        int dot0 = 0, dot1 = 0;
+template <int WT, int NT>
+__device__ __forceinline__ void dot_item(const Raw& r, int it, Act a, float* acc) {
+    if (WT == WT_Q4_K || WT == WT_Q5_K) {
+        const int b = it >> 2, c = it & 3;
+        const float d = f16_to_f32(r.x0 & 0xffff), dmin = f16_to_f32(r.x0 >> 16);
+        float sc0, m0, sc1, m1;
+        scale_min_k4(r.x1, r.x2, r.x3, 2 * c, sc0, m0);
+        scale_min_k4(r.x1, r.x2, r.x3, 2 * c + 1, sc1, m1);
+        int lo[8], hi[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            dot0 = dp4a(lo[i], x0[i], dot0);
-            dot1 = dp4a(hi[i], x1[i], dot1);
+            lo[i] = r.w[i] & 0x0f0f0f0f;
+            hi[i] = (r.w[i] >> 4) & 0x0f0f0f0f;
+            if (WT == WT_Q5_K) {
+                lo[i] |= ((r.w[8 + i] >> (2 * c)) & 0x01010101) << 4;
+                hi[i] |= ((r.w[8 + i] >> (2 * c + 1)) & 0x01010101) << 4;
+            }
         }
-        const int bi = t * (a.K / 32) + k0 / 32;
-        acc[t] += d * (sc0 * (float)dot0 * a.d[bi] + sc1 * (float)dot1 * a.d[bi + 1]) -
-                  dmin * (m0 * a.s[bi] + m1 * a.s[bi + 1]);
-    }
-}
-
-// Q6_K, repacked: 208-byte bodies [ql[128], qh[64], scales[16]] and the f16 d
-// apart. Item i (0..3) covers half n = i/2 and lanes l0 = 16*(i%2) of it:
-// four 16-value groups at offsets 128n + l0 + 32g, each with its own scale.
-template <int NT>
-__device__ __forceinline__ void item_q6k(const u8* row, const u16* dv, int it, Act a, float* acc) {
-    const int b = it >> 2, i = it & 3, n = i >> 1, l0 = (i & 1) * 16;
-    const u8* blk = row + b * 208;
-    const float d = f16_to_f32(dv[b]);
-    int la[4], lb[4], h[4];
-    load4(blk + 64 * n + l0, la);
-    load4(blk + 64 * n + l0 + 32, lb);
-    load4(blk + 128 + 32 * n + l0, h);
-    const i8* sc = (const i8*)(blk + 192 + 8 * n + l0 / 16);
-    int v[4][4];
+        const int k0 = b * 256 + 64 * c;
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        v[0][j] = __vsub4((la[j] & 0x0f0f0f0f) | ((h[j] & 0x03030303) << 4), 0x20202020);
-        v[1][j] = __vsub4((lb[j] & 0x0f0f0f0f) | (((h[j] >> 2) & 0x03030303) << 4), 0x20202020);
-        v[2][j] = __vsub4(((la[j] >> 4) & 0x0f0f0f0f) | (((h[j] >> 4) & 0x03030303) << 4), 0x20202020);
-        v[3][j] = __vsub4(((lb[j] >> 4) & 0x0f0f0f0f) | (((h[j] >> 6) & 0x03030303) << 4), 0x20202020);
-    }
-    const float s[4] = {(float)sc[0], (float)sc[2], (float)sc[4], (float)sc[6]};
-    const int kb = b * 256 + 128 * n;
+        for (int t = 0; t < NT; t++) {
+            int x0[8], x1[8];
+            load8(a.q + t * a.K + k0, x0);
+            load8(a.q + t * a.K + k0 + 32, x1);
+            int dot0 = 0, dot1 = 0;
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        float sum = 0.0f;
+            for (int i = 0; i < 8; i++) {
+                dot0 = dp4a(lo[i], x0[i], dot0);
+                dot1 = dp4a(hi[i], x1[i], dot1);
+            }
+            const int bi = t * (a.K / 32) + k0 / 32;
+            acc[t] += d * (sc0 * (float)dot0 * a.d[bi] + sc1 * (float)dot1 * a.d[bi + 1]) -
+                      dmin * (m0 * a.s[bi] + m1 * a.s[bi + 1]);
+        }
+    } else if (WT == WT_Q6_K) {
+        const int b = it >> 2, i = it & 3, n = i >> 1, l0 = (i & 1) * 16;
+        const float d = f16_to_f32((u16)r.x0);
+        int v[4][4];
 #pragma unroll
-        for (int g = 0; g < 4; g++) {
-            int x[4];
-            load4(a.q + t * a.K + kb + 32 * g + l0, x);
+        for (int j = 0; j < 4; j++) {
+            const int la = r.w[j], lb = r.w[4 + j], h = r.w[8 + j];
+            v[0][j] = __vsub4((la & 0x0f0f0f0f) | ((h & 0x03030303) << 4), 0x20202020);
+            v[1][j] = __vsub4((lb & 0x0f0f0f0f) | (((h >> 2) & 0x03030303) << 4), 0x20202020);
+            v[2][j] = __vsub4(((la >> 4) & 0x0f0f0f0f) | (((h >> 4) & 0x03030303) << 4), 0x20202020);
+            v[3][j] = __vsub4(((lb >> 4) & 0x0f0f0f0f) | (((h >> 6) & 0x03030303) << 4), 0x20202020);
+        }
+        float s[4];
+#pragma unroll
+        for (int g = 0; g < 4; g++) s[g] = (float)(i8)((r.x1 >> (8 * g)) & 0xff);
+        const int kb = b * 256 + 128 * n;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                int x[4];
+                load4(a.q + t * a.K + kb + 32 * g + l0, x);
+                int dot = 0;
+#pragma unroll
+                for (int j = 0; j < 4; j++) dot = dp4a(v[g][j], x[j], dot);
+                sum += s[g] * (float)dot * a.d[t * (a.K / 32) + (kb + 32 * g) / 32];
+            }
+            acc[t] += d * sum;
+        }
+    } else if (WT == WT_Q8_0) {
+        const float d = f16_to_f32((u16)r.x0);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            int x[8];
+            load8(a.q + t * a.K + it * 32, x);
             int dot = 0;
 #pragma unroll
-            for (int j = 0; j < 4; j++) dot = dp4a(v[g][j], x[j], dot);
-            sum += s[g] * (float)dot * a.d[t * (a.K / 32) + (kb + 32 * g) / 32];
+            for (int i = 0; i < 8; i++) dot = dp4a(r.w[i], x[i], dot);
+            acc[t] += d * (float)dot * a.d[t * (a.K / 32) + it];
         }
-        acc[t] += d * sum;
-    }
-}
-
-// Q8_0, repacked: 32-byte bodies of int8 and the f16 d apart.
-template <int NT>
-__device__ __forceinline__ void item_q8_0(const u8* row, const u16* dv, int it, Act a, float* acc) {
-    int q[8];
-    load8(row + it * 32, q);
-    const float d = f16_to_f32(dv[it]);
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        int x[8];
-        load8(a.q + t * a.K + it * 32, x);
-        int dot = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) dot = dp4a(q[i], x[i], dot);
-        acc[t] += d * (float)dot * a.d[t * (a.K / 32) + it];
-    }
-}
-
-// Q4_0, repacked: 16-byte bodies; value l is (qs[l] & 15) - 8 for l < 16 and
-// (qs[l-16] >> 4) - 8 above.
-template <int NT>
-__device__ __forceinline__ void item_q4_0(const u8* row, const u16* dv, int it, Act a, float* acc) {
-    int q[4];
-    load4(row + it * 16, q);
-    const float d = f16_to_f32(dv[it]);
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        int x[8];
-        load8(a.q + t * a.K + it * 32, x);
-        int dot = 0;
+    } else if (WT == WT_Q4_0 || WT == WT_Q5_0) {
+        // Q4_0: value l is (qs[l] & 15) - 8 for l < 16, (qs[l-16] >> 4) - 8 above.
+        // Q5_0: (nibble | bit l of qh << 4) - 16.
+        int lo[4], hi[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            dot = dp4a(q[i] & 0x0f0f0f0f, x[i], dot);
-            dot = dp4a((q[i] >> 4) & 0x0f0f0f0f, x[i + 4], dot);
+            lo[i] = r.w[i] & 0x0f0f0f0f;
+            hi[i] = (r.w[i] >> 4) & 0x0f0f0f0f;
+            if (WT == WT_Q5_0) {
+                lo[i] |= spread_bits4(r.x1 >> (4 * i));
+                hi[i] |= spread_bits4(r.x1 >> (16 + 4 * i));
+            }
         }
-        const int bi = t * (a.K / 32) + it;
-        acc[t] += d * ((float)dot * a.d[bi] - 8.0f * a.s[bi]);
-    }
-}
-
-// Spreads bits 0..3 of b to bit 4 of bytes 0..3.
-__device__ __forceinline__ int spread_bits4(u32 b) {
-    return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
-}
-
-// Q5_0, repacked: 20-byte bodies [qh (u32), qs[16]]; value l is
-// (nibble | bit l of qh << 4) - 16.
-template <int NT>
-__device__ __forceinline__ void item_q5_0(const u8* row, const u16* dv, int it, Act a, float* acc) {
-    const u32* body = (const u32*)(row + it * 20);
-    const u32 qh = body[0];
-    int lo[4], hi[4];
+        const float d = f16_to_f32((u16)r.x0);
+        const float off = WT == WT_Q4_0 ? 8.0f : 16.0f;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int q = (int)body[1 + i];
-        lo[i] = (q & 0x0f0f0f0f) | spread_bits4(qh >> (4 * i));
-        hi[i] = ((q >> 4) & 0x0f0f0f0f) | spread_bits4(qh >> (16 + 4 * i));
-    }
-    const float d = f16_to_f32(dv[it]);
+        for (int t = 0; t < NT; t++) {
+            int x[8];
+            load8(a.q + t * a.K + it * 32, x);
+            int dot = 0;
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        int x[8];
-        load8(a.q + t * a.K + it * 32, x);
-        int dot = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            dot = dp4a(lo[i], x[i], dot);
-            dot = dp4a(hi[i], x[i + 4], dot);
+            for (int i = 0; i < 4; i++) {
+                dot = dp4a(lo[i], x[i], dot);
+                dot = dp4a(hi[i], x[i + 4], dot);
+            }
+            const int bi = t * (a.K / 32) + it;
+            acc[t] += d * ((float)dot * a.d[bi] - off * a.s[bi]);
         }
-        const int bi = t * (a.K / 32) + it;
-        acc[t] += d * ((float)dot * a.d[bi] - 16.0f * a.s[bi]);
     }
 }
 
@@ -302,17 +296,6 @@ __device__ __forceinline__ void item_float(const u8* row, const u16*, int it, Ac
     }
 }
 
-template <int WT, int NT>
-__device__ __forceinline__ void gemv_item(const u8* row, const u16* dv, int it, Act a, float* acc) {
-    if (WT == WT_Q4_K) item_q4k<NT>(row, dv, it, a, acc);
-    else if (WT == WT_Q5_K) item_q5k<NT>(row, dv, it, a, acc);
-    else if (WT == WT_Q6_K) item_q6k<NT>(row, dv, it, a, acc);
-    else if (WT == WT_Q8_0) item_q8_0<NT>(row, dv, it, a, acc);
-    else if (WT == WT_Q4_0) item_q4_0<NT>(row, dv, it, a, acc);
-    else if (WT == WT_Q5_0) item_q5_0<NT>(row, dv, it, a, acc);
-    else item_float<WT, NT>(row, dv, it, a, acc);
-}
-
 // Bytes of one row's body and number of items, per weight type.
 template <int WT>
 __device__ __forceinline__ void row_geometry(int K, int& row_bytes, int& n_items, int& blocks_per_row) {
@@ -329,7 +312,7 @@ __device__ __forceinline__ void row_geometry(int K, int& row_bytes, int& n_items
 }
 
 // y[t * y_stride + r] (op)= f(acc + bias[r]) for rows r of W [rows, K].
-template <int WT, int NT>
+template <int WT, int NT, int U>
 __device__ __forceinline__ void gemv(const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K,
                                      const i8* __restrict__ xq, const float* __restrict__ xd,
                                      const float* __restrict__ xs, float* __restrict__ y, int y_stride,
@@ -345,9 +328,21 @@ __device__ __forceinline__ void gemv(const u8* __restrict__ w, const u16* __rest
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    // The hot loop: each lane takes every 32nd item of the row.
-#pragma unroll 2
-    for (int it = lane; it < n_items; it += WARP) gemv_item<WT, NT>(row, dv, it, a, acc);
+    // The hot loop: each lane takes every 32nd item of the row, issuing the
+    // weight loads of U items before computing on the first.
+    if (WT == WT_F32 || WT == WT_F16 || WT == WT_BF16) {
+        for (int it = lane; it < n_items; it += WARP) item_float<WT, NT>(row, dv, it, a, acc);
+    } else {
+        for (int base = lane; base < n_items; base += U * WARP) {
+            Raw raw[U];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (base + u * WARP < n_items) load_item<WT>(row, dv, base + u * WARP, raw[u]);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (base + u * WARP < n_items) dot_item<WT, NT>(raw[u], base + u * WARP, a, acc);
+        }
+    }
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
     if (lane < NT) {
@@ -363,12 +358,18 @@ __device__ __forceinline__ void gemv(const u8* __restrict__ w, const u16* __rest
     }
 }
 
-#define GEMV_KERNEL(name, WT, NT)                                                                          \
+// Items whose loads are issued together: more bytes in flight per warp
+// against more registers (fewer resident warps). Tuned on an H200.
+#define GEMV_U(NT) ((NT) == 1 ? 4 : ((NT) == 2 ? 2 : 1))
+
+#define GEMV_KERNEL(name, WT, NT) GEMV_KERNEL_U(name, WT, NT, GEMV_U(NT))
+
+#define GEMV_KERNEL_U(name, WT, NT, U)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) name(                                                \
         const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K, const i8* __restrict__ xq,   \
         const float* __restrict__ xd, const float* __restrict__ xs, float* __restrict__ y, int y_stride,   \
         const float* __restrict__ bias, int flags) {                                                       \
-        gemv<WT, NT>(w, wd, rows, K, xq, xd, xs, y, y_stride, bias, flags);                                \
+        gemv<WT, NT, U>(w, wd, rows, K, xq, xd, xs, y, y_stride, bias, flags);                                \
     }
 
 #define GEMV_KERNELS(tname, WT) \
@@ -386,3 +387,10 @@ GEMV_KERNELS(q5_0, WT_Q5_0)
 GEMV_KERNELS(q4_k, WT_Q4_K)
 GEMV_KERNELS(q5_k, WT_Q5_K)
 GEMV_KERNELS(q6_k, WT_Q6_K)
+
+// Variants for `hearth bench --device cuda --kernels` (single-token decode).
+GEMV_KERNEL_U(gemv_q4_k_1_u1, WT_Q4_K, 1, 1)
+GEMV_KERNEL_U(gemv_q4_k_1_u2, WT_Q4_K, 1, 2)
+GEMV_KERNEL_U(gemv_q4_k_1_u8, WT_Q4_K, 1, 8)
+GEMV_KERNEL_U(gemv_q6_k_1_u2, WT_Q6_K, 1, 2)
+GEMV_KERNEL_U(gemv_q6_k_1_u8, WT_Q6_K, 1, 8)

@@ -101,8 +101,18 @@ pub fn compile(source: &str, arch: (i32, i32)) -> Result<Vec<u8>> {
     let src = CString::new(source).expect("kernel source has no NUL");
     let fail = |what: &str, e: &dyn std::fmt::Debug| CudaError::Compile { arch: arch_name.clone(), log: format!("{what}: {e:?}") };
     let prog = nvrtc::create_program(&src, Some(c"hearth_kernels.cu")).map_err(|e| fail("nvrtcCreateProgram", &e))?;
-    let opts = [format!("--gpu-architecture={arch_name}"), "--std=c++17".to_string(), "-default-device".to_string()];
+    let mut opts = vec![format!("--gpu-architecture={arch_name}"), "--std=c++17".to_string(), "-default-device".to_string()];
+    // HEARTH_NVRTC_VERBOSE=1 prints ptxas's register / spill report of every kernel.
+    let verbose = std::env::var_os("HEARTH_NVRTC_VERBOSE").is_some();
+    if verbose {
+        opts.push("--ptxas-options=-v".to_string());
+    }
     let compiled = unsafe { nvrtc::compile_program(prog, &opts) };
+    if verbose {
+        if let Ok(l) = unsafe { nvrtc::get_program_log(prog) } {
+            eprintln!("{}", l.iter().map(|&c| c as u8 as char).collect::<String>());
+        }
+    }
     let result = match compiled {
         Ok(()) => cubin_of(prog).map_err(|e| fail("nvrtcGetCUBIN", &e)),
         Err(_) => {

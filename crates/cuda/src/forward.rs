@@ -18,7 +18,7 @@ pub const GPU_CHUNK: usize = 512;
 /// Rows of logits computed per head launch.
 const LOGIT_ROWS: usize = 16;
 /// Keys per attention tile (ATT_TILE in attention.cu).
-const ATT_TILE: usize = 128;
+const ATT_TILE: usize = 64;
 /// Muse Glimmer's post-norm epsilon (spec §1).
 const POST_NORM_EPS: f32 = 1e-8;
 
@@ -54,6 +54,8 @@ struct Scratch {
     fg: DevBuf,
     fu: DevBuf,
     aq: DevBuf,
+    /// Activations as f16/bf16 for the GEMM: [T, widest].
+    xh: DevBuf,
     ad: DevBuf,
     as_: DevBuf,
     part_o: DevBuf,
@@ -154,6 +156,7 @@ impl GpuModel {
             fg: f(t * ffn)?,
             fu: f(t * ffn)?,
             aq: g.alloc(t * widest, "scratch")?,
+            xh: g.alloc(t * widest * 2, "scratch")?,
             ad: f(t * widest / 32)?,
             as_: f(t * widest / 32)?,
             part_o: f(part_rows * c.head_dim)?,
@@ -269,7 +272,7 @@ impl GpuModel {
     fn linear(&self, st: &GpuState, w: &ops::GpuMatrix, t: usize, x: u64, y: u64, bias: u64, flags: i32) -> Result<()> {
         if t >= st.gemm_min_tokens && crate::gemm::supported(w) {
             let bf16 = self.model.config.arch == Architecture::MuseGlimmer;
-            crate::gemm::gemm(&self.gpu, w, x, t, y, w.rows, bias, flags, bf16)
+            crate::gemm::gemm(&self.gpu, w, x, st.s.xh.ptr, t, y, w.rows, bias, flags, bf16)
         } else {
             ops::gemv(&self.gpu, w, Self::q8(st), t, y, w.rows, bias, flags)
         }

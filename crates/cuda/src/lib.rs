@@ -15,6 +15,7 @@ pub mod driver;
 pub mod error;
 pub mod forward;
 pub mod gemm;
+pub mod kbench;
 pub mod model;
 pub mod ops;
 pub mod repack;

@@ -22,6 +22,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "gemm_q4_k_f16",
     "gemm_q6_k_bf16",
     "fill_random_kv",
+    "to_half",
 ];
 
 // Flags shared with the kernels (kernels/common.cuh, gemv.cu, layer_ops.cu).
@@ -91,6 +92,29 @@ fn gemv_name(kind: WeightKind, nt: usize) -> &'static str {
     names!(F32 => "f32", F16 => "f16", Bf16 => "bf16", Q8_0 => "q8_0", Q4_0 => "q4_0", Q5_0 => "q5_0", Q4K => "q4_k", Q5K => "q5_k", Q6K => "q6_k")
 }
 
+/// One launch of the GEMV kernel `name` for `nt` tokens (benchmarks of kernel variants).
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_kernel(g: &Gpu, name: &'static str, w: &GpuMatrix, x: Q8, y: u64, y_stride: usize, bias: u64, flags: i32) -> Result<()> {
+    g.launch(
+        name,
+        grid1(w.rows, 8),
+        256,
+        &[
+            Arg::Ptr(w.body),
+            Arg::Ptr(w.scales),
+            Arg::I32(w.rows as i32),
+            Arg::I32(w.cols as i32),
+            Arg::Ptr(x.q),
+            Arg::Ptr(x.d),
+            Arg::Ptr(x.s),
+            Arg::Ptr(y),
+            Arg::I32(y_stride as i32),
+            Arg::Ptr(bias),
+            Arg::I32(flags),
+        ],
+    )
+}
+
 /// y[t, :] (op)= W · x[t, :] for t < n_tokens, x given quantized; `y_stride`
 /// is the distance between the rows of y in elements. `bias` (0 = none) has `rows` values.
 pub fn gemv(g: &Gpu, w: &GpuMatrix, x: Q8, n_tokens: usize, y: u64, y_stride: usize, bias: u64, flags: i32) -> Result<()> {
@@ -134,7 +158,7 @@ pub fn rmsnorm(g: &Gpu, x: u64, out: u64, gain: u64, rows: usize, dim: usize, ep
     g.launch(
         "rmsnorm",
         (rows as u32, 1, 1),
-        256,
+        1024,
         &[Arg::Ptr(x), Arg::Ptr(out), Arg::Ptr(gain), Arg::I32(dim as i32), Arg::F32(eps), Arg::I32(flags), Arg::Ptr(a.q), Arg::Ptr(a.d), Arg::Ptr(a.s)],
     )
 }

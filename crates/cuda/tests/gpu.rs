@@ -17,7 +17,7 @@ use hearth_cuda::repack::{split_blocks, split_sizes, WeightKind};
 use hearth_cuda::{gemm, GpuModel};
 use hearth_gguf::GgmlType;
 use hearth_models::synth::{write_gguf, SynthOptions, SynthPlan, SynthShape};
-use hearth_models::{Architecture, Logits, Model};
+use hearth_models::{Architecture, Logits, Model, Numerics};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -167,7 +167,7 @@ fn gemm_matches_cpu_reference() {
     let mut rng = ChaCha8Rng::seed_from_u64(2);
     println!("{:6} {:>5} {:>5} {:>4} {:>5} {:>10}", "type", "rows", "K", "T", "prec", "nrmse");
     for ty in TYPES {
-        for &(rows, k, t, bf) in &[(77usize, 256usize, 100usize, false), (200, 512, 37, true), (130, 1024, 64, false)] {
+        for &(rows, k, t, bf) in &[(77usize, 256usize, 100usize, false), (200, 512, 37, true), (130, 1024, 300, false)] {
             let w = random_weights(ty, rows, k, &mut rng);
             let mut wf = vec![0.0f32; rows * k];
             hearth_kernels::dequantize(ty, &w, &mut wf).unwrap();
@@ -175,7 +175,8 @@ fn gemm_matches_cpu_reference() {
             let (m, _b, _s) = upload_matrix(&g, ty, rows, k, &w);
             let xb = upload_f32(&g, &x);
             let y = upload_f32(&g, &vec![f32::NAN; t * rows]);
-            gemm::gemm(&g, &m, xb.ptr, t, y.ptr, rows, 0, 0, bf).unwrap();
+            let xh = g.alloc(t * k * 2, "t").unwrap();
+            gemm::gemm(&g, &m, xb.ptr, xh.ptr, t, y.ptr, rows, 0, 0, bf).unwrap();
             let got = download_f32(&g, &y, t * rows);
             let round = |v: f32| if bf { bf16::from_f32(v).to_f32() } else { f16::from_f32(v).to_f32() };
             let (wr, xr): (Vec<f32>, Vec<f32>) = (wf.iter().map(|&v| round(v)).collect(), x.iter().map(|&v| round(v)).collect());
@@ -299,19 +300,32 @@ fn rmsnorm_matches_cpu_reference() {
     }
 }
 
-fn synth_model(shape: SynthShape, seed: u64) -> Arc<Model> {
+/// The model twice: with its reference numerics (the CPU backend as shipped)
+/// and with exact f32 numerics (no bf16 / 8-bit rounding anywhere).
+fn synth_models(shape: SynthShape, seed: u64) -> (Arc<Model>, Model) {
     let plan = SynthPlan::new(&shape).unwrap();
     let path = std::env::temp_dir().join(format!("hearth-cuda-test-{}-{seed}-{}.gguf", shape.arch.gguf_name(), std::process::id()));
     write_gguf(&plan, &SynthOptions { seed, ..Default::default() }, std::fs::File::create(&path).unwrap(), |_| {}).unwrap();
     let m = Model::load(&path).unwrap();
+    let mut exact = Model::load(&path).unwrap();
+    exact.set_numerics(Numerics::F32);
     let _ = std::fs::remove_file(&path);
-    Arc::new(m)
+    (Arc::new(m), exact)
 }
 
 /// Runs the same token sequence through the CPU and CUDA backends: a prefill
 /// block (tensor-core GEMM path), single decode tokens (graph replay), and a
 /// 5-token block (the small-block GEMV path), comparing every logits row.
-fn compare_model(name: &str, model: Arc<Model>, tol: f64) {
+///
+/// Bit-exact agreement is not expected: the backends round at different
+/// points (the GPU quantizes activations to 8 bits per 32 values for its
+/// GEMV, or to f16/bf16 for its GEMM; the CPU to 8 bits per 256 for
+/// llama-family models, or not at all for Muse Glimmer). How far apart two
+/// valid roundings land depends on the model, so the bound is measured on
+/// the model itself: the CPU's reference numerics against its exact-f32
+/// numerics. The GPU must stay within twice that distance of the CPU
+/// reference, on every row.
+fn compare_model(name: &str, model: Arc<Model>, exact: Model) {
     let g = gpu();
     let gm = GpuModel::upload(g, model.clone(), false).unwrap();
     let vocab = model.config.vocab_size;
@@ -320,6 +334,7 @@ fn compare_model(name: &str, model: Arc<Model>, tol: f64) {
     // Longer than a GPU ring (window + 512 slots), so sliding layers wrap.
     let ctx = 1024;
     let mut cs = model.new_state(ctx);
+    let mut es = exact.new_state(ctx);
     let mut gs = gm.new_state(ctx).unwrap();
     let steps: Vec<(&[u32], Logits)> = vec![
         (&tokens[..40], Logits::All),
@@ -331,37 +346,47 @@ fn compare_model(name: &str, model: Arc<Model>, tol: f64) {
         (&tokens[568..569], Logits::Last),
         (&tokens[569..580], Logits::Last),
     ];
-    let (mut worst, mut rows, mut agree) = (0.0f64, 0usize, 0usize);
+    let (mut worst_gpu, mut worst_gpu_exact, mut spread, mut rows, mut agree) = (0.0f64, 0.0f64, 0.0f64, 0usize, 0usize);
+    let argmax = |v: &[f32]| v.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (j, &x)| if x > b.1 { (j, x) } else { b }).0;
     for (i, (toks, want)) in steps.iter().enumerate() {
         let c = model.forward(&mut cs, toks, *want).unwrap();
+        let e = exact.forward(&mut es, toks, *want).unwrap();
         let gpu_logits = gm.forward(&mut gs, toks, *want).unwrap();
         assert_eq!(c.len(), gpu_logits.len());
-        for (r, (cr, gr)) in c.chunks_exact(vocab).zip(gpu_logits.chunks_exact(vocab)).enumerate() {
-            let c64: Vec<f64> = cr.iter().map(|&v| v as f64).collect();
-            let e = nrmse(gr, &c64);
-            let argmax = |v: &[f32]| v.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (j, &x)| if x > b.1 { (j, x) } else { b }).0;
+        let n_rows = c.len() / vocab;
+        for r in 0..n_rows {
+            let (cr, er, gr) = (&c[r * vocab..][..vocab], &e[r * vocab..][..vocab], &gpu_logits[r * vocab..][..vocab]);
+            let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+            let (e_gpu, e_gpu_exact, e_cpu) = (nrmse(gr, &to64(cr)), nrmse(gr, &to64(er)), nrmse(cr, &to64(er)));
             agree += (argmax(cr) == argmax(gr)) as usize;
             rows += 1;
-            worst = worst.max(e);
-            if r == 0 || r + 1 == c.len() / vocab {
-                println!("{name} step {i} ({} tokens, row {r}): nrmse {e:.2e}, argmax cpu {} gpu {}", toks.len(), argmax(cr), argmax(gr));
+            worst_gpu = worst_gpu.max(e_gpu);
+            worst_gpu_exact = worst_gpu_exact.max(e_gpu_exact);
+            spread = spread.max(e_cpu);
+            if r == 0 || r + 1 == n_rows {
+                println!(
+                    "{name} step {i} ({} tokens, row {r}): nrmse gpu-cpu {e_gpu:.2e}, gpu-exact {e_gpu_exact:.2e}, cpu-exact {e_cpu:.2e}; argmax cpu {} gpu {}",
+                    toks.len(),
+                    argmax(cr),
+                    argmax(gr)
+                );
             }
         }
     }
-    println!("{name}: {rows} logits rows, worst nrmse {worst:.2e}, argmax agreement {agree}/{rows}");
-    assert!(worst < tol, "{name}: worst nrmse {worst}");
+    println!(
+        "{name}: {rows} logits rows; worst nrmse gpu vs cpu {worst_gpu:.2e} (bound 2 x {spread:.2e}), gpu vs exact f32 {worst_gpu_exact:.2e}; argmax agreement {agree}/{rows}"
+    );
+    assert!(worst_gpu < 2.0 * spread, "{name}: worst nrmse {worst_gpu} vs bound {}", 2.0 * spread);
     assert_eq!(gs.pos, cs.pos);
 }
 
 /// Whole-model logits, synthetic qwen2 (Q4_K_M mix, biases, NeoX RoPE, GQA).
-/// The CPU quantizes activations to 8 bits per 256 (Q8_K) and the GPU per
-/// 32 values (or rounds them to f16 in the GEMM), so logits agree to the
-/// activation-quantization error, not bit for bit.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn qwen2_logits_match_cpu() {
     let shape = SynthShape { n_layers: 4, dim: 512, n_heads: 8, n_kv_heads: 2, head_dim: 64, ffn_dim: 1536, vocab_size: 1000, ..SynthShape::small(Architecture::Qwen2) };
-    compare_model("qwen2", synth_model(shape, 11), 5e-2);
+    let (m, exact) = synth_models(shape, 11);
+    compare_model("qwen2", m, exact);
 }
 
 /// Whole-model logits, synthetic muse_glimmer (sliding-window ring caches
@@ -371,5 +396,6 @@ fn qwen2_logits_match_cpu() {
 #[ignore = "needs a CUDA GPU"]
 fn muse_glimmer_logits_match_cpu() {
     let shape = SynthShape { n_layers: 8, dim: 512, n_heads: 8, n_kv_heads: 2, head_dim: 64, ffn_dim: 1536, vocab_size: 1000, window: 16, ..SynthShape::small(Architecture::MuseGlimmer) };
-    compare_model("muse_glimmer", synth_model(shape, 12), 5e-2);
+    let (m, exact) = synth_models(shape, 12);
+    compare_model("muse_glimmer", m, exact);
 }

@@ -40,6 +40,9 @@ pub struct Args {
     /// cuda: launch every kernel of a decode step instead of replaying a CUDA graph.
     #[arg(long)]
     pub no_graph: bool,
+    /// cuda: time the kernels alone (GEMV variants, attention, GEMM) on random data; no model needed.
+    #[arg(long)]
+    pub kernels: bool,
 }
 
 /// Median, min and max of repeated measurements.
@@ -85,6 +88,11 @@ pub fn run(args: Args) -> Result<()> {
     crate::init_threads(args.threads)?;
     #[cfg(feature = "cuda")]
     if args.device == crate::device::Device::Cuda {
+        if args.kernels {
+            let gpu = hearth_cuda::Gpu::open().context("--device cuda")?;
+            print!("{}", hearth_cuda::kbench::run(&gpu)?);
+            return Ok(());
+        }
         let path = crate::registry::resolve_model(args.model.as_deref())?;
         let model = std::sync::Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
