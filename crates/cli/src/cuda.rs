@@ -30,7 +30,10 @@ pub fn load(model: Arc<Model>) -> Result<GpuModel> {
     );
     let t1 = Instant::now();
     let gm = GpuModel::upload(gpu, model, true).context("uploading the weights")?;
-    eprintln!("cuda: {:.2} GB of weights resident ({:.1} s)", gm.resident_bytes as f64 / 1e9, t1.elapsed().as_secs_f64());
+    eprintln!("cuda: {:.2} GB of weights resident, GEMV variants tuned ({:.1} s)", gm.resident_bytes as f64 / 1e9, t1.elapsed().as_secs_f64());
+    for line in &gm.tune_report {
+        eprintln!("cuda:   gemv {line}");
+    }
     Ok(gm)
 }
 

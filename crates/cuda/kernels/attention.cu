@@ -50,10 +50,12 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ q, const u1
         m_run[tid] = -INFINITY;
         l_run[tid] = 0.0f;
     }
-    const int d = tid % HD, grp = tid / HD, n_grp = ATT_THREADS / HD;
-    float acc[ATT_MAX_G];
+    // V phase: thread owns dimensions (2dp, 2dp + 1) of every head, for key
+    // pairs kg, kg + n_kg, ... of each tile.
+    const int dp = tid % (HD / 2), kg = tid / (HD / 2), n_kg = ATT_THREADS / (HD / 2);
+    float acc[ATT_MAX_G][2];
 #pragma unroll
-    for (int g = 0; g < ATT_MAX_G; g++) acc[g] = 0.0f;
+    for (int g = 0; g < ATT_MAX_G; g++) acc[g][0] = acc[g][1] = 0.0f;
 
     const u16* kh = kc + (size_t)kvh * slots * HD;
     const u16* vh = vc + (size_t)kvh * slots * HD;
@@ -130,24 +132,40 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ q, const u1
         __syncthreads();
 #pragma unroll
         for (int g = 0; g < ATT_MAX_G; g++)
-            if (g < G) acc[g] *= alpha[g];
-        for (int j = grp; j < n_here; j += n_grp) {
-            const u16 raw = Vs[j][d];
-            const float vf = BF16 ? bf16_to_f32(raw) : f16_to_f32(raw);
+            if (g < G) {
+                acc[g][0] *= alpha[g];
+                acc[g][1] *= alpha[g];
+            }
+        for (int jj = kg; 2 * jj < n_here; jj += n_kg) {
+            const int j = 2 * jj;
+            const u32 r0 = *(const u32*)&Vs[j][2 * dp];
+            const bool two = j + 1 < n_here;  // rows past n_here hold stale data
+            const u32 r1 = two ? *(const u32*)&Vs[j + 1][2 * dp] : 0u;
+            const float v00 = BF16 ? bf16_to_f32(r0 & 0xffff) : f16_to_f32(r0 & 0xffff);
+            const float v01 = BF16 ? bf16_to_f32(r0 >> 16) : f16_to_f32(r0 >> 16);
+            const float v10 = BF16 ? bf16_to_f32(r1 & 0xffff) : f16_to_f32(r1 & 0xffff);
+            const float v11 = BF16 ? bf16_to_f32(r1 >> 16) : f16_to_f32(r1 >> 16);
 #pragma unroll
             for (int g = 0; g < ATT_MAX_G; g++)
-                if (g < G) acc[g] += sc[g][j] * vf;
+                if (g < G) {
+                    const float2 p = *(const float2*)&sc[g][j];
+                    acc[g][0] += p.x * v00 + p.y * v10;
+                    acc[g][1] += p.x * v01 + p.y * v11;
+                }
         }
         __syncthreads();
     }
-    // Reduce the lane groups (HD = 64: two) through shared memory (reusing
-    // the K tile), then write this split's partial result.
+    // Reduce the key groups through shared memory (reusing the K tile), then
+    // write this split's partial result.
     float* o_red = (float*)&Ks[0][0];  // [G][HD] floats fit in the K tile
-    for (int r = 0; r < n_grp; r++) {
-        if (grp == r) {
+    for (int r = 0; r < n_kg; r++) {
+        if (kg == r) {
 #pragma unroll
             for (int g = 0; g < ATT_MAX_G; g++)
-                if (g < G) o_red[g * HD + d] = (r == 0 ? 0.0f : o_red[g * HD + d]) + acc[g];
+                if (g < G) {
+                    o_red[g * HD + 2 * dp] = (r == 0 ? 0.0f : o_red[g * HD + 2 * dp]) + acc[g][0];
+                    o_red[g * HD + 2 * dp + 1] = (r == 0 ? 0.0f : o_red[g * HD + 2 * dp + 1]) + acc[g][1];
+                }
         }
         __syncthreads();
     }
@@ -176,20 +194,35 @@ ATTN_KERNEL(attn_split_128_f16, 128, false)
 ATTN_KERNEL(attn_split_128_bf16, 128, true)
 
 // Merges the S partial results of each (token, head): out = sum_s e^(m_s - M) o_s
-// / sum_s e^(m_s - M) l_s. One block of hd threads per (head, token).
+// / sum_s e^(m_s - M) l_s. One block of hd threads per (head, token): the
+// split weights are computed once, in parallel, into shared memory.
+#define ATT_MAX_SPLITS 1024
 extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, int S,
                                         int hd, int flags, float* __restrict__ out) {
     const int h = blockIdx.x, t = blockIdx.y, n_heads = gridDim.x, d = threadIdx.x;
     const size_t base = ((size_t)t * n_heads + h) * S;
+    __shared__ float wts[ATT_MAX_SPLITS];
+    __shared__ float red[32];
     float M = -INFINITY;
-    for (int s = 0; s < S; s++) M = fmaxf(M, part_ml[(base + s) * 2]);
-    float num = 0.0f, den = 0.0f;
-    for (int s = 0; s < S; s++) {
+    for (int s = d; s < S; s += blockDim.x) M = fmaxf(M, part_ml[(base + s) * 2]);
+    M = warp_max(M);
+    if (d % WARP == 0) red[d / WARP] = M;
+    __syncthreads();
+    M = -INFINITY;
+    for (int w = 0; w < (int)(blockDim.x / WARP); w++) M = fmaxf(M, red[w]);
+    __syncthreads();
+    float den = 0.0f;
+    for (int s = d; s < S; s += blockDim.x) {
         const float m = part_ml[(base + s) * 2];
-        if (m == -INFINITY) continue;
-        const float w = expf(m - M);
-        num += w * part_o[(base + s) * hd + d];
+        const float w = m == -INFINITY ? 0.0f : expf(m - M);
+        wts[s] = w;
         den += w * part_ml[(base + s) * 2 + 1];
+    }
+    den = block_sum(den);
+    float num = 0.0f;
+    for (int s = 0; s < S; s++) {
+        const float w = wts[s];
+        if (w != 0.0f) num += w * part_o[(base + s) * hd + d];
     }
     float v = num / den;
     if (flags & OUT_BF16) v = round_bf16(v);

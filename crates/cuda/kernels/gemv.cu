@@ -317,49 +317,49 @@ __device__ __forceinline__ void gemv(const u8* __restrict__ w, const u16* __rest
                                      const i8* __restrict__ xq, const float* __restrict__ xd,
                                      const float* __restrict__ xs, float* __restrict__ y, int y_stride,
                                      const float* __restrict__ bias, int flags) {
-    const int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    const int lane = threadIdx.x % WARP;
-    if (r >= rows) return;
+    const int lane = threadIdx.x % WARP, wpb = blockDim.x / WARP;
     int row_bytes, n_items, bpr;
     row_geometry<WT>(K, row_bytes, n_items, bpr);
-    const u8* row = w + (size_t)r * row_bytes;
-    const u16* dv = wd ? wd + (size_t)r * bpr : nullptr;
     const Act a = {xq, xd, xs, K};
-    float acc[NT];
+    // Rows r, r + (warps in the grid), ...: with a grid smaller than the
+    // matrix (one sized to the GPU) each warp streams several rows.
+    for (int r = blockIdx.x * wpb + threadIdx.x / WARP; r < rows; r += gridDim.x * wpb) {
+        const u8* row = w + (size_t)r * row_bytes;
+        const u16* dv = wd ? wd + (size_t)r * bpr : nullptr;
+        float acc[NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    // The hot loop: each lane takes every 32nd item of the row, issuing the
-    // weight loads of U items before computing on the first.
-    if (WT == WT_F32 || WT == WT_F16 || WT == WT_BF16) {
-        for (int it = lane; it < n_items; it += WARP) item_float<WT, NT>(row, dv, it, a, acc);
-    } else {
-        for (int base = lane; base < n_items; base += U * WARP) {
-            Raw raw[U];
+        for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+        // The hot loop: each lane takes every 32nd item of the row, issuing the
+        // weight loads of U items before computing on the first.
+        if (WT == WT_F32 || WT == WT_F16 || WT == WT_BF16) {
+            for (int it = lane; it < n_items; it += WARP) item_float<WT, NT>(row, dv, it, a, acc);
+        } else {
+            for (int base = lane; base < n_items; base += U * WARP) {
+                Raw raw[U];
 #pragma unroll
-            for (int u = 0; u < U; u++)
-                if (base + u * WARP < n_items) load_item<WT>(row, dv, base + u * WARP, raw[u]);
+                for (int u = 0; u < U; u++)
+                    if (base + u * WARP < n_items) load_item<WT>(row, dv, base + u * WARP, raw[u]);
 #pragma unroll
-            for (int u = 0; u < U; u++)
-                if (base + u * WARP < n_items) dot_item<WT, NT>(raw[u], base + u * WARP, a, acc);
+                for (int u = 0; u < U; u++)
+                    if (base + u * WARP < n_items) dot_item<WT, NT>(raw[u], base + u * WARP, a, acc);
+            }
         }
-    }
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
-    if (lane < NT) {
-        float v = 0.0f;
+        for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
+        if (lane < NT) {
+            float v = 0.0f;
 #pragma unroll
-        for (int t = 0; t < NT; t++)
-            if (t == lane) v = acc[t];
-        if (bias) v += bias[r];
-        if (flags & OUT_BF16) v = round_bf16(v);
-        if (flags & OUT_SOFTCAP) v = 20.0f * tanhf(v * 0.19611613513f / 20.0f);
-        float* out = y + (size_t)lane * y_stride + r;
-        *out = (flags & OUT_ADD) ? *out + v : v;
+            for (int t = 0; t < NT; t++)
+                if (t == lane) v = acc[t];
+            if (bias) v += bias[r];
+            if (flags & OUT_BF16) v = round_bf16(v);
+            if (flags & OUT_SOFTCAP) v = 20.0f * tanhf(v * 0.19611613513f / 20.0f);
+            float* out = y + (size_t)lane * y_stride + r;
+            *out = (flags & OUT_ADD) ? *out + v : v;
+        }
     }
 }
 
-// Items whose loads are issued together: more bytes in flight per warp
-// against more registers (fewer resident warps). Tuned on an H200.
 #define GEMV_U(NT) ((NT) == 1 ? 4 : ((NT) == 2 ? 2 : 1))
 
 #define GEMV_KERNEL(name, WT, NT) GEMV_KERNEL_U(name, WT, NT, GEMV_U(NT))
@@ -373,7 +373,9 @@ __device__ __forceinline__ void gemv(const u8* __restrict__ w, const u16* __rest
     }
 
 #define GEMV_KERNELS(tname, WT) \
-    GEMV_KERNEL(gemv_##tname##_1, WT, 1) \
+    GEMV_KERNEL_U(gemv_##tname##_1_u1, WT, 1, 1) \
+    GEMV_KERNEL_U(gemv_##tname##_1_u2, WT, 1, 2) \
+    GEMV_KERNEL_U(gemv_##tname##_1_u4, WT, 1, 4) \
     GEMV_KERNEL(gemv_##tname##_2, WT, 2) \
     GEMV_KERNEL(gemv_##tname##_4, WT, 4) \
     GEMV_KERNEL(gemv_##tname##_8, WT, 8)
@@ -388,9 +390,3 @@ GEMV_KERNELS(q4_k, WT_Q4_K)
 GEMV_KERNELS(q5_k, WT_Q5_K)
 GEMV_KERNELS(q6_k, WT_Q6_K)
 
-// Variants for `hearth bench --device cuda --kernels` (single-token decode).
-GEMV_KERNEL_U(gemv_q4_k_1_u1, WT_Q4_K, 1, 1)
-GEMV_KERNEL_U(gemv_q4_k_1_u2, WT_Q4_K, 1, 2)
-GEMV_KERNEL_U(gemv_q4_k_1_u8, WT_Q4_K, 1, 8)
-GEMV_KERNEL_U(gemv_q6_k_1_u2, WT_Q6_K, 1, 2)
-GEMV_KERNEL_U(gemv_q6_k_1_u8, WT_Q6_K, 1, 8)

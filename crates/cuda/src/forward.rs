@@ -79,9 +79,10 @@ pub struct GpuState {
 }
 
 /// Splits for a single decode token over a span of `span` keys: enough blocks
-/// to fill the GPU at long contexts (about 1024 over all kv heads).
+/// to fill the GPU at long contexts (about 512 over all kv heads; more
+/// measured slower on an H200: each split then has too few keys).
 fn decode_splits(span: usize, n_kv: usize) -> usize {
-    span.div_ceil(ATT_TILE).clamp(1, (1024 / n_kv).max(1))
+    span.div_ceil(ATT_TILE).clamp(1, (512 / n_kv).max(1))
 }
 
 /// Splits for a block of tokens whose keys reach `span` positions.

@@ -19,7 +19,7 @@ fn random_matrix(g: &Gpu, kind: WeightKind, rows: usize, cols: usize, seed: u32)
     g.launch("fill_random_kv", (1024, 1, 1), 256, &[Arg::Ptr(body.ptr), Arg::Ptr((nb / 2) as u64), Arg::I32(seed as i32), Arg::I32(0)])?;
     let scales = g.alloc(ns.max(2), "kernel bench")?;
     g.launch("fill_random_kv", (64, 1, 1), 256, &[Arg::Ptr(scales.ptr), Arg::Ptr((ns.max(2) / 2) as u64), Arg::I32(seed as i32 + 1), Arg::I32(0)])?;
-    let m = GpuMatrix { kind, rows, cols, body: body.ptr, scales: if ns > 0 { scales.ptr } else { 0 } };
+    let m = GpuMatrix { kind, rows, cols, body: body.ptr, scales: if ns > 0 { scales.ptr } else { 0 }, tune: Default::default() };
     Ok((m, body, scales))
 }
 
@@ -56,17 +56,19 @@ pub fn run(g: &Gpu) -> Result<String> {
     let y = g.alloc(512 * 152064 * 4, "kernel bench")?;
     let xh = g.alloc(512 * kmax * 2, "kernel bench")?;
     out += "GEMV, one token (weights read once; GB/s = weight bytes / time):\n";
-    let cases: [(WeightKind, usize, usize, &[&'static str]); 3] = [
-        (WeightKind::Q4K, 27648, 5120, &["gemv_q4_k_1", "gemv_q4_k_1_u1", "gemv_q4_k_1_u2", "gemv_q4_k_1_u8"]),
-        (WeightKind::Q4K, 5120, 27648, &["gemv_q4_k_1", "gemv_q4_k_1_u1", "gemv_q4_k_1_u2", "gemv_q4_k_1_u8"]),
-        (WeightKind::Q6K, 152064, 5120, &["gemv_q6_k_1", "gemv_q6_k_1_u2", "gemv_q6_k_1_u8"]),
+    let cases: [(WeightKind, usize, usize); 5] = [
+        (WeightKind::Q4K, 27648, 5120),
+        (WeightKind::Q4K, 5120, 27648),
+        (WeightKind::Q4K, 5120, 5120),
+        (WeightKind::Q6K, 152064, 5120),
+        (WeightKind::Q4K, 19968, 6656),
     ];
-    for (kind, rows, cols, names) in cases {
+    for (kind, rows, cols) in cases {
         let (m, _b, _s) = random_matrix(g, kind, rows, cols, 11)?;
         let bytes = (rows * cols / kind.block().0 * kind.block().1) as f64;
-        for &name in names {
-            let ms = time_ms(g, reps, || ops::gemv_kernel(g, name, &m, a8, y.ptr, rows, 0, 0))?;
-            out += &format!("  {name:18} {:?} {rows:6} x {cols:5}: {:8.1} us {:7.0} GB/s\n", kind, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
+        for tune in ops::gemv_variants(g.info.sm_count as u32) {
+            let ms = time_ms(g, reps, || ops::gemv_single(g, &m, tune, a8, y.ptr, rows, 0, 0))?;
+            out += &format!("  gemv u{} blocks {:5} {:?} {rows:6} x {cols:5}: {:8.1} us {:7.0} GB/s\n", tune.u, tune.blocks, kind, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
         }
         for nt in [2usize, 4, 8] {
             let ms = time_ms(g, reps, || ops::gemv(g, &m, a8, nt, y.ptr, rows, 0, 0))?;

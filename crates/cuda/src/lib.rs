@@ -19,6 +19,7 @@ pub mod kbench;
 pub mod model;
 pub mod ops;
 pub mod repack;
+pub mod tune;
 
 pub use driver::{DeviceInfo, Gpu};
 pub use error::{CudaError, Result};

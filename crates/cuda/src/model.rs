@@ -46,6 +46,8 @@ pub struct GpuModel {
     pub weight_bytes: usize,
     /// Bytes held on the device by the weights.
     pub resident_bytes: usize,
+    /// The GEMV variant chosen for each matrix shape (see tune.rs).
+    pub tune_report: Vec<String>,
     _arena: DevBuf,
 }
 
@@ -94,7 +96,7 @@ struct Resolve(u64);
 
 impl Resolve {
     fn mat(&self, (kind, rows, cols, body, scales): (WeightKind, usize, usize, usize, usize)) -> GpuMatrix {
-        GpuMatrix { kind, rows, cols, body: self.0 + body as u64, scales: if scales == usize::MAX { 0 } else { self.0 + scales as u64 } }
+        GpuMatrix { kind, rows, cols, body: self.0 + body as u64, scales: if scales == usize::MAX { 0 } else { self.0 + scales as u64 }, tune: Default::default() }
     }
 
     fn at(&self, off: Option<usize>) -> u64 {
@@ -220,8 +222,12 @@ impl GpuModel {
                 post_ffn_norm: r.at(l.post_ffn),
             })
             .collect();
+        let mut output = r.mat(out);
+        let mut layers: Vec<GpuLayer> = layers;
+        let report = crate::tune::tune_model(&gpu, &mut layers, &mut output)?;
         Ok(GpuModel {
-            output: r.mat(out),
+            tune_report: report,
+            output,
             output_norm: r.at(Some(out_norm)),
             layers,
             weight_bytes: model.weight_bytes(),

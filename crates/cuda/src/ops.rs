@@ -17,7 +17,8 @@ pub const KERNEL_NAMES: &[&str] = &[
     "attn_split_128_f16",
     "attn_split_128_bf16",
     "attn_combine",
-    "gemv_q4_k_1",
+    "gemv_q4_k_1_u1",
+    "gemv_q4_k_1_u4",
     "gemv_q6_k_8",
     "gemm_q4_k_f16",
     "gemm_q6_k_bf16",
@@ -48,6 +49,23 @@ pub struct GpuMatrix {
     pub body: u64,
     /// f16 scales of split kinds, else 0.
     pub scales: u64,
+    /// Single-token GEMV variant (chosen by `tune::tune_gemv` on the device).
+    pub tune: GemvTune,
+}
+
+/// A variant of the single-token GEMV: `u` items' loads issued together per
+/// lane (1, 2 or 4), and the grid: one warp per row (`blocks` = 0) or at most
+/// `blocks` blocks of 8 warps that each stream several rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvTune {
+    pub u: u8,
+    pub blocks: u32,
+}
+
+impl Default for GemvTune {
+    fn default() -> Self {
+        GemvTune { u: 1, blocks: 0 }
+    }
 }
 
 /// 8-bit activations: `q` [T, K] int8, `d` and `s` [T, K/32] f32.
@@ -78,26 +96,34 @@ pub fn quantize_q8(g: &Gpu, x: u64, a: Q8, n: usize) -> Result<()> {
     g.launch("quantize_q8", grid1(blocks, 8), 256, &[Arg::Ptr(x), Arg::Ptr(a.q), Arg::Ptr(a.d), Arg::Ptr(a.s), Arg::I32(blocks as i32)])
 }
 
-fn gemv_name(kind: WeightKind, nt: usize) -> &'static str {
+fn gemv_name(kind: WeightKind, nt: usize, u: u8) -> &'static str {
     macro_rules! names {
         ($($k:ident => $s:literal),*) => {
-            match (kind, nt) {
-                $( (WeightKind::$k, 1) => concat!("gemv_", $s, "_1"),
-                   (WeightKind::$k, 2) => concat!("gemv_", $s, "_2"),
-                   (WeightKind::$k, 4) => concat!("gemv_", $s, "_4"),
-                   (WeightKind::$k, _) => concat!("gemv_", $s, "_8"), )*
+            match (kind, nt, u) {
+                $( (WeightKind::$k, 1, 1) => concat!("gemv_", $s, "_1_u1"),
+                   (WeightKind::$k, 1, 2) => concat!("gemv_", $s, "_1_u2"),
+                   (WeightKind::$k, 1, _) => concat!("gemv_", $s, "_1_u4"),
+                   (WeightKind::$k, 2, _) => concat!("gemv_", $s, "_2"),
+                   (WeightKind::$k, 4, _) => concat!("gemv_", $s, "_4"),
+                   (WeightKind::$k, _, _) => concat!("gemv_", $s, "_8"), )*
             }
         };
     }
     names!(F32 => "f32", F16 => "f16", Bf16 => "bf16", Q8_0 => "q8_0", Q4_0 => "q4_0", Q5_0 => "q5_0", Q4K => "q4_k", Q5K => "q5_k", Q6K => "q6_k")
 }
 
-/// One launch of the GEMV kernel `name` for `nt` tokens (benchmarks of kernel variants).
+/// The grid of a GEMV launch over `rows` rows (8 rows per block of 256 threads).
+fn gemv_grid(rows: usize, tune: GemvTune) -> (u32, u32, u32) {
+    let full = rows.div_ceil(8) as u32;
+    (if tune.blocks > 0 { full.min(tune.blocks) } else { full }, 1, 1)
+}
+
+/// One single-token GEMV launch with the given variant (tuning, benchmarks).
 #[allow(clippy::too_many_arguments)]
-pub fn gemv_kernel(g: &Gpu, name: &'static str, w: &GpuMatrix, x: Q8, y: u64, y_stride: usize, bias: u64, flags: i32) -> Result<()> {
+pub fn gemv_single(g: &Gpu, w: &GpuMatrix, tune: GemvTune, x: Q8, y: u64, y_stride: usize, bias: u64, flags: i32) -> Result<()> {
     g.launch(
-        name,
-        grid1(w.rows, 8),
+        gemv_name(w.kind, 1, tune.u),
+        gemv_grid(w.rows, tune),
         256,
         &[
             Arg::Ptr(w.body),
@@ -128,8 +154,8 @@ pub fn gemv(g: &Gpu, w: &GpuMatrix, x: Q8, n_tokens: usize, y: u64, y_stride: us
         };
         let xa = x.offset(t0, w.cols);
         g.launch(
-            gemv_name(w.kind, nt),
-            grid1(w.rows, 8),
+            gemv_name(w.kind, nt, w.tune.u),
+            if nt == 1 { gemv_grid(w.rows, w.tune) } else { grid1(w.rows, 8) },
             256,
             &[
                 Arg::Ptr(w.body),
@@ -271,4 +297,17 @@ pub fn attention(g: &Gpu, a: &AttnArgs, n_tokens: usize, splits: usize, q: u64, 
         a.head_dim as u32,
         &[Arg::Ptr(part_o), Arg::Ptr(part_ml), Arg::I32(splits as i32), Arg::I32(a.head_dim as i32), Arg::I32(out_flags), Arg::Ptr(out)],
     )
+}
+
+/// The single-token GEMV variants the tuner tries on a GPU of `sm_count`
+/// multiprocessors: 1, 2 or 4 items in flight per lane, with one warp per
+/// row or a grid of 2, 4 or 8 blocks per multiprocessor streaming the rows.
+pub fn gemv_variants(sm_count: u32) -> Vec<GemvTune> {
+    let mut v = Vec::new();
+    for u in [1u8, 2, 4] {
+        for per_sm in [0u32, 2, 4, 8] {
+            v.push(GemvTune { u, blocks: per_sm * sm_count });
+        }
+    }
+    v
 }

@@ -8,7 +8,7 @@
 use hearth_gguf::GgmlType;
 
 /// Weight types the kernels read; the ids match `WT_*` in kernels/gemv.cu.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightKind {
     F32 = 0,
     F16 = 1,

@@ -85,7 +85,7 @@ fn upload_matrix(g: &Gpu, ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -
     g.upload(bb.ptr, &body).unwrap();
     let sb = g.alloc(ns, "test").unwrap();
     g.upload(sb.ptr, &scales).unwrap();
-    let m = GpuMatrix { kind, rows, cols, body: bb.ptr, scales: if ns > 0 { sb.ptr } else { 0 } };
+    let m = GpuMatrix { kind, rows, cols, body: bb.ptr, scales: if ns > 0 { sb.ptr } else { 0 }, tune: Default::default() };
     (m, bb, sb)
 }
 
@@ -140,6 +140,16 @@ fn gemv_matches_cpu_reference() {
             let y = upload_f32(&g, &vec![f32::NAN; t * rows]);
             ops::gemv(&g, &m, a8, t, y.ptr, rows, 0, 0).unwrap();
             let got = download_f32(&g, &y, t * rows);
+            // Every single-token variant computes the same function.
+            if t == 1 {
+                for tune in ops::gemv_variants(g.info.sm_count as u32) {
+                    let yv = upload_f32(&g, &vec![f32::NAN; rows]);
+                    ops::gemv_single(&g, &m, tune, a8, yv.ptr, rows, 0, 0).unwrap();
+                    let gv = download_f32(&g, &yv, rows);
+                    let same = gv.iter().zip(&got).all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1e-3));
+                    assert!(same, "{ty:?} variant {tune:?} differs");
+                }
+            }
             let xq = q8_reference(&x);
             let reference = |xs: &[f32]| -> Vec<f64> {
                 (0..t)
