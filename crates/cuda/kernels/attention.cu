@@ -12,15 +12,30 @@
 // so that the T new keys, written before this kernel runs, never overwrite a
 // key that one of the T queries still needs.
 
-#define ATT_TILE 64   // keys per tile
+#define ATT_TILE 32     // keys per tile
 #define ATT_THREADS 128
-#define ATT_MAX_G 16  // query heads per kv head
-#define ATT_KPAD 16   // halves of padding per K row in shared memory (conflict-free 16-byte reads)
+#define ATT_MAX_G 16    // query heads per kv head
+#define ATT_KPAD 32     // halves of padding per K row (conflict-free 16-byte reads by 4 threads per key)
 
-// Each tile of keys and values is first copied to shared memory with
-// coalesced 16-byte loads. Scores: two threads per key, each taking every
-// other 8-dimension chunk, with the queries of all G heads from shared memory.
-// Values: thread d owns dimension d of every head.
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global -> shared without passing through registers (cp.async):
+// the next tile streams in while this one is computed.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// Tiles of keys and values are copied to shared memory with cp.async, two
+// buffers deep. Scores: four threads per key, each taking every fourth
+// 8-dimension chunk, with the queries of all G heads from shared memory.
+// Values: thread pair-of-dimensions dp of every head, over pairs of keys.
 template <int HD, bool BF16>
 __device__ __forceinline__ void attn_split(const float* __restrict__ q, const u16* __restrict__ kc,
                                            const u16* __restrict__ vc, const int* __restrict__ pos0, int n_heads,
@@ -32,15 +47,30 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ q, const u1
     const int qpos = pos0[0] + t;
     const int lo = window > 0 ? max(0, qpos - window + 1) : 0;
     const int n = qpos - lo + 1;
-    // At least one tile per split: short spans use fewer splits (the rest exit).
-    const int chunk = max((n + S - 1) / S, ATT_TILE);
+    // At least a few tiles per split: short spans use fewer splits (the rest exit).
+    const int chunk = max((n + S - 1) / S, 2 * ATT_TILE);
     const int start = lo + s * chunk, end = min(start + chunk, qpos + 1);
 
-    __shared__ __align__(16) u16 Ks[ATT_TILE][HD + ATT_KPAD];
-    __shared__ __align__(16) u16 Vs[ATT_TILE][HD];
-    __shared__ float qs[ATT_MAX_G][HD];
-    __shared__ float sc[ATT_MAX_G][ATT_TILE];
+    __shared__ __align__(16) u16 Ks[2][ATT_TILE][HD + ATT_KPAD];
+    __shared__ __align__(16) u16 Vs[2][ATT_TILE][HD];
+    __shared__ __align__(16) float qs[ATT_MAX_G][HD];
+    __shared__ __align__(16) float sc[ATT_MAX_G][ATT_TILE];
     __shared__ float alpha[ATT_MAX_G], m_run[ATT_MAX_G], l_run[ATT_MAX_G];
+
+    const u16* kh = kc + (size_t)kvh * slots * HD;
+    const u16* vh = vc + (size_t)kvh * slots * HD;
+    constexpr int CHUNKS = HD / 8;  // 16-byte pieces per row
+    auto issue = [&](int buf, int base) {
+        const int n_here = min(ATT_TILE, end - base);
+        for (int i = tid; i < n_here * CHUNKS; i += ATT_THREADS) {
+            const int r = i / CHUNKS, c = i % CHUNKS;
+            const size_t row = (size_t)((base + r) % slots) * HD;
+            cp_async16(&Ks[buf][r][c * 8], kh + row + c * 8);
+            cp_async16(&Vs[buf][r][c * 8], vh + row + c * 8);
+        }
+        cp_async_commit();
+    };
+    if (start < end) issue(0, start);
 
     for (int i = tid; i < G * HD; i += ATT_THREADS) {
         const int g = i / HD, d = i % HD;
@@ -50,37 +80,32 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ q, const u1
         m_run[tid] = -INFINITY;
         l_run[tid] = 0.0f;
     }
-    // V phase: thread owns dimensions (2dp, 2dp + 1) of every head, for key
-    // pairs kg, kg + n_kg, ... of each tile.
     const int dp = tid % (HD / 2), kg = tid / (HD / 2), n_kg = ATT_THREADS / (HD / 2);
     float acc[ATT_MAX_G][2];
 #pragma unroll
     for (int g = 0; g < ATT_MAX_G; g++) acc[g][0] = acc[g][1] = 0.0f;
 
-    const u16* kh = kc + (size_t)kvh * slots * HD;
-    const u16* vh = vc + (size_t)kvh * slots * HD;
-    constexpr int CHUNKS = HD / 8;  // 16-byte pieces per row
-    for (int base = start; base < end; base += ATT_TILE) {
+    int buf = 0;
+    for (int base = start; base < end; base += ATT_TILE, buf ^= 1) {
         const int n_here = min(ATT_TILE, end - base);
-        // Copy the tile: consecutive threads read consecutive 16-byte pieces.
-        for (int i = tid; i < n_here * CHUNKS; i += ATT_THREADS) {
-            const int r = i / CHUNKS, c = i % CHUNKS;
-            const size_t row = (size_t)((base + r) % slots) * HD;
-            *(uint4*)&Ks[r][c * 8] = *(const uint4*)(kh + row + c * 8);
-            *(uint4*)&Vs[r][c * 8] = *(const uint4*)(vh + row + c * 8);
+        if (base + ATT_TILE < end) {
+            issue(buf ^ 1, base + ATT_TILE);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
         __syncthreads();
-        // Scores: key kk, half h of the 8-dim chunks (c = 2j + h).
+        // Scores: key kk, chunks c = 4j + h.
         {
-            const int kk = tid / 2, h = tid % 2;
+            const int kk = tid / 4, h = tid % 4;
             float sg[ATT_MAX_G];
 #pragma unroll
             for (int g = 0; g < ATT_MAX_G; g++) sg[g] = 0.0f;
             if (kk < n_here) {
-#pragma unroll 4
-                for (int j = 0; j < CHUNKS / 2; j++) {
-                    const int c = 2 * j + h;
-                    const uint4 u = *(const uint4*)&Ks[kk][c * 8];
+#pragma unroll
+                for (int j = 0; j < CHUNKS / 4; j++) {
+                    const int c = 4 * j + h;
+                    const uint4 u = *(const uint4*)&Ks[buf][kk][c * 8];
                     const u32 w[4] = {u.x, u.y, u.z, u.w};
                     float kf[8];
 #pragma unroll
@@ -102,26 +127,21 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ q, const u1
 #pragma unroll
             for (int g = 0; g < ATT_MAX_G; g++) {
                 if (g < G) {
-                    const float v = sg[g] + __shfl_xor_sync(0xffffffffu, sg[g], 1);
+                    float v = sg[g] + __shfl_xor_sync(0xffffffffu, sg[g], 1);
+                    v += __shfl_xor_sync(0xffffffffu, v, 2);
                     if (h == 0) sc[g][kk] = kk < n_here ? v * scale : -INFINITY;
                 }
             }
         }
         __syncthreads();
-        // Online softmax per head: warp w takes heads w, w + 4, ...
+        // Online softmax per head: warp w takes heads w, w + 4, ...; one key per lane.
         const int warp = tid / WARP, lane = tid % WARP;
         for (int g = warp; g < G; g += ATT_THREADS / WARP) {
-            float mx = -INFINITY;
-            for (int j = lane; j < ATT_TILE; j += WARP) mx = fmaxf(mx, sc[g][j]);
-            mx = warp_max(mx);
-            const float m_new = fmaxf(m_run[g], mx);
-            float sum = 0.0f;
-            for (int j = lane; j < ATT_TILE; j += WARP) {
-                const float e = sc[g][j] == -INFINITY ? 0.0f : expf(sc[g][j] - m_new);
-                sc[g][j] = e;
-                sum += e;
-            }
-            sum = warp_sum(sum);
+            const float x = sc[g][lane];
+            const float m_new = fmaxf(m_run[g], warp_max(x));
+            const float e = x == -INFINITY ? 0.0f : expf(x - m_new);
+            sc[g][lane] = e;
+            const float sum = warp_sum(e);
             if (lane == 0) {
                 const float a = m_run[g] == -INFINITY ? 0.0f : expf(m_run[g] - m_new);
                 alpha[g] = a;
@@ -138,9 +158,9 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ q, const u1
             }
         for (int jj = kg; 2 * jj < n_here; jj += n_kg) {
             const int j = 2 * jj;
-            const u32 r0 = *(const u32*)&Vs[j][2 * dp];
+            const u32 r0 = *(const u32*)&Vs[buf][j][2 * dp];
             const bool two = j + 1 < n_here;  // rows past n_here hold stale data
-            const u32 r1 = two ? *(const u32*)&Vs[j + 1][2 * dp] : 0u;
+            const u32 r1 = two ? *(const u32*)&Vs[buf][j + 1][2 * dp] : 0u;
             const float v00 = BF16 ? bf16_to_f32(r0 & 0xffff) : f16_to_f32(r0 & 0xffff);
             const float v01 = BF16 ? bf16_to_f32(r0 >> 16) : f16_to_f32(r0 >> 16);
             const float v10 = BF16 ? bf16_to_f32(r1 & 0xffff) : f16_to_f32(r1 & 0xffff);
@@ -155,9 +175,9 @@ __device__ __forceinline__ void attn_split(const float* __restrict__ q, const u1
         }
         __syncthreads();
     }
-    // Reduce the key groups through shared memory (reusing the K tile), then
+    // Reduce the key groups through shared memory (reusing the K tiles), then
     // write this split's partial result.
-    float* o_red = (float*)&Ks[0][0];  // [G][HD] floats fit in the K tile
+    float* o_red = (float*)&Ks[0][0][0];  // [G][HD] floats fit in the K tiles
     for (int r = 0; r < n_kg; r++) {
         if (kg == r) {
 #pragma unroll

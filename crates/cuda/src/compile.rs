@@ -203,7 +203,7 @@ mod tests {
     fn source_macro_defines(name: &str) -> bool {
         // gemv_<type>_<nt> come from GEMV_KERNELS(<type>, ...); attn kernels from ATTN_KERNEL(name, ...).
         if let Some(rest) = name.strip_prefix("gemv_") {
-            let rest = rest.strip_suffix("_u1").or_else(|| rest.strip_suffix("_u2")).or_else(|| rest.strip_suffix("_u4")).unwrap_or(rest);
+            let rest = rest.strip_suffix("_u1").or_else(|| rest.strip_suffix("_u2")).or_else(|| rest.strip_suffix("_u4")).or_else(|| rest.strip_suffix("_r2")).or_else(|| rest.strip_suffix("_r4")).unwrap_or(rest);
             if let Some((ty, nt)) = rest.rsplit_once('_') {
                 return SOURCE.contains(&format!("GEMV_KERNELS({ty},")) && ["1", "2", "4", "8"].contains(&nt);
             }

@@ -17,7 +17,7 @@ use crate::ops::{self, AttnArgs, HeadPrep, Q8};
 pub const GPU_CHUNK: usize = 512;
 /// Rows of logits computed per head launch.
 const LOGIT_ROWS: usize = 16;
-/// Keys per attention tile (ATT_TILE in attention.cu).
+/// Keys per split at least (2 x ATT_TILE in attention.cu).
 const ATT_TILE: usize = 64;
 /// Muse Glimmer's post-norm epsilon (spec §1).
 const POST_NORM_EPS: f32 = 1e-8;

@@ -68,7 +68,7 @@ pub fn run(g: &Gpu) -> Result<String> {
         let bytes = (rows * cols / kind.block().0 * kind.block().1) as f64;
         for tune in ops::gemv_variants(g.info.sm_count as u32) {
             let ms = time_ms(g, reps, || ops::gemv_single(g, &m, tune, a8, y.ptr, rows, 0, 0))?;
-            out += &format!("  gemv u{} blocks {:5} {:?} {rows:6} x {cols:5}: {:8.1} us {:7.0} GB/s\n", tune.u, tune.blocks, kind, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
+            out += &format!("  gemv r{} u{} blocks {:5} {:?} {rows:6} x {cols:5}: {:8.1} us {:7.0} GB/s\n", tune.r, tune.u, tune.blocks, kind, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
         }
         for nt in [2usize, 4, 8] {
             let ms = time_ms(g, reps, || ops::gemv(g, &m, a8, nt, y.ptr, rows, 0, 0))?;

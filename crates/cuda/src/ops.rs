@@ -19,6 +19,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "attn_combine",
     "gemv_q4_k_1_u1",
     "gemv_q4_k_1_u4",
+    "gemv_q6_k_1_r4",
     "gemv_q6_k_8",
     "gemm_q4_k_f16",
     "gemm_q6_k_bf16",
@@ -60,11 +61,13 @@ pub struct GpuMatrix {
 pub struct GemvTune {
     pub u: u8,
     pub blocks: u32,
+    /// Rows per warp (1, or 2 / 4: activations loaded once for all of them; then `u` is 1).
+    pub r: u8,
 }
 
 impl Default for GemvTune {
     fn default() -> Self {
-        GemvTune { u: 1, blocks: 0 }
+        GemvTune { u: 1, blocks: 0, r: 1 }
     }
 }
 
@@ -96,16 +99,18 @@ pub fn quantize_q8(g: &Gpu, x: u64, a: Q8, n: usize) -> Result<()> {
     g.launch("quantize_q8", grid1(blocks, 8), 256, &[Arg::Ptr(x), Arg::Ptr(a.q), Arg::Ptr(a.d), Arg::Ptr(a.s), Arg::I32(blocks as i32)])
 }
 
-fn gemv_name(kind: WeightKind, nt: usize, u: u8) -> &'static str {
+fn gemv_name(kind: WeightKind, nt: usize, u: u8, r: u8) -> &'static str {
     macro_rules! names {
         ($($k:ident => $s:literal),*) => {
-            match (kind, nt, u) {
-                $( (WeightKind::$k, 1, 1) => concat!("gemv_", $s, "_1_u1"),
-                   (WeightKind::$k, 1, 2) => concat!("gemv_", $s, "_1_u2"),
-                   (WeightKind::$k, 1, _) => concat!("gemv_", $s, "_1_u4"),
-                   (WeightKind::$k, 2, _) => concat!("gemv_", $s, "_2"),
-                   (WeightKind::$k, 4, _) => concat!("gemv_", $s, "_4"),
-                   (WeightKind::$k, _, _) => concat!("gemv_", $s, "_8"), )*
+            match (kind, nt, if nt == 1 { r } else { 1 }, u) {
+                $( (WeightKind::$k, 1, 2, _) => concat!("gemv_", $s, "_1_r2"),
+                   (WeightKind::$k, 1, 4, _) => concat!("gemv_", $s, "_1_r4"),
+                   (WeightKind::$k, 1, _, 1) => concat!("gemv_", $s, "_1_u1"),
+                   (WeightKind::$k, 1, _, 2) => concat!("gemv_", $s, "_1_u2"),
+                   (WeightKind::$k, 1, _, _) => concat!("gemv_", $s, "_1_u4"),
+                   (WeightKind::$k, 2, _, _) => concat!("gemv_", $s, "_2"),
+                   (WeightKind::$k, 4, _, _) => concat!("gemv_", $s, "_4"),
+                   (WeightKind::$k, _, _, _) => concat!("gemv_", $s, "_8"), )*
             }
         };
     }
@@ -114,7 +119,7 @@ fn gemv_name(kind: WeightKind, nt: usize, u: u8) -> &'static str {
 
 /// The grid of a GEMV launch over `rows` rows (8 rows per block of 256 threads).
 fn gemv_grid(rows: usize, tune: GemvTune) -> (u32, u32, u32) {
-    let full = rows.div_ceil(8) as u32;
+    let full = rows.div_ceil(8 * tune.r.max(1) as usize) as u32;
     (if tune.blocks > 0 { full.min(tune.blocks) } else { full }, 1, 1)
 }
 
@@ -122,7 +127,7 @@ fn gemv_grid(rows: usize, tune: GemvTune) -> (u32, u32, u32) {
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_single(g: &Gpu, w: &GpuMatrix, tune: GemvTune, x: Q8, y: u64, y_stride: usize, bias: u64, flags: i32) -> Result<()> {
     g.launch(
-        gemv_name(w.kind, 1, tune.u),
+        gemv_name(w.kind, 1, tune.u, tune.r),
         gemv_grid(w.rows, tune),
         256,
         &[
@@ -154,7 +159,7 @@ pub fn gemv(g: &Gpu, w: &GpuMatrix, x: Q8, n_tokens: usize, y: u64, y_stride: us
         };
         let xa = x.offset(t0, w.cols);
         g.launch(
-            gemv_name(w.kind, nt, w.tune.u),
+            gemv_name(w.kind, nt, w.tune.u, w.tune.r),
             if nt == 1 { gemv_grid(w.rows, w.tune) } else { grid1(w.rows, 8) },
             256,
             &[
@@ -306,7 +311,12 @@ pub fn gemv_variants(sm_count: u32) -> Vec<GemvTune> {
     let mut v = Vec::new();
     for u in [1u8, 2, 4] {
         for per_sm in [0u32, 2, 4, 8] {
-            v.push(GemvTune { u, blocks: per_sm * sm_count });
+            v.push(GemvTune { u, blocks: per_sm * sm_count, r: 1 });
+        }
+    }
+    for r in [2u8, 4] {
+        for per_sm in [0u32, 2, 4, 8] {
+            v.push(GemvTune { u: 1, blocks: per_sm * sm_count, r });
         }
     }
     v

@@ -72,10 +72,11 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
         let default_us = times[0].0;
         let bytes = (m.rows * m.cols / m.kind.block().0 * m.kind.block().1) as f64;
         report.push(format!(
-            "{:?} {}x{}: u{} blocks {} {:.1} us ({:.0} GB/s; default {:.1} us)",
+            "{:?} {}x{}: r{} u{} blocks {} {:.1} us ({:.0} GB/s; default {:.1} us)",
             m.kind,
             m.rows,
             m.cols,
+            best.r,
             best.u,
             best.blocks,
             best_us,
