@@ -127,6 +127,8 @@ pub struct Gpu {
     /// Per-kernel (launches, milliseconds) when HEARTH_CUDA_PROFILE is set:
     /// every launch is then timed with events and waited for (slow; no graphs).
     profile: Option<Mutex<HashMap<&'static str, (u64, f64)>>>,
+    /// Threads per block of the row-norm kernel (tuned with the GEMVs).
+    pub norm_threads: std::sync::atomic::AtomicU32,
 }
 
 // SAFETY: the context is made current on whichever thread uses it (`bind`);
@@ -168,7 +170,7 @@ impl Gpu {
         let module = unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) }.ctx("cuModuleLoadData")?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking).ctx("cuStreamCreate")?;
         let profile = std::env::var_os("HEARTH_CUDA_PROFILE").map(|_| Mutex::new(HashMap::new()));
-        Ok(Gpu { info, ctx, dev, stream, module, funcs: Mutex::new(HashMap::new()), kernels_cached, profile })
+        Ok(Gpu { info, ctx, dev, stream, module, funcs: Mutex::new(HashMap::new()), kernels_cached, profile, norm_threads: 1024.into() })
     }
 
     /// Makes this context current on the calling thread.

@@ -97,7 +97,10 @@ pub fn run(g: &Gpu) -> Result<String> {
         let ms = time_ms(g, reps, || ops::attention(g, &args, 1, splits, x.ptr, kc.ptr, vc.ptr, pos.ptr, part_o.ptr, part_ml.ptr, y.ptr, 0))?;
         out += &format!("  heads {nh}/{nkv} ctx {ctx:6} splits {splits:3}: {:8.1} us {:7.0} GB/s\n", ms * 1e3, 2.0 * kvb as f64 / (ms * 1e-3) / 1e9);
     }
-    let ms = time_ms(g, reps, || ops::rmsnorm(g, x.ptr, y.ptr, x.ptr, 1, 5120, 1e-5, 0, Some(a8)))?;
-    out += &format!("RMSNorm + q8, one row of 5120: {:.1} us\n", ms * 1e3);
+    for threads in [128u32, 256, 512, 1024] {
+        g.norm_threads.store(threads, std::sync::atomic::Ordering::Relaxed);
+        let ms = time_ms(g, reps, || ops::rmsnorm(g, x.ptr, y.ptr, x.ptr, 1, 5120, 1e-5, 0, Some(a8)))?;
+        out += &format!("RMSNorm + q8, one row of 5120, {threads} threads: {:.1} us\n", ms * 1e3);
+    }
     Ok(out)
 }

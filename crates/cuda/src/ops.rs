@@ -189,7 +189,7 @@ pub fn rmsnorm(g: &Gpu, x: u64, out: u64, gain: u64, rows: usize, dim: usize, ep
     g.launch(
         "rmsnorm",
         (rows as u32, 1, 1),
-        1024,
+        g.norm_threads.load(std::sync::atomic::Ordering::Relaxed),
         &[Arg::Ptr(x), Arg::Ptr(out), Arg::Ptr(gain), Arg::I32(dim as i32), Arg::F32(eps), Arg::I32(flags), Arg::Ptr(a.q), Arg::Ptr(a.d), Arg::Ptr(a.s)],
     )
 }

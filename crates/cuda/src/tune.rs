@@ -88,5 +88,23 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
     for m in mats {
         m.tune = chosen[&shape(m)];
     }
+    // Row norm of one token (decode): block size against the reduction's latency.
+    let dim = layers.first().map_or(0, |l| l.wq.cols);
+    if dim > 0 {
+        let gain = g.alloc(dim * 4, "norm tuning")?;
+        g.launch("fill_random_kv", (16, 1, 1), 256, &[Arg::Ptr(gain.ptr), Arg::Ptr((dim * 2) as u64), Arg::I32(3), Arg::I32(1)])?;
+        let mut best = (f64::INFINITY, 1024u32);
+        let mut line = format!("rmsnorm of {dim}:");
+        for threads in [128u32, 256, 512, 1024] {
+            g.norm_threads.store(threads, std::sync::atomic::Ordering::Relaxed);
+            let us = time_us(g, 9, || ops::rmsnorm(g, x.ptr, y.ptr, gain.ptr, 1, dim, 1e-5, 0, Some(a8)))?;
+            line += &format!(" {threads} threads {us:.1} us;");
+            if us < best.0 {
+                best = (us, threads);
+            }
+        }
+        g.norm_threads.store(best.1, std::sync::atomic::Ordering::Relaxed);
+        report.push(format!("{line} using {}", best.1));
+    }
     Ok(report)
 }
