@@ -239,12 +239,15 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const 
         den += w * part_ml[(base + s) * 2 + 1];
     }
     den = block_sum(den);
-    float num = 0.0f;
-    for (int s = 0; s < S; s++) {
-        const float w = wts[s];
-        if (w != 0.0f) num += w * part_o[(base + s) * hd + d];
+    // Independent partial sums so that the loads of several splits are in flight.
+    float num[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int s = 0;
+    for (; s + 4 <= S; s += 4) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) num[j] += wts[s + j] * part_o[(base + s + j) * hd + d];
     }
-    float v = num / den;
+    for (; s < S; s++) num[0] += wts[s] * part_o[(base + s) * hd + d];
+    float v = ((num[0] + num[1]) + (num[2] + num[3])) / den;
     if (flags & OUT_BF16) v = round_bf16(v);
     out[((size_t)t * n_heads + h) * hd + d] = v;
 }

@@ -24,6 +24,11 @@ __device__ __forceinline__ void quantize_lane(float v, int b, int lane, i8* xq, 
 // result is added into `out` (the residual stream); with OUT_BF16 the stored
 // value is rounded to bf16. When xq is set, the stored row is also quantized
 // to 8 bits (the next matrix product's input). dim % 32 == 0.
+//
+// For a single row this is latency-bound, so every load is issued up front:
+// warp w owns the 32-value blocks w, w + n_warps, ..., whose values (up to
+// NORM_REGS per lane) stay in registers between the sum and the scaling.
+#define NORM_REGS 8
 extern "C" __global__ void rmsnorm(const float* __restrict__ x, float* __restrict__ out, const float* __restrict__ g,
                                    int dim, float eps, int flags, i8* __restrict__ xq, float* __restrict__ xd,
                                    float* __restrict__ xs) {
@@ -31,24 +36,46 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, float* __restric
     const float* xr = x + (size_t)row * dim;
     float* o = out + (size_t)row * dim;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
+    const int n_blocks = dim / 32;
+    float v[NORM_REGS], gv[NORM_REGS], ov[NORM_REGS];
+#pragma unroll
+    for (int k = 0; k < NORM_REGS; k++) {
+        const int b = warp + k * n_warps;
+        const bool ok = b < n_blocks;
+        v[k] = ok ? xr[b * 32 + lane] : 0.0f;
+        gv[k] = ok && g ? g[b * 32 + lane] : 1.0f;
+        ov[k] = ok && (flags & OUT_ADD) ? o[b * 32 + lane] : 0.0f;
+    }
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+#pragma unroll
+    for (int k = 0; k < NORM_REGS; k++) ss += v[k] * v[k];
+    // Rows wider than NORM_REGS blocks per warp: the rest in a plain loop.
+    for (int b = warp + NORM_REGS * n_warps; b < n_blocks; b += n_warps) ss += xr[b * 32 + lane] * xr[b * 32 + lane];
     ss = block_sum(ss);
     const float scale = 1.0f / sqrtf(ss / (float)dim + eps);
-    for (int b = warp; b < dim / 32; b += n_warps) {
+    auto finish = [&](float xv, float gain, float old, int b) {
         const int i = b * 32 + lane;
-        float v;
+        float r;
         if (flags & NORM_MUSE) {
-            v = round_bf16(xr[i] * scale);
-            if (g) v = round_bf16(v * round_bf16(g[i]));
+            r = round_bf16(xv * scale);
+            if (g) r = round_bf16(r * round_bf16(gain));
         } else {
-            v = xr[i] * scale;
-            if (g) v *= g[i];
+            r = xv * scale;
+            if (g) r *= gain;
         }
-        if (flags & OUT_ADD) v += o[i];
-        if (flags & OUT_BF16) v = round_bf16(v);
-        o[i] = v;
-        if (xq) quantize_lane(v, row * (dim / 32) + b, lane, xq, xd, xs);
+        if (flags & OUT_ADD) r += old;
+        if (flags & OUT_BF16) r = round_bf16(r);
+        o[i] = r;
+        if (xq) quantize_lane(r, row * n_blocks + b, lane, xq, xd, xs);
+    };
+#pragma unroll
+    for (int k = 0; k < NORM_REGS; k++) {
+        const int b = warp + k * n_warps;
+        if (b < n_blocks) finish(v[k], gv[k], ov[k], b);
+    }
+    for (int b = warp + NORM_REGS * n_warps; b < n_blocks; b += n_warps) {
+        const int i = b * 32 + lane;
+        finish(xr[i], g ? g[i] : 1.0f, (flags & OUT_ADD) ? o[i] : 0.0f, b);
     }
 }
 
