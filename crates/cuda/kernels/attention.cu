@@ -217,8 +217,10 @@ ATTN_KERNEL(attn_split_128_bf16, 128, true)
 // / sum_s e^(m_s - M) l_s. One block of hd threads per (head, token): the
 // split weights are computed once, in parallel, into shared memory.
 #define ATT_MAX_SPLITS 1024
+// With xq set, the output is also quantized to 8 bits (the next product's input).
 extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, int S,
-                                        int hd, int flags, float* __restrict__ out) {
+                                        int hd, int flags, float* __restrict__ out, i8* __restrict__ xq,
+                                        float* __restrict__ xd, float* __restrict__ xs) {
     const int h = blockIdx.x, t = blockIdx.y, n_heads = gridDim.x, d = threadIdx.x;
     const size_t base = ((size_t)t * n_heads + h) * S;
     __shared__ float wts[ATT_MAX_SPLITS];
@@ -249,5 +251,7 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const 
     for (; s < S; s++) num[0] += wts[s] * part_o[(base + s) * hd + d];
     float v = ((num[0] + num[1]) + (num[2] + num[3])) / den;
     if (flags & OUT_BF16) v = round_bf16(v);
-    out[((size_t)t * n_heads + h) * hd + d] = v;
+    const size_t i = ((size_t)t * n_heads + h) * hd + d;
+    out[i] = v;
+    if (xq) quantize_lane(v, (int)(i / 32), d % WARP, xq, xd, xs);
 }

@@ -284,7 +284,8 @@ impl GpuModel {
         AttnArgs { n_heads: c.n_heads, n_kv: c.n_kv_heads, head_dim: c.head_dim, slots: kv.slots, window: kv.window, scale: c.attn_scale, kv_bf16 }
     }
 
-    fn attention(&self, st: &GpuState, li: usize, t: usize, kv_bf16: bool, out_flags: i32) -> Result<()> {
+    /// Attention of layer li into att; with `quantize`, also into the 8-bit buffer.
+    fn attention(&self, st: &GpuState, li: usize, t: usize, kv_bf16: bool, out_flags: i32, quantize: bool) -> Result<()> {
         let kv = &st.caches[li];
         let splits = if t == 1 {
             kv.decode_splits
@@ -292,7 +293,7 @@ impl GpuModel {
             let reach = st.pos + t;
             block_splits(if kv.window > 0 { reach.min(kv.window + t) } else { reach })
         };
-        ops::attention(&self.gpu, &self.attn_args(kv, kv_bf16), t, splits, st.s.q.ptr, kv.k.ptr, kv.v.ptr, st.s.pos.ptr, st.s.part_o.ptr, st.s.part_ml.ptr, st.s.att.ptr, out_flags)
+        ops::attention(&self.gpu, &self.attn_args(kv, kv_bf16), t, splits, st.s.q.ptr, kv.k.ptr, kv.v.ptr, st.s.pos.ptr, st.s.part_o.ptr, st.s.part_ml.ptr, st.s.att.ptr, out_flags, quantize.then(|| Self::q8(st)))
     }
 
     /// llama / qwen2 layer: x += Wo·attn(rope(q), rope(k), v); x += W_down·(silu(W_gate h) ⊙ W_up h).
@@ -311,8 +312,7 @@ impl GpuModel {
         let prep = HeadPrep { n_heads: c.n_heads, n_kv: c.n_kv_heads, head_dim: c.head_dim, theta: c.rope_theta, eps: c.norm_eps, flags: rope | if neox { ops::HEAD_NEOX } else { 0 } };
         let kv = &st.caches[li];
         ops::prepare_heads(g, &prep, t, s.q.ptr, s.k.ptr, s.v.ptr, (0, 0), s.pos.ptr, kv.k.ptr, kv.v.ptr, kv.slots)?;
-        self.attention(st, li, t, false, 0)?;
-        ops::quantize_q8(g, s.att.ptr, a8, t * c.n_heads * c.head_dim)?;
+        self.attention(st, li, t, false, 0, true)?;
         self.linear(st, &l.wo, t, s.att.ptr, s.x.ptr, 0, ops::OUT_ADD)?;
         // MLP block.
         ops::rmsnorm(g, s.x.ptr, s.h.ptr, l.ffn_norm, t, c.dim, c.norm_eps, 0, Some(a8))?;
@@ -348,7 +348,7 @@ impl GpuModel {
         };
         let kv = &st.caches[li];
         ops::prepare_heads(g, &prep, t, s.q.ptr, s.k.ptr, s.v.ptr, (0, 0), s.pos.ptr, kv.k.ptr, kv.v.ptr, kv.slots)?;
-        self.attention(st, li, t, true, bf)?;
+        self.attention(st, li, t, true, bf, false)?;
         ops::glu_q8(g, s.att.ptr, s.gate.ptr, t * c.n_heads * c.head_dim, ops::GLU_GATE, bf, s.att.ptr, a8)?;
         self.linear(st, &l.wo, t, s.att.ptr, s.tmp.ptr, 0, bf)?;
         ops::rmsnorm(g, s.tmp.ptr, s.x.ptr, l.post_attn_norm, t, c.dim, POST_NORM_EPS, muse | ops::OUT_ADD | bf, None)?;

@@ -94,7 +94,7 @@ pub fn run(g: &Gpu) -> Result<String> {
         let part_o = g.alloc(nh * splits * hd * 4, "kernel bench")?;
         let part_ml = g.alloc(nh * splits * 2 * 4, "kernel bench")?;
         let args = ops::AttnArgs { n_heads: nh, n_kv: nkv, head_dim: hd, slots: ctx, window: 0, scale: 0.088, kv_bf16: false };
-        let ms = time_ms(g, reps, || ops::attention(g, &args, 1, splits, x.ptr, kc.ptr, vc.ptr, pos.ptr, part_o.ptr, part_ml.ptr, y.ptr, 0))?;
+        let ms = time_ms(g, reps, || ops::attention(g, &args, 1, splits, x.ptr, kc.ptr, vc.ptr, pos.ptr, part_o.ptr, part_ml.ptr, y.ptr, 0, None))?;
         out += &format!("  heads {nh}/{nkv} ctx {ctx:6} splits {splits:3}: {:8.1} us {:7.0} GB/s\n", ms * 1e3, 2.0 * kvb as f64 / (ms * 1e-3) / 1e9);
     }
     for threads in [128u32, 256, 512, 1024] {

@@ -271,7 +271,8 @@ pub fn check_attn_shape(n_heads: usize, n_kv: usize, head_dim: usize) -> Result<
 /// out [T, n_heads, hd] = attention of q [T, n_heads, hd] over the cache, in
 /// `splits` splits per (kv head, token), through the partial buffers.
 #[allow(clippy::too_many_arguments)]
-pub fn attention(g: &Gpu, a: &AttnArgs, n_tokens: usize, splits: usize, q: u64, k_cache: u64, v_cache: u64, pos: u64, part_o: u64, part_ml: u64, out: u64, out_flags: i32) -> Result<()> {
+pub fn attention(g: &Gpu, a: &AttnArgs, n_tokens: usize, splits: usize, q: u64, k_cache: u64, v_cache: u64, pos: u64, part_o: u64, part_ml: u64, out: u64, out_flags: i32, q8: Option<Q8>) -> Result<()> {
+    let q8 = q8.unwrap_or(Q8 { q: 0, d: 0, s: 0 });
     let name = match (a.head_dim, a.kv_bf16) {
         (64, false) => "attn_split_64_f16",
         (64, true) => "attn_split_64_bf16",
@@ -300,7 +301,17 @@ pub fn attention(g: &Gpu, a: &AttnArgs, n_tokens: usize, splits: usize, q: u64, 
         "attn_combine",
         (a.n_heads as u32, n_tokens as u32, 1),
         a.head_dim as u32,
-        &[Arg::Ptr(part_o), Arg::Ptr(part_ml), Arg::I32(splits as i32), Arg::I32(a.head_dim as i32), Arg::I32(out_flags), Arg::Ptr(out)],
+        &[
+            Arg::Ptr(part_o),
+            Arg::Ptr(part_ml),
+            Arg::I32(splits as i32),
+            Arg::I32(a.head_dim as i32),
+            Arg::I32(out_flags),
+            Arg::Ptr(out),
+            Arg::Ptr(q8.q),
+            Arg::Ptr(q8.d),
+            Arg::Ptr(q8.s),
+        ],
     )
 }
 

@@ -248,7 +248,7 @@ fn attention_matches_cpu_reference() {
         let out = upload_f32(&g, &vec![f32::NAN; c.t * c.nh * c.hd]);
         let scale = 1.0 / (c.hd as f32).sqrt();
         let args = ops::AttnArgs { n_heads: c.nh, n_kv: c.nkv, head_dim: c.hd, slots: c.slots, window: c.window, scale, kv_bf16: c.bf };
-        ops::attention(&g, &args, c.t, c.splits, qb.ptr, kb.ptr, vb.ptr, pos.ptr, part_o.ptr, part_ml.ptr, out.ptr, 0).unwrap();
+        ops::attention(&g, &args, c.t, c.splits, qb.ptr, kb.ptr, vb.ptr, pos.ptr, part_o.ptr, part_ml.ptr, out.ptr, 0, None).unwrap();
         let got = download_f32(&g, &out, c.t * c.nh * c.hd);
         let group = c.nh / c.nkv;
         let mut want = vec![0.0f64; got.len()];
