@@ -11,6 +11,8 @@ qwen=$(python3 scripts/fetch_models.py qwen2.5-coder-0.5b | tail -n 1)
 [[ -f "${qwen%.gguf}.tokenizer.json" ]] || python3 scripts/make_tokenizer_fixtures.py --parts hf
 python3 tests/reference/test_muse_glimmer_ref.py
 cargo test --workspace --release "$@"
+# The NEON kernels, cross-compiled for aarch64 and run under qemu.
+scripts/test-aarch64.sh
 # The agent server end to end: the real binary, the official openai SDK.
 cargo build --release -q -p hearth
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')

@@ -9,7 +9,11 @@ mod registry;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "hearth", version, about = "On-device LLM runtime: runs GGUF models on CPU (and CUDA)")]
+#[command(
+    name = "hearth",
+    version,
+    about = "On-device LLM runtime: runs GGUF models on CPU (and CUDA)"
+)]
 #[command(long_about = "hearth runs released GGUF checkpoints directly.\n\n\
 Models are named by a packaged name (see `hearth pull --list`) or a path to a .gguf file.\n\
 Packaged models are stored in $HEARTH_HOME/models (default ~/.cache/hearth/models).")]
@@ -47,7 +51,10 @@ pub(crate) fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
         }
         b = b.num_threads(t);
     }
-    b.build_global().map_err(|e| anyhow::anyhow!("thread pool: {e}"))
+    let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    hearth_kernels::pool::init_global(n);
+    b.build_global()
+        .map_err(|e| anyhow::anyhow!("thread pool: {e}"))
 }
 
 fn main() {

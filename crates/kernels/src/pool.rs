@@ -68,7 +68,11 @@ impl ThreadPool {
                     .expect("spawning a worker thread")
             })
             .collect();
-        ThreadPool { shared, workers, running: Mutex::new(()) }
+        ThreadPool {
+            shared,
+            workers,
+            running: Mutex::new(()),
+        }
     }
 
     pub fn n_threads(&self) -> usize {
@@ -87,8 +91,9 @@ impl ThreadPool {
         let job: &(dyn Fn(usize, usize) + Sync + '_) = &f;
         // SAFETY: lifetime erasure. `f` outlives every use: this function does
         // not return before all workers have reported done for this epoch.
-        let job: *const Job =
-            unsafe { std::mem::transmute::<&(dyn Fn(usize, usize) + Sync + '_), &'static Job>(job) };
+        let job: *const Job = unsafe {
+            std::mem::transmute::<&(dyn Fn(usize, usize) + Sync + '_), &'static Job>(job)
+        };
         unsafe { *s.job.get() = Some(job) };
         s.done.store(0, Ordering::Relaxed);
         s.epoch.fetch_add(1, Ordering::Release);
@@ -134,7 +139,8 @@ fn worker(s: Arc<Shared>, idx: usize) {
             } else {
                 let mut sleepers = s.sleepers.lock().unwrap_or_else(|e| e.into_inner());
                 *sleepers += 1;
-                while s.epoch.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Relaxed) {
+                while s.epoch.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Relaxed)
+                {
                     sleepers = s.wake.wait(sleepers).unwrap_or_else(|e| e.into_inner());
                 }
                 *sleepers -= 1;
@@ -156,7 +162,11 @@ impl Drop for ThreadPool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::Relaxed);
         {
-            let _sleepers = self.shared.sleepers.lock().unwrap_or_else(|e| e.into_inner());
+            let _sleepers = self
+                .shared
+                .sleepers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             self.shared.wake.notify_all();
         }
         for w in self.workers.drain(..) {
@@ -178,12 +188,28 @@ static GLOBAL: OnceLock<ThreadPool> = OnceLock::new();
 
 /// Sizes the process-wide pool; returns false if it already exists.
 pub fn init_global(n_threads: usize) -> bool {
+    tune_allocator();
     GLOBAL.set(ThreadPool::new(n_threads)).is_ok()
+}
+
+/// Keeps freed activation buffers in the process (glibc otherwise returns
+/// every large block to the kernel with munmap, and each forward step pays
+/// page faults and page zeroing for its multi-megabyte buffers again).
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator thresholds.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
 }
 
 /// The process-wide pool (all available cores unless `init_global` ran first).
 pub fn global() -> &'static ThreadPool {
-    GLOBAL.get_or_init(|| ThreadPool::new(std::thread::available_parallelism().map_or(1, |n| n.get())))
+    GLOBAL.get_or_init(|| {
+        tune_allocator();
+        ThreadPool::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
+    })
 }
 
 #[cfg(test)]

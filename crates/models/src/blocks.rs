@@ -223,29 +223,72 @@ fn attention_f16_flash(
     let group = s.n_heads / s.n_kv_heads;
     let t_len = q.len() / (s.n_heads * hd);
     let cells = fa::Cells::of(cache);
-    out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
-        let (t, h) = (idx / s.n_heads, idx % s.n_heads);
-        let src = fa::KvSource {
-            k_new,
-            v_new,
-            kc,
-            vc,
-            cache,
-            p0,
-            kv_row: s.n_kv_heads * hd,
-            kvh: h / group,
-        };
-        let qpos = p0 + t;
-        let lo = cache.window_start(qpos);
-        let qrow = &q[idx * hd..(idx + 1) * hd];
-        if t_len >= fa::TILED_MIN_ROWS {
-            fa::tiled_row(qrow, &src, cells, p0 + t_len - 1, lo, qpos, s.scale, o);
-        } else if t_len == 1 && fa::use_split_kv(cells, qpos) {
-            fa::split_kv_row(qrow, &src, cells, lo, qpos, s.scale, o);
-        } else {
-            fa::f16_row(qrow, &src, lo, qpos, s.scale, o);
+    let kv_row = s.n_kv_heads * hd;
+    let source = |kvh: usize| fa::KvSource { k_new, v_new, kc, vc, cache, p0, kv_row, kvh };
+    if t_len >= fa::TILED_MIN_ROWS {
+        // Rows sharing a KV head go together (its tiles are converted once),
+        // in chunks so that both threads have work.
+        const ROWS_PER_TASK: usize = 32;
+        let tasks: Vec<(usize, Vec<usize>)> = (0..s.n_kv_heads)
+            .flat_map(|kvh| {
+                let idx: Vec<usize> = (0..t_len)
+                    .flat_map(|t| (kvh * group..(kvh + 1) * group).map(move |h| t * s.n_heads + h))
+                    .collect();
+                idx.chunks(ROWS_PER_TASK).map(|c| (kvh, c.to_vec())).collect::<Vec<_>>()
+            })
+            .collect();
+        // Tasks are taken dynamically by the threads of the forward pass's pool.
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let slots: Vec<std::sync::Mutex<Vec<f32>>> = tasks.iter().map(|_| Default::default()).collect();
+        hearth_kernels::pool::global().run(|_, _| loop {
+            let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some((kvh, idx)) = tasks.get(k) else { break };
+            let rows: Vec<(&[f32], usize, usize)> = idx
+                .iter()
+                .map(|&i| {
+                    let qpos = p0 + i / s.n_heads;
+                    (&q[i * hd..(i + 1) * hd], qpos, cache.window_start(qpos))
+                })
+                .collect();
+            *slots[k].lock().unwrap() = fa::tiled_rows(&rows, &source(*kvh), cells, p0 + t_len - 1, s.scale);
+        });
+        let results: Vec<Vec<f32>> = slots.into_iter().map(|m| m.into_inner().unwrap()).collect();
+        for ((_, idx), res) in tasks.iter().zip(&results) {
+            for (&i, row) in idx.iter().zip(res.chunks_exact(hd)) {
+                out[i * hd..(i + 1) * hd].copy_from_slice(row);
+            }
+        }
+        return;
+    }
+    // One output row per (token, head), rows split across the pool.
+    let rows = out.len() / hd;
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    hearth_kernels::pool::global().run(|i, n| {
+        for idx in hearth_kernels::pool::share(rows, i, n) {
+            // SAFETY: each row is written by one thread only.
+            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(idx * hd), hd) };
+            let (t, h) = (idx / s.n_heads, idx % s.n_heads);
+            let src = source(h / group);
+            let qpos = p0 + t;
+            let lo = cache.window_start(qpos);
+            let qrow = &q[idx * hd..(idx + 1) * hd];
+            if t_len == 1 && fa::use_split_kv(cells, qpos) {
+                fa::split_kv_row(qrow, &src, cells, lo, qpos, s.scale, o);
+            } else {
+                fa::f16_row(qrow, &src, lo, qpos, s.scale, o);
+            }
         }
     });
+}
+
+/// A raw pointer that may cross threads (each thread writes disjoint rows).
+struct SendPtr(*mut f32);
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
 }
 
 /// Rounds K or V rows to the cache precision (in place), so the chunk's own
@@ -263,22 +306,29 @@ pub fn silu(x: f32) -> f32 {
 /// routine: n = round(x·log2 e), a degree-5 polynomial in the reduced
 /// argument, scaled by 2^n), not libm's `expf`. Past |n| > 192 it gives 0
 /// for n <= 0 and +inf otherwise (so exp(-inf) = 0).
+#[inline(always)]
 pub fn expf_ggml_v(x: f32) -> f32 {
+    // Branch-free (select at the end) so loops over it vectorize.
     const R: f32 = 12582912.0; // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8aa3b), R); // log2(e)
     let n = z - R;
     let b = (-n).mul_add(f32::from_bits(0x3f317200), x); // ln2 high
     let b = (-n).mul_add(f32::from_bits(0x35bfbe8e), b); // ln2 low
-    if n.abs() > 192.0 {
-        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
-    }
     let u = b * b;
     let p_hi = f32::from_bits(0x3c072010).mul_add(b, f32::from_bits(0x3d2b9f17));
     let p_mid = f32::from_bits(0x3e2aaf33).mul_add(b, f32::from_bits(0x3efffedb));
     let p_lo = f32::from_bits(0x3f7ffff6).mul_add(b, 1.0);
     let j = p_hi.mul_add(u, p_mid).mul_add(u, p_lo);
-    // _mm512_scalef_ps: j · 2^n with one rounding (exact in f64, then to f32).
-    (j as f64 * 2f64.powi(n as i32)) as f32
+    // _mm512_scalef_ps: j · 2^n with one rounding (exact in f64, then to f32);
+    // 2^n is exact in f64 for |n| <= 192.
+    let nc = n.clamp(-192.0, 192.0);
+    let r = (j as f64 * f64::from_bits(((nc as i64 + 1023) as u64) << 52)) as f32;
+    let special = if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    if n.abs() > 192.0 {
+        special
+    } else {
+        r
+    }
 }
 
 /// SwiGLU as ggml's `ggml_vec_swiglu_f32` evaluates it on AVX-512, per row
@@ -320,8 +370,14 @@ pub fn gelu_f16_table(x: f32) -> f32 {
     } else if x >= 10.0 {
         x
     } else {
-        let xh = half::f16::from_f32(x).to_f32();
-        half::f16::from_f32(gelu_tanh_fma(xh)).to_f32()
+        // ggml's table: one entry per f16 input.
+        static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+        let table = TABLE.get_or_init(|| {
+            (0..=u16::MAX)
+                .map(|bits| half::f16::from_f32(gelu_tanh_fma(half::f16::from_bits(bits).to_f32())).to_f32())
+                .collect()
+        });
+        table[half::f16::from_f32(x).to_bits() as usize]
     }
 }
 

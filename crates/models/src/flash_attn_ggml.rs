@@ -43,6 +43,10 @@ pub(crate) struct KvSource<'a> {
 }
 
 impl KvSource<'_> {
+    fn hd(&self) -> usize {
+        self.kv_row / self.cache.n_kv_heads
+    }
+
     fn load(&self, pos: usize, key: bool, out: &mut [f32]) {
         let hd = out.len();
         if pos >= self.p0 {
@@ -196,82 +200,112 @@ pub(crate) fn split_kv_row(
     out.iter_mut().zip(&acc).for_each(|(d, a)| *d = a * inv);
 }
 
-/// The tiled f32 path for one query row (`flash_attn_ext_tiled`): q stays
-/// f32; per tile of 64 cells, scores are sequential fma chains over the
-/// head dimension times `scale`; the running max M moves once per tile
-/// (rescaling Σ p·v and S by libm `expf`); p = ggml's vector exp of s - M,
-/// summed in groups of 16 (halving tree) into an f64 tile sum added to S;
-/// Σ p·v is a sequential fma chain over the cells.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn tiled_row(
-    q: &[f32],
-    src: &KvSource,
-    cells: Cells,
-    last: usize,
-    lo: usize,
-    qpos: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let hd = q.len();
+/// The tiled f32 path (`flash_attn_ext_tiled`) for a set of query rows that
+/// share one KV head: q stays f32; per tile of 64 cells, scores are
+/// sequential fma chains over the head dimension times `scale`; the running
+/// max M moves once per tile (rescaling Σ p·v and S by libm `expf`); p =
+/// ggml's vector exp of s - M, summed in groups of 16 (halving tree) into an
+/// f64 tile sum added to S; Σ p·v is a sequential fma chain over the cells.
+///
+/// Each tile's keys and values are converted once for all rows; the 64
+/// scores of a row are computed side by side (one fma chain per lane, the
+/// same chain as one score at a time). `rows[i] = (qrow, qpos, lo)`: the
+/// query (head_dim values), its position and the first position it sees.
+/// Returns the outputs, `rows.len() × head_dim`.
+pub(crate) fn tiled_rows(rows: &[(&[f32], usize, usize)], src: &KvSource, cells: Cells, last: usize, scale: f32) -> Vec<f32> {
+    let hd = src.hd();
     let n_kv = cells.n_kv(last);
-    let mut vkq = vec![0.0f32; hd];
-    let (mut m, mut s) = (f32::NEG_INFINITY, 0.0f32);
-    let mut kq = [0.0f32; KV_TILE];
-    let mut kbuf = vec![0.0f32; hd];
+    let mut vkq = vec![0.0f32; rows.len() * hd];
+    let mut ms = vec![(f32::NEG_INFINITY, 0.0f32); rows.len()];
+    let mut kt = vec![0.0f32; hd * KV_TILE];
     let mut vt = vec![0.0f32; KV_TILE * hd];
+    let mut kbuf = vec![0.0f32; hd];
+    let mut tile_pos = [None::<usize>; KV_TILE];
+    let max_qpos = rows.iter().map(|r| r.1).max().unwrap_or(0);
+    let min_lo = rows.iter().map(|r| r.2).min().unwrap_or(0);
     for c0 in (0..n_kv).step_by(KV_TILE) {
         let mut any = false;
-        for (i, score) in kq.iter_mut().enumerate() {
-            *score = f32::NEG_INFINITY;
-            let Some(p) = cells.pos(c0 + i, last) else {
-                continue;
-            };
-            if p < lo || p > qpos || c0 + i >= n_kv {
-                continue;
+        for (i, tp) in tile_pos.iter_mut().enumerate() {
+            *tp = cells.pos(c0 + i, last).filter(|&p| c0 + i < n_kv && p >= min_lo && p <= max_qpos);
+            if let Some(p) = *tp {
+                any = true;
+                src.load(p, true, &mut kbuf);
+                for (d, &k) in kbuf.iter().enumerate() {
+                    kt[d * KV_TILE + i] = k;
+                }
+                src.load(p, false, &mut vt[i * hd..(i + 1) * hd]);
             }
-            any = true;
-            src.load(p, true, &mut kbuf);
-            let dot = q
-                .iter()
-                .zip(&kbuf)
-                .fold(0.0f32, |acc, (a, b)| a.mul_add(*b, acc));
-            *score = dot * scale;
-            src.load(p, false, &mut vt[i * hd..(i + 1) * hd]);
         }
         if !any {
             continue;
         }
-        let tile_max = kq
-            .iter()
-            .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
-        let mn = m.max(tile_max);
-        if mn > m {
-            let ms = (m - mn).exp();
-            vkq.iter_mut().for_each(|v| *v *= ms);
-            s *= ms;
-        }
-        m = mn;
-        let mut tile_sum = 0.0f64;
-        for group in kq.chunks_exact_mut(16) {
-            let mut lanes = [0.0f32; 16];
-            for (x, l) in group.iter_mut().zip(lanes.iter_mut()) {
-                *x = expf_ggml_v(*x - m);
-                *l = *x;
+        for (ri, &(q, qpos, lo)) in rows.iter().enumerate() {
+            let valid: [bool; KV_TILE] = std::array::from_fn(|i| tile_pos[i].is_some_and(|p| p >= lo && p <= qpos));
+            if !valid.iter().any(|&v| v) {
+                continue;
             }
-            tile_sum += reduce_add_16(lanes) as f64;
-        }
-        s = (s as f64 + tile_sum) as f32;
-        for (i, &p) in kq.iter().enumerate() {
-            if p != 0.0 {
-                vkq.iter_mut()
-                    .zip(&vt[i * hd..(i + 1) * hd])
-                    .for_each(|(a, &v)| *a = p.mul_add(v, *a));
+            // 32 keys at a time, so the accumulators stay in registers.
+            let mut kq = [0.0f32; KV_TILE];
+            for (kb, chunk) in kq.chunks_exact_mut(32).enumerate() {
+                let mut a = [0.0f32; 32];
+                for (d, &qd) in q.iter().enumerate() {
+                    let krow: &[f32; 32] = kt[d * KV_TILE + 32 * kb..][..32].try_into().unwrap();
+                    for j in 0..32 {
+                        a[j] = qd.mul_add(krow[j], a[j]);
+                    }
+                }
+                chunk.copy_from_slice(&a);
+            }
+            for (score, &ok) in kq.iter_mut().zip(&valid) {
+                *score = if ok { *score * scale } else { f32::NEG_INFINITY };
+            }
+            let (m, s) = &mut ms[ri];
+            let out = &mut vkq[ri * hd..(ri + 1) * hd];
+            let tile_max = kq.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+            let mn = m.max(tile_max);
+            if mn > *m {
+                let scale_old = (*m - mn).exp();
+                out.iter_mut().for_each(|v| *v *= scale_old);
+                *s *= scale_old;
+            }
+            *m = mn;
+            let mut tile_sum = 0.0f64;
+            for group in kq.chunks_exact_mut(16) {
+                let mut lanes = [0.0f32; 16];
+                for (x, l) in group.iter_mut().zip(lanes.iter_mut()) {
+                    *x = expf_ggml_v(*x - *m);
+                    *l = *x;
+                }
+                tile_sum += reduce_add_16(lanes) as f64;
+            }
+            *s = (*s as f64 + tile_sum) as f32;
+            // Σ p·v, 32 output values at a time over all cells (each value's
+            // chain still runs over the cells in order).
+            let whole = hd - hd % 32;
+            for dc in (0..whole).step_by(32) {
+                let mut a: [f32; 32] = out[dc..dc + 32].try_into().unwrap();
+                for (i, &p) in kq.iter().enumerate() {
+                    if p != 0.0 {
+                        let v: &[f32; 32] = vt[i * hd + dc..][..32].try_into().unwrap();
+                        for j in 0..32 {
+                            a[j] = p.mul_add(v[j], a[j]);
+                        }
+                    }
+                }
+                out[dc..dc + 32].copy_from_slice(&a);
+            }
+            for (i, &p) in kq.iter().enumerate() {
+                if p != 0.0 {
+                    out[whole..].iter_mut().zip(&vt[i * hd + whole..(i + 1) * hd]).for_each(|(a, &v)| *a = p.mul_add(v, *a));
+                }
             }
         }
     }
-    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
-    out.iter_mut().zip(&vkq).for_each(|(d, a)| *d = a * inv);
+    for (out, &(_, s)) in vkq.chunks_exact_mut(hd).zip(&ms) {
+        let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+        out.iter_mut().for_each(|a| *a *= inv);
+    }
+    vkq
 }
 
 /// `_mm512_reduce_add_ps` as GCC expands it: halves added pairwise (+8, +4, +2, +1).

@@ -2,6 +2,7 @@
 //! embedding lookup, the output head. The per-layer math lives in one file per
 //! architecture (llama.rs, gemma3.rs, muse_glimmer.rs).
 
+use hearth_kernels::cpu::{packed::matmul_packed, simd};
 use hearth_kernels::{matmul, Activations};
 
 use crate::config::Architecture;
@@ -128,7 +129,12 @@ impl Model {
     pub(crate) fn linear(&self, w: &Linear, x: &[f32]) -> Vec<f32> {
         let n = x.len() / w.cols;
         let mut out = vec![0.0f32; n * w.rows];
-        matmul(&self.mat(w), x, n, &mut out, self.activations());
+        match (&w.packed, self.activations()) {
+            (Some(p), Activations::Quantized) => {
+                matmul_packed(simd::active(), p, &self.mat(w), x, n, &mut out)
+            }
+            (_, mode) => matmul(&self.mat(w), x, n, &mut out, mode),
+        }
         out
     }
 

@@ -7,10 +7,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hearth_gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
+use hearth_kernels::cpu::packed::PackedMatrix;
 use hearth_kernels::QMatrix;
 
 use crate::config::{Architecture, ConfigError, ModelConfig};
 use crate::kv_cache::KvDtype;
+use hearth_kernels::Activations;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -21,7 +23,11 @@ pub enum ModelError {
     #[error("missing tensor '{0}'")]
     MissingTensor(String),
     #[error("tensor '{name}' has shape {got:?}, expected {expected:?} (ggml order)")]
-    BadShape { name: String, expected: Vec<u64>, got: Vec<u64> },
+    BadShape {
+        name: String,
+        expected: Vec<u64>,
+        got: Vec<u64>,
+    },
     #[error("tensor '{name}' has type {ty}, which hearth cannot compute with")]
     UnsupportedType { name: String, ty: GgmlType },
     #[error("token id {token} is outside the vocabulary of {vocab}")]
@@ -43,6 +49,8 @@ pub struct Linear {
     pub rows: usize,
     pub cols: usize,
     range: Range<usize>,
+    /// The rows repacked for the SIMD kernels (see [`Model::pack_weights`]).
+    pub packed: Option<Arc<PackedMatrix>>,
 }
 
 /// Per-layer weights. Optional fields exist for some architectures only.
@@ -98,7 +106,10 @@ pub struct Model {
 /// Types the CPU matmul can compute with.
 pub fn matmul_supported(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K)
+    matches!(
+        ty,
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
+    )
 }
 
 struct Loader<'a> {
@@ -107,23 +118,44 @@ struct Loader<'a> {
 
 impl Loader<'_> {
     fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
-        self.file.tensor_info(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+        self.file
+            .tensor_info(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
     }
 
     fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
         let t = self.info(name)?;
         let expected = vec![cols as u64, rows as u64];
         if t.shape != expected {
-            return Err(ModelError::BadShape { name: name.into(), expected, got: t.shape.clone() });
+            return Err(ModelError::BadShape {
+                name: name.into(),
+                expected,
+                got: t.shape.clone(),
+            });
         }
         if !matmul_supported(t.ty) {
-            return Err(ModelError::UnsupportedType { name: name.into(), ty: t.ty });
+            return Err(ModelError::UnsupportedType {
+                name: name.into(),
+                ty: t.ty,
+            });
         }
         let start = (self.file.data_offset() + t.offset) as usize;
-        Ok(Linear { name: name.into(), ty: t.ty, rows, cols, range: start..start + t.n_bytes() as usize })
+        Ok(Linear {
+            name: name.into(),
+            ty: t.ty,
+            rows,
+            cols,
+            range: start..start + t.n_bytes() as usize,
+            packed: None,
+        })
     }
 
-    fn opt_linear(&self, name: &str, rows: usize, cols: usize) -> Result<Option<Linear>, ModelError> {
+    fn opt_linear(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<Linear>, ModelError> {
         match self.file.tensor_info(name) {
             None => Ok(None),
             Some(_) => self.linear(name, rows, cols).map(Some),
@@ -134,12 +166,20 @@ impl Loader<'_> {
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
         let t = self.info(name)?;
         if t.shape != [len as u64] {
-            return Err(ModelError::BadShape { name: name.into(), expected: vec![len as u64], got: t.shape.clone() });
+            return Err(ModelError::BadShape {
+                name: name.into(),
+                expected: vec![len as u64],
+                got: t.shape.clone(),
+            });
         }
         let mut out = vec![0.0; len];
         let data = self.file.tensor(name)?.data;
-        hearth_kernels::dequantize(t.ty, data, &mut out)
-            .map_err(|_| ModelError::UnsupportedType { name: name.into(), ty: t.ty })?;
+        hearth_kernels::dequantize(t.ty, data, &mut out).map_err(|_| {
+            ModelError::UnsupportedType {
+                name: name.into(),
+                ty: t.ty,
+            }
+        })?;
         Ok(out)
     }
 
@@ -162,7 +202,9 @@ impl Model {
         let c = &config;
         let (dim, q_dim, kv_dim) = (c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
         let tok_embd = ld.linear("token_embd.weight", c.vocab_size, dim)?;
-        let output = ld.opt_linear("output.weight", c.vocab_size, dim)?.unwrap_or_else(|| tok_embd.clone());
+        let output = ld
+            .opt_linear("output.weight", c.vocab_size, dim)?
+            .unwrap_or_else(|| tok_embd.clone());
         let output_norm = ld.vector("output_norm.weight", dim)?;
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
@@ -183,10 +225,12 @@ impl Model {
                 _ => (None, None),
             };
             let attn_gate = match c.arch {
-                Architecture::MuseGlimmer => Some(match ld.opt_linear(&n("attn_gate.weight"), q_dim, dim)? {
-                    Some(g) => g,
-                    None => ld.linear(&n("attn_output_gate.weight"), q_dim, dim)?,
-                }),
+                Architecture::MuseGlimmer => {
+                    Some(match ld.opt_linear(&n("attn_gate.weight"), q_dim, dim)? {
+                        Some(g) => g,
+                        None => ld.linear(&n("attn_output_gate.weight"), q_dim, dim)?,
+                    })
+                }
                 _ => None,
             };
             layers.push(Layer {
@@ -213,7 +257,55 @@ impl Model {
             Architecture::MuseGlimmer => KvDtype::Bf16,
             _ => KvDtype::F16,
         };
-        Ok(Model { config, numerics: Numerics::Reference, kv_dtype, file, tok_embd, output_norm, output, layers })
+        let mut model = Model {
+            config,
+            numerics: Numerics::Reference,
+            kv_dtype,
+            file,
+            tok_embd,
+            output_norm,
+            output,
+            layers,
+        };
+        model.pack_weights();
+        Ok(model)
+    }
+
+    /// Repacks every matrix the quantized-activation matmuls read (layers
+    /// and LM head) into the interleaved layout of the SIMD kernels. The
+    /// embedding table stays in the file (lookups read single rows).
+    /// Architectures whose matmuls take f32 activations are left as they are.
+    fn pack_weights(&mut self) {
+        if self.activations() != Activations::Quantized {
+            return;
+        }
+        let bytes = self.file.raw_bytes();
+        let pack = |l: &mut Linear| {
+            let m = QMatrix {
+                ty: l.ty,
+                rows: l.rows,
+                cols: l.cols,
+                data: &bytes[l.range.clone()],
+            };
+            l.packed = PackedMatrix::pack(&m).map(Arc::new);
+        };
+        for layer in &mut self.layers {
+            for l in [
+                &mut layer.wq,
+                &mut layer.wk,
+                &mut layer.wv,
+                &mut layer.wo,
+                &mut layer.ffn_gate,
+                &mut layer.ffn_up,
+                &mut layer.ffn_down,
+            ] {
+                pack(l);
+            }
+            if let Some(g) = &mut layer.attn_gate {
+                pack(g);
+            }
+        }
+        pack(&mut self.output);
     }
 
     /// Switches numerics (before creating states: it sets the KV dtype).
@@ -232,7 +324,12 @@ impl Model {
 
     /// A borrowed view of a weight matrix for the kernels.
     pub fn mat(&self, l: &Linear) -> QMatrix<'_> {
-        QMatrix { ty: l.ty, rows: l.rows, cols: l.cols, data: &self.file.raw_bytes()[l.range.clone()] }
+        QMatrix {
+            ty: l.ty,
+            rows: l.rows,
+            cols: l.cols,
+            data: &self.file.raw_bytes()[l.range.clone()],
+        }
     }
 
     /// Bytes of weights read per decoded token (every matrix once).
@@ -242,7 +339,13 @@ impl Model {
             .layers
             .iter()
             .map(|l| {
-                lin(&l.wq) + lin(&l.wk) + lin(&l.wv) + lin(&l.wo) + lin(&l.ffn_gate) + lin(&l.ffn_up) + lin(&l.ffn_down)
+                lin(&l.wq)
+                    + lin(&l.wk)
+                    + lin(&l.wv)
+                    + lin(&l.wo)
+                    + lin(&l.ffn_gate)
+                    + lin(&l.ffn_up)
+                    + lin(&l.ffn_down)
                     + l.attn_gate.as_ref().map_or(0, lin)
             })
             .sum();

@@ -4,6 +4,8 @@
 //! weight row is dotted with every activation row. Output rows are split
 //! across threads.
 
+use std::ops::Range;
+
 use half::{bf16, f16};
 use hearth_gguf::GgmlType;
 use rayon::prelude::*;
@@ -156,8 +158,26 @@ const ROWS_PER_TASK: usize = 16;
 
 /// `out[t, r] = Σ_c x[t, c] · W[r, c]` for `n` rows of `x` ([n, cols]) into `out` ([n, rows]).
 pub fn matmul(w: &QMatrix, x: &[f32], n: usize, out: &mut [f32], mode: Activations) {
-    assert_eq!(x.len(), n * w.cols, "matmul: x is not [n, cols]");
     assert_eq!(out.len(), n * w.rows, "matmul: out is not [n, rows]");
+    let part = matmul_rows_mode(w, x, n, 0..w.rows, mode);
+    out.copy_from_slice(&part);
+}
+
+/// Rows `rows` of the quantized-activation matmul, `[n, rows.len()]`, with
+/// the per-row reference kernels (the orders are those the whole matrix
+/// would use).
+pub(crate) fn matmul_rows(w: &QMatrix, x: &[f32], n: usize, rows: Range<usize>) -> Vec<f32> {
+    matmul_rows_mode(w, x, n, rows, Activations::Quantized)
+}
+
+fn matmul_rows_mode(
+    w: &QMatrix,
+    x: &[f32],
+    n: usize,
+    rows: Range<usize>,
+    mode: Activations,
+) -> Vec<f32> {
+    assert_eq!(x.len(), n * w.cols, "matmul: x is not [n, cols]");
     // llama.cpp repacks Q4_K matrices of 8k rows: rows of x below the last
     // multiple of 4 go through its gemm (own quantizer), the rest its gemv.
     let repacked =
@@ -186,11 +206,12 @@ pub fn matmul(w: &QMatrix, x: &[f32], n: usize, out: &mut [f32], mode: Activatio
             }
         })
         .collect();
-    let parts: Vec<(usize, Vec<f32>)> = (0..w.rows.div_ceil(ROWS_PER_TASK))
+    let n_rows = rows.len();
+    let parts: Vec<(usize, Vec<f32>)> = (0..n_rows.div_ceil(ROWS_PER_TASK))
         .into_par_iter()
         .map(|task| {
-            let r0 = task * ROWS_PER_TASK;
-            let r1 = (r0 + ROWS_PER_TASK).min(w.rows);
+            let r0 = rows.start + task * ROWS_PER_TASK;
+            let r1 = (r0 + ROWS_PER_TASK).min(rows.end);
             let mut scratch = Vec::new();
             // [rows in task, n]
             let mut part = Vec::with_capacity((r1 - r0) * n);
@@ -198,17 +219,19 @@ pub fn matmul(w: &QMatrix, x: &[f32], n: usize, out: &mut [f32], mode: Activatio
                 let wrow = w.row(r);
                 part.extend(acts.iter().map(|a| dot(w.ty, path, wrow, a, &mut scratch)));
             }
-            (r0, part)
+            (r0 - rows.start, part)
         })
         .collect();
+    let mut out = vec![0.0f32; n * n_rows];
     for (r0, part) in parts {
         let nr = part.len() / n;
         for i in 0..nr {
             for t in 0..n {
-                out[t * w.rows + r0 + i] = part[i * n + t];
+                out[t * n_rows + r0 + i] = part[i * n + t];
             }
         }
     }
+    out
 }
 
 #[cfg(test)]
