@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use hearth_cuda::{Gpu, GpuModel, GpuState};
-use hearth_engine::generate::{Flow, FinishReason, GenerateParams, GenerationStats, StopMatcher};
+use hearth_engine::generate::{FinishReason, Flow, GenerateParams, GenerationStats, StopMatcher};
 use hearth_engine::sampler::Sampler;
 use hearth_models::{LayerKind, Logits, Model};
 use hearth_tokenizer::Tokenizer;
@@ -25,12 +25,20 @@ pub fn load(model: Arc<Model>) -> Result<GpuModel> {
         i.total_mem as f64 / (1u64 << 30) as f64,
         i.driver_version / 1000,
         i.driver_version % 1000 / 10,
-        if gpu.kernels_cached { "from the cache" } else { "compiled with NVRTC" },
+        if gpu.kernels_cached {
+            "from the cache"
+        } else {
+            "compiled with NVRTC"
+        },
         t0.elapsed().as_secs_f64()
     );
     let t1 = Instant::now();
     let gm = GpuModel::upload(gpu, model, true).context("uploading the weights")?;
-    eprintln!("cuda: {:.2} GB of weights resident, GEMV variants tuned ({:.1} s)", gm.resident_bytes as f64 / 1e9, t1.elapsed().as_secs_f64());
+    eprintln!(
+        "cuda: {:.2} GB of weights resident, GEMV variants tuned ({:.1} s)",
+        gm.resident_bytes as f64 / 1e9,
+        t1.elapsed().as_secs_f64()
+    );
     for line in &gm.tune_report {
         eprintln!("cuda:   gemv {line}");
     }
@@ -51,7 +59,11 @@ pub struct BenchOpts {
 fn median(mut xs: Vec<f64>) -> (f64, f64, f64) {
     xs.sort_by(f64::total_cmp);
     let n = xs.len();
-    let med = if n % 2 == 1 { xs[n / 2] } else { (xs[n / 2 - 1] + xs[n / 2]) / 2.0 };
+    let med = if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    };
     (med, xs[0], xs[n - 1])
 }
 
@@ -83,7 +95,9 @@ pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {
     let vocab = model.config.vocab_size as u32;
     let mut rng_seed = 1u64;
     let mut tokens = |n: usize| -> Vec<u32> {
-        rng_seed = rng_seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        rng_seed = rng_seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let mut s = rng_seed;
         (0..n)
             .map(|_| {
@@ -94,13 +108,20 @@ pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {
             })
             .collect()
     };
-    let roof = if o.roofline { Some(gpu.copy_bandwidth(4 << 30, 20)?) } else { None };
+    let roof = if o.roofline {
+        Some(gpu.copy_bandwidth(4 << 30, 20)?)
+    } else {
+        None
+    };
     let weight_gb = gm.weight_bytes as f64 / 1e9;
     println!("model: {name} ({weight_gb:.2} GB of weights read per token), device: {}, reps: {} (+1 warm-up), graphs: {}", gpu.info.name, o.reps, o.graphs);
     if let Some(r) = roof {
         println!("device copy bandwidth (read + write, 2 x 4 GiB x 20): {r:.0} GB/s");
     }
-    println!("{:>14} {:>10} {:>10} {:>10} {:>9} {:>9} {:>11}", "test", "tok/s", "min", "max", "GB/s", "of roof", "KV MiB");
+    println!(
+        "{:>14} {:>10} {:>10} {:>10} {:>9} {:>9} {:>11}",
+        "test", "tok/s", "min", "max", "GB/s", "of roof", "KV MiB"
+    );
     if o.n_prompt > 0 {
         for &depth in &o.depths {
             let mut st = gm.new_state(depth + o.n_prompt + 1)?;
@@ -118,8 +139,15 @@ pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {
                 }
             }
             let (m, lo, hi) = median(xs);
-            let test = if depth > 0 { format!("pp{}@d{}", o.n_prompt, depth) } else { format!("pp{}", o.n_prompt) };
-            println!("{test:>14} {m:>10.2} {lo:>10.2} {hi:>10.2} {:>9} {:>9} {:>11}", "", "", "");
+            let test = if depth > 0 {
+                format!("pp{}@d{}", o.n_prompt, depth)
+            } else {
+                format!("pp{}", o.n_prompt)
+            };
+            println!(
+                "{test:>14} {m:>10.2} {lo:>10.2} {hi:>10.2} {:>9} {:>9} {:>11}",
+                "", "", ""
+            );
         }
     }
     if o.n_gen > 0 {
@@ -145,11 +173,17 @@ pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {
             let (m, lo, hi) = median(xs);
             let kv_gb = kv_read_bytes(&model, depth + o.n_gen / 2) as f64 / 1e9;
             let gbs = m * (weight_gb + kv_gb);
-            let frac = roof.map(|r| format!("{:.1}%", 100.0 * gbs / r)).unwrap_or_default();
+            let frac = roof
+                .map(|r| format!("{:.1}%", 100.0 * gbs / r))
+                .unwrap_or_default();
             let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
             println!(
                 "{:>14} {m:>10.2} {lo:>10.2} {hi:>10.2} {gbs:>9.0} {frac:>9} {:>11.1}",
-                if depth > 0 { format!("tg{}@d{}", o.n_gen, depth) } else { format!("tg{}", o.n_gen) },
+                if depth > 0 {
+                    format!("tg{}@d{}", o.n_gen, depth)
+                } else {
+                    format!("tg{}", o.n_gen)
+                },
                 mib(st.kv_bytes())
             );
             println!(
@@ -173,9 +207,19 @@ pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {
                 println!("{:>14} kernel time per decoded token (HEARTH_CUDA_PROFILE, each launch timed alone):", "");
                 let total: f64 = gpu.profile_report().iter().map(|r| r.2).sum();
                 for (k, n, ms) in gpu.profile_report() {
-                    println!("{:>14}   {k:24} {:>8.1} launches {:>9.1} us  {:>5.1}%", "", n as f64 / o.n_gen as f64, 1e3 * ms / o.n_gen as f64, 100.0 * ms / total);
+                    println!(
+                        "{:>14}   {k:24} {:>8.1} launches {:>9.1} us  {:>5.1}%",
+                        "",
+                        n as f64 / o.n_gen as f64,
+                        1e3 * ms / o.n_gen as f64,
+                        100.0 * ms / total
+                    );
                 }
-                println!("{:>14}   total {:.1} us per token", "", 1e3 * total / o.n_gen as f64);
+                println!(
+                    "{:>14}   total {:.1} us per token",
+                    "",
+                    1e3 * total / o.n_gen as f64
+                );
             }
         }
     }
@@ -229,5 +273,12 @@ pub fn generate(
             on_text(&rest);
         }
     }
-    Ok(GenerationStats { prompt_tokens: prompt.len(), prefill_time, generated_tokens: tokens.len(), decode_time: t1.elapsed(), finish, tokens })
+    Ok(GenerationStats {
+        prompt_tokens: prompt.len(),
+        prefill_time,
+        generated_tokens: tokens.len(),
+        decode_time: t1.elapsed(),
+        finish,
+        tokens,
+    })
 }

@@ -40,7 +40,12 @@ pub fn fnv1a64(parts: &[&[u8]]) -> u64 {
 }
 
 /// The cache file name for this source on this architecture and driver.
-pub fn cache_key(source: &str, arch: (i32, i32), driver_version: i32, nvrtc_version: (i32, i32)) -> String {
+pub fn cache_key(
+    source: &str,
+    arch: (i32, i32),
+    driver_version: i32,
+    nvrtc_version: (i32, i32),
+) -> String {
     let h = fnv1a64(&[
         source.as_bytes(),
         format!("sm_{}{}", arch.0, arch.1).as_bytes(),
@@ -60,7 +65,9 @@ pub fn cache_dir() -> PathBuf {
     if let Some(h) = std::env::var_os("HEARTH_HOME") {
         return PathBuf::from(h).join("kernels");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
     home.join(".cache/hearth/kernels")
 }
 
@@ -99,9 +106,17 @@ pub fn compile(source: &str, arch: (i32, i32)) -> Result<Vec<u8>> {
     crate::driver::ensure_library("nvrtc")?;
     let arch_name = format!("sm_{}{}", arch.0, arch.1);
     let src = CString::new(source).expect("kernel source has no NUL");
-    let fail = |what: &str, e: &dyn std::fmt::Debug| CudaError::Compile { arch: arch_name.clone(), log: format!("{what}: {e:?}") };
-    let prog = nvrtc::create_program(&src, Some(c"hearth_kernels.cu")).map_err(|e| fail("nvrtcCreateProgram", &e))?;
-    let mut opts = vec![format!("--gpu-architecture={arch_name}"), "--std=c++17".to_string(), "-default-device".to_string()];
+    let fail = |what: &str, e: &dyn std::fmt::Debug| CudaError::Compile {
+        arch: arch_name.clone(),
+        log: format!("{what}: {e:?}"),
+    };
+    let prog = nvrtc::create_program(&src, Some(c"hearth_kernels.cu"))
+        .map_err(|e| fail("nvrtcCreateProgram", &e))?;
+    let mut opts = vec![
+        format!("--gpu-architecture={arch_name}"),
+        "--std=c++17".to_string(),
+        "-default-device".to_string(),
+    ];
     // HEARTH_NVRTC_VERBOSE=1 prints ptxas's register / spill report of every kernel.
     let verbose = std::env::var_os("HEARTH_NVRTC_VERBOSE").is_some();
     if verbose {
@@ -119,7 +134,10 @@ pub fn compile(source: &str, arch: (i32, i32)) -> Result<Vec<u8>> {
             let log = unsafe { nvrtc::get_program_log(prog) }
                 .map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>())
                 .unwrap_or_else(|e| format!("(no log: {e:?})"));
-            Err(CudaError::Compile { arch: arch_name.clone(), log })
+            Err(CudaError::Compile {
+                arch: arch_name.clone(),
+                log,
+            })
         }
     };
     unsafe {
@@ -196,21 +214,34 @@ mod tests {
     #[test]
     fn launched_kernels_exist_in_source() {
         for name in crate::ops::KERNEL_NAMES {
-            assert!(SOURCE.contains(&format!("{name}(")) || SOURCE.contains(&format!("{}, ", name)) || source_macro_defines(name), "kernel {name} missing from the sources");
+            assert!(
+                SOURCE.contains(&format!("{name}("))
+                    || SOURCE.contains(&format!("{}, ", name))
+                    || source_macro_defines(name),
+                "kernel {name} missing from the sources"
+            );
         }
     }
 
     fn source_macro_defines(name: &str) -> bool {
         // gemv_<type>_<nt> come from GEMV_KERNELS(<type>, ...); attn kernels from ATTN_KERNEL(name, ...).
         if let Some(rest) = name.strip_prefix("gemv_") {
-            let rest = rest.strip_suffix("_u1").or_else(|| rest.strip_suffix("_u2")).or_else(|| rest.strip_suffix("_u4")).or_else(|| rest.strip_suffix("_r2")).or_else(|| rest.strip_suffix("_r4")).unwrap_or(rest);
+            let rest = rest
+                .strip_suffix("_u1")
+                .or_else(|| rest.strip_suffix("_u2"))
+                .or_else(|| rest.strip_suffix("_u4"))
+                .or_else(|| rest.strip_suffix("_r2"))
+                .or_else(|| rest.strip_suffix("_r4"))
+                .unwrap_or(rest);
             if let Some((ty, nt)) = rest.rsplit_once('_') {
-                return SOURCE.contains(&format!("GEMV_KERNELS({ty},")) && ["1", "2", "4", "8"].contains(&nt);
+                return SOURCE.contains(&format!("GEMV_KERNELS({ty},"))
+                    && ["1", "2", "4", "8"].contains(&nt);
             }
         }
         if let Some(rest) = name.strip_prefix("gemm_") {
             if let Some((ty, prec)) = rest.rsplit_once('_') {
-                return SOURCE.contains(&format!("GEMM_KERNELS({ty},")) && ["f16", "bf16"].contains(&prec);
+                return SOURCE.contains(&format!("GEMM_KERNELS({ty},"))
+                    && ["f16", "bf16"].contains(&prec);
             }
         }
         SOURCE.contains(&format!("ATTN_KERNEL({name},"))

@@ -143,7 +143,9 @@ impl Gpu {
         result::init().map_err(|e| CudaError::Unavailable(format!("cuInit failed: {e:?}")))?;
         let n = result::device::get_count().ctx("cuDeviceGetCount")?;
         if n == 0 {
-            return Err(CudaError::Unavailable("the driver reports no CUDA device".into()));
+            return Err(CudaError::Unavailable(
+                "the driver reports no CUDA device".into(),
+            ));
         }
         let dev = result::device::get(0).ctx("cuDeviceGet")?;
         // SAFETY: dev is a valid device handle.
@@ -151,13 +153,24 @@ impl Gpu {
         unsafe { result::ctx::set_current(ctx) }.ctx("cuCtxSetCurrent")?;
         let attr = |a| unsafe { result::device::get_attribute(dev, a) }.ctx("cuDeviceGetAttribute");
         use sys::CUdevice_attribute::*;
-        let arch = (attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?);
+        let arch = (
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
         let sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let total_mem = unsafe { result::device::total_mem(dev) }.ctx("cuDeviceTotalMem")?;
         let mut driver_version = 0;
-        unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result().ctx("cuDriverGetVersion")?;
+        unsafe { sys::cuDriverGetVersion(&mut driver_version) }
+            .result()
+            .ctx("cuDriverGetVersion")?;
         let name = result::device::get_name(dev).ctx("cuDeviceGetName")?;
-        let info = DeviceInfo { name, arch, sm_count, total_mem, driver_version };
+        let info = DeviceInfo {
+            name,
+            arch,
+            sm_count,
+            total_mem,
+            driver_version,
+        };
         if arch.0 < 7 {
             return Err(CudaError::Unavailable(format!(
                 "{} has compute capability {}.{}; hearth's kernels need 7.0 or newer",
@@ -167,10 +180,22 @@ impl Gpu {
         ensure_library("nvrtc")?;
         let (cubin, kernels_cached) = compile::cubin_for(arch, driver_version)?;
         // SAFETY: cubin is a complete image produced by NVRTC for this device.
-        let module = unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) }.ctx("cuModuleLoadData")?;
-        let stream = result::stream::create(result::stream::StreamKind::NonBlocking).ctx("cuStreamCreate")?;
+        let module = unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) }
+            .ctx("cuModuleLoadData")?;
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .ctx("cuStreamCreate")?;
         let profile = std::env::var_os("HEARTH_CUDA_PROFILE").map(|_| Mutex::new(HashMap::new()));
-        Ok(Gpu { info, ctx, dev, stream, module, funcs: Mutex::new(HashMap::new()), kernels_cached, profile, norm_threads: 1024.into() })
+        Ok(Gpu {
+            info,
+            ctx,
+            dev,
+            stream,
+            module,
+            funcs: Mutex::new(HashMap::new()),
+            kernels_cached,
+            profile,
+            norm_threads: 1024.into(),
+        })
     }
 
     /// Makes this context current on the calling thread.
@@ -193,9 +218,16 @@ impl Gpu {
             Err(e) => {
                 let free = self.free_mem().unwrap_or(0);
                 if free < bytes {
-                    Err(CudaError::OutOfMemory { what: what.to_string(), need: bytes, free })
+                    Err(CudaError::OutOfMemory {
+                        what: what.to_string(),
+                        need: bytes,
+                        free,
+                    })
                 } else {
-                    Err(CudaError::Driver { call: "cuMemAlloc", msg: format!("{e:?}") })
+                    Err(CudaError::Driver {
+                        call: "cuMemAlloc",
+                        msg: format!("{e:?}"),
+                    })
                 }
             }
         }
@@ -204,7 +236,8 @@ impl Gpu {
     pub fn alloc_zeroed(&self, bytes: usize, what: &str) -> Result<DevBuf> {
         let b = self.alloc(bytes, what)?;
         if bytes > 0 {
-            unsafe { result::memset_d8_async(b.ptr, 0, bytes, self.stream) }.ctx("cuMemsetD8Async")?;
+            unsafe { result::memset_d8_async(b.ptr, 0, bytes, self.stream) }
+                .ctx("cuMemsetD8Async")?;
         }
         Ok(b)
     }
@@ -256,18 +289,31 @@ impl Gpu {
         }
         let cname = CString::new(name).expect("kernel names have no NUL");
         // SAFETY: module is loaded; the name is checked by the driver.
-        let f = unsafe { result::module::get_function(self.module, cname) }
-            .map_err(|e| CudaError::Driver { call: "cuModuleGetFunction", msg: format!("{name}: {e:?}") })?;
+        let f = unsafe { result::module::get_function(self.module, cname) }.map_err(|e| {
+            CudaError::Driver {
+                call: "cuModuleGetFunction",
+                msg: format!("{name}: {e:?}"),
+            }
+        })?;
         funcs.insert(name, f);
         Ok(f)
     }
 
     /// Launches kernel `name` on the stream. The arguments must match the
     /// kernel's parameter list in type and order (pointers, int, float).
-    pub fn launch(&self, name: &'static str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+    pub fn launch(
+        &self,
+        name: &'static str,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         let f = self.function(name)?;
         let mut store: Vec<u64> = args.iter().map(|a| a.bits()).collect();
-        let mut params: Vec<*mut c_void> = store.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
+        let mut params: Vec<*mut c_void> = store
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut c_void)
+            .collect();
         let timing = match &self.profile {
             Some(_) => {
                 let (a, b) = (self.event()?, self.event()?);
@@ -280,7 +326,10 @@ impl Gpu {
         // its low bytes (little-endian), which is what the kernel reads for
         // its 4- or 8-byte parameter; the slots outlive the call.
         unsafe { result::launch_kernel(f, grid, (block, 1, 1), 0, self.stream, &mut params) }
-            .map_err(|e| CudaError::Driver { call: "cuLaunchKernel", msg: format!("{name}: {e:?}") })?;
+            .map_err(|e| CudaError::Driver {
+                call: "cuLaunchKernel",
+                msg: format!("{name}: {e:?}"),
+            })?;
         if let (Some((a, b)), Some(p)) = (timing, &self.profile) {
             self.record(&b)?;
             let ms = a.elapsed_ms(&b)? as f64;
@@ -299,8 +348,15 @@ impl Gpu {
 
     /// (kernel, launches, total ms) since the last reset, slowest first.
     pub fn profile_report(&self) -> Vec<(&'static str, u64, f64)> {
-        let Some(p) = &self.profile else { return Vec::new() };
-        let mut v: Vec<_> = p.lock().expect("profile table poisoned").iter().map(|(k, &(n, ms))| (*k, n, ms)).collect();
+        let Some(p) = &self.profile else {
+            return Vec::new();
+        };
+        let mut v: Vec<_> = p
+            .lock()
+            .expect("profile table poisoned")
+            .iter()
+            .map(|(k, &(n, ms))| (*k, n, ms))
+            .collect();
         v.sort_by(|a, b| b.2.total_cmp(&a.2));
         v
     }
@@ -317,7 +373,17 @@ impl Gpu {
     pub fn copy_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64> {
         let src = self.alloc(bytes, "the bandwidth test")?;
         let dst = self.alloc(bytes, "the bandwidth test")?;
-        self.launch("fill_random_kv", (1024, 1, 1), 256, &[Arg::Ptr(src.ptr), Arg::Ptr((bytes / 2) as u64), Arg::I32(7), Arg::I32(0)])?;
+        self.launch(
+            "fill_random_kv",
+            (1024, 1, 1),
+            256,
+            &[
+                Arg::Ptr(src.ptr),
+                Arg::Ptr((bytes / 2) as u64),
+                Arg::I32(7),
+                Arg::I32(0),
+            ],
+        )?;
         self.copy_dtod(dst.ptr, src.ptr, bytes)?;
         self.sync()?;
         let (a, b) = (self.event()?, self.event()?);
@@ -332,8 +398,13 @@ impl Gpu {
 
     /// Starts recording the stream's work into a graph instead of running it.
     pub fn begin_capture(&self) -> Result<()> {
-        unsafe { result::stream::begin_capture(self.stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) }
-            .ctx("cuStreamBeginCapture")
+        unsafe {
+            result::stream::begin_capture(
+                self.stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .ctx("cuStreamBeginCapture")
     }
 
     /// Ends recording and instantiates the graph.
@@ -343,7 +414,9 @@ impl Gpu {
         unsafe {
             let _ = result::graph::destroy(g);
         }
-        Ok(Graph { exec: exec.ctx("cuGraphInstantiate")? })
+        Ok(Graph {
+            exec: exec.ctx("cuGraphInstantiate")?,
+        })
     }
 
     pub fn replay(&self, g: &Graph) -> Result<()> {
@@ -352,7 +425,9 @@ impl Gpu {
 
     /// A pair of events for timing stream work.
     pub fn event(&self) -> Result<Event> {
-        Ok(Event(result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).ctx("cuEventCreate")?))
+        Ok(Event(
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).ctx("cuEventCreate")?,
+        ))
     }
 
     pub fn record(&self, e: &Event) -> Result<()> {

@@ -16,7 +16,11 @@ pub enum CudaError {
     #[error("the CUDA backend does not support {0}")]
     Unsupported(String),
     #[error("out of GPU memory: {what} needs {need} bytes, {free} free")]
-    OutOfMemory { what: String, need: usize, free: usize },
+    OutOfMemory {
+        what: String,
+        need: usize,
+        free: usize,
+    },
     #[error(transparent)]
     Model(#[from] hearth_models::ModelError),
     #[error("kernel cache {path}: {err}")]
@@ -25,7 +29,10 @@ pub enum CudaError {
 
 impl From<cudarc::driver::DriverError> for CudaError {
     fn from(e: cudarc::driver::DriverError) -> Self {
-        CudaError::Driver { call: "driver", msg: format!("{e:?}") }
+        CudaError::Driver {
+            call: "driver",
+            msg: format!("{e:?}"),
+        }
     }
 }
 
@@ -38,6 +45,9 @@ pub(crate) trait Context<T> {
 
 impl<T> Context<T> for std::result::Result<T, cudarc::driver::DriverError> {
     fn ctx(self, call: &'static str) -> Result<T> {
-        self.map_err(|e| CudaError::Driver { call, msg: format!("{e:?}") })
+        self.map_err(|e| CudaError::Driver {
+            call,
+            msg: format!("{e:?}"),
+        })
     }
 }

@@ -100,7 +100,10 @@ impl GpuState {
     /// state when a ring has overwritten keys the new position still needs.
     pub fn rollback(&mut self, pos: usize) -> Result<()> {
         if pos > self.pos {
-            return Err(CudaError::Unsupported(format!("rolling forward from {} to {pos}", self.pos)));
+            return Err(CudaError::Unsupported(format!(
+                "rolling forward from {} to {pos}",
+                self.pos
+            )));
         }
         if self.caches.iter().any(|c| !c.can_serve(pos)) {
             return Err(ModelError::RolledBackTooFar { pos }.into());
@@ -129,7 +132,11 @@ impl GpuModel {
                 LayerKind::Sliding { window, .. } => (window, (window + GPU_CHUNK).min(max_ctx)),
             };
             let bytes = c.n_kv_heads * slots * c.head_dim * kvb;
-            let span = if window > 0 { window.min(max_ctx) } else { max_ctx };
+            let span = if window > 0 {
+                window.min(max_ctx)
+            } else {
+                max_ctx
+            };
             caches.push(GpuKv {
                 k: g.alloc_zeroed(bytes, "the KV cache")?,
                 v: g.alloc_zeroed(bytes, "the KV cache")?,
@@ -140,7 +147,12 @@ impl GpuModel {
             });
         }
         let t = GPU_CHUNK;
-        let (dim, qd, kvd, ffn) = (c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.ffn_dim);
+        let (dim, qd, kvd, ffn) = (
+            c.dim,
+            c.n_heads * c.head_dim,
+            c.n_kv_heads * c.head_dim,
+            c.ffn_dim,
+        );
         let widest = dim.max(qd).max(ffn);
         let max_dec_splits = caches.iter().map(|k| k.decode_splits).max().unwrap_or(1);
         let part_rows = (t * c.n_heads * 8).max(c.n_heads * max_dec_splits);
@@ -166,7 +178,16 @@ impl GpuModel {
             pos: g.alloc_zeroed(4, "scratch")?,
         };
         g.sync()?;
-        Ok(GpuState { pos: 0, max_ctx, caches, s, graph: None, use_graph: true, gemm_min_tokens: 16, host_x: Vec::new() })
+        Ok(GpuState {
+            pos: 0,
+            max_ctx,
+            caches,
+            s,
+            graph: None,
+            use_graph: true,
+            gemm_min_tokens: 16,
+            host_x: Vec::new(),
+        })
     }
 
     /// Runs `tokens` at positions `state.pos..`, advancing `state.pos`; returns
@@ -177,10 +198,19 @@ impl GpuModel {
             return Err(ModelError::Empty.into());
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(ModelError::BadToken { token: bad, vocab: c.vocab_size }.into());
+            return Err(ModelError::BadToken {
+                token: bad,
+                vocab: c.vocab_size,
+            }
+            .into());
         }
         if st.pos + tokens.len() > st.max_ctx {
-            return Err(ModelError::ContextFull { pos: st.pos, n: tokens.len(), ctx: st.max_ctx }.into());
+            return Err(ModelError::ContextFull {
+                pos: st.pos,
+                n: tokens.len(),
+                ctx: st.max_ctx,
+            }
+            .into());
         }
         if st.caches.iter().any(|k| !k.can_serve(st.pos)) {
             return Err(ModelError::RolledBackTooFar { pos: st.pos }.into());
@@ -205,7 +235,8 @@ impl GpuModel {
                     captured?;
                     st.graph = Some(graph?);
                 }
-                self.gpu.replay(st.graph.as_ref().expect("captured above"))?;
+                self.gpu
+                    .replay(st.graph.as_ref().expect("captured above"))?;
             } else {
                 self.layers_and_head(st, t, if want == Logits::All { 0 } else { rows })?;
             }
@@ -264,16 +295,40 @@ impl GpuModel {
     }
 
     fn q8(st: &GpuState) -> Q8 {
-        Q8 { q: st.s.aq.ptr, d: st.s.ad.ptr, s: st.s.as_.ptr }
+        Q8 {
+            q: st.s.aq.ptr,
+            d: st.s.ad.ptr,
+            s: st.s.as_.ptr,
+        }
     }
 
     /// W · x for t tokens: x is both in the 8-bit buffer (for the GEMV, small
     /// blocks) and as f32 at `x` (for the tensor-core GEMM, larger blocks).
     #[allow(clippy::too_many_arguments)]
-    fn linear(&self, st: &GpuState, w: &ops::GpuMatrix, t: usize, x: u64, y: u64, bias: u64, flags: i32) -> Result<()> {
+    fn linear(
+        &self,
+        st: &GpuState,
+        w: &ops::GpuMatrix,
+        t: usize,
+        x: u64,
+        y: u64,
+        bias: u64,
+        flags: i32,
+    ) -> Result<()> {
         if t >= st.gemm_min_tokens && crate::gemm::supported(w) {
             let bf16 = self.model.config.arch == Architecture::MuseGlimmer;
-            crate::gemm::gemm(&self.gpu, w, x, st.s.xh.ptr, t, y, w.rows, bias, flags, bf16)
+            crate::gemm::gemm(
+                &self.gpu,
+                w,
+                x,
+                st.s.xh.ptr,
+                t,
+                y,
+                w.rows,
+                bias,
+                flags,
+                bf16,
+            )
         } else {
             ops::gemv(&self.gpu, w, Self::q8(st), t, y, w.rows, bias, flags)
         }
@@ -281,19 +336,53 @@ impl GpuModel {
 
     fn attn_args(&self, kv: &GpuKv, kv_bf16: bool) -> AttnArgs {
         let c = &self.model.config;
-        AttnArgs { n_heads: c.n_heads, n_kv: c.n_kv_heads, head_dim: c.head_dim, slots: kv.slots, window: kv.window, scale: c.attn_scale, kv_bf16 }
+        AttnArgs {
+            n_heads: c.n_heads,
+            n_kv: c.n_kv_heads,
+            head_dim: c.head_dim,
+            slots: kv.slots,
+            window: kv.window,
+            scale: c.attn_scale,
+            kv_bf16,
+        }
     }
 
     /// Attention of layer li into att; with `quantize`, also into the 8-bit buffer.
-    fn attention(&self, st: &GpuState, li: usize, t: usize, kv_bf16: bool, out_flags: i32, quantize: bool) -> Result<()> {
+    fn attention(
+        &self,
+        st: &GpuState,
+        li: usize,
+        t: usize,
+        kv_bf16: bool,
+        out_flags: i32,
+        quantize: bool,
+    ) -> Result<()> {
         let kv = &st.caches[li];
         let splits = if t == 1 {
             kv.decode_splits
         } else {
             let reach = st.pos + t;
-            block_splits(if kv.window > 0 { reach.min(kv.window + t) } else { reach })
+            block_splits(if kv.window > 0 {
+                reach.min(kv.window + t)
+            } else {
+                reach
+            })
         };
-        ops::attention(&self.gpu, &self.attn_args(kv, kv_bf16), t, splits, st.s.q.ptr, kv.k.ptr, kv.v.ptr, st.s.pos.ptr, st.s.part_o.ptr, st.s.part_ml.ptr, st.s.att.ptr, out_flags, quantize.then(|| Self::q8(st)))
+        ops::attention(
+            &self.gpu,
+            &self.attn_args(kv, kv_bf16),
+            t,
+            splits,
+            st.s.q.ptr,
+            kv.k.ptr,
+            kv.v.ptr,
+            st.s.pos.ptr,
+            st.s.part_o.ptr,
+            st.s.part_ml.ptr,
+            st.s.att.ptr,
+            out_flags,
+            quantize.then(|| Self::q8(st)),
+        )
     }
 
     /// llama / qwen2 layer: x += Wo·attn(rope(q), rope(k), v); x += W_down·(silu(W_gate h) ⊙ W_up h).
@@ -303,22 +392,74 @@ impl GpuModel {
         let (g, s) = (&*self.gpu, &st.s);
         let a8 = Self::q8(st);
         // Attention block.
-        ops::rmsnorm(g, s.x.ptr, s.h.ptr, l.attn_norm, t, c.dim, c.norm_eps, 0, Some(a8))?;
+        ops::rmsnorm(
+            g,
+            s.x.ptr,
+            s.h.ptr,
+            l.attn_norm,
+            t,
+            c.dim,
+            c.norm_eps,
+            0,
+            Some(a8),
+        )?;
         self.linear(st, &l.wq, t, s.h.ptr, s.q.ptr, l.bq, 0)?;
         self.linear(st, &l.wk, t, s.h.ptr, s.k.ptr, l.bk, 0)?;
         self.linear(st, &l.wv, t, s.h.ptr, s.v.ptr, l.bv, 0)?;
         let neox = c.rope_layout == hearth_models::RopeLayout::Neox;
-        let rope = if l.kind.uses_rope() { ops::HEAD_ROPE } else { 0 };
-        let prep = HeadPrep { n_heads: c.n_heads, n_kv: c.n_kv_heads, head_dim: c.head_dim, theta: c.rope_theta, eps: c.norm_eps, flags: rope | if neox { ops::HEAD_NEOX } else { 0 } };
+        let rope = if l.kind.uses_rope() {
+            ops::HEAD_ROPE
+        } else {
+            0
+        };
+        let prep = HeadPrep {
+            n_heads: c.n_heads,
+            n_kv: c.n_kv_heads,
+            head_dim: c.head_dim,
+            theta: c.rope_theta,
+            eps: c.norm_eps,
+            flags: rope | if neox { ops::HEAD_NEOX } else { 0 },
+        };
         let kv = &st.caches[li];
-        ops::prepare_heads(g, &prep, t, s.q.ptr, s.k.ptr, s.v.ptr, (0, 0), s.pos.ptr, kv.k.ptr, kv.v.ptr, kv.slots)?;
+        ops::prepare_heads(
+            g,
+            &prep,
+            t,
+            s.q.ptr,
+            s.k.ptr,
+            s.v.ptr,
+            (0, 0),
+            s.pos.ptr,
+            kv.k.ptr,
+            kv.v.ptr,
+            kv.slots,
+        )?;
         self.attention(st, li, t, false, 0, true)?;
         self.linear(st, &l.wo, t, s.att.ptr, s.x.ptr, 0, ops::OUT_ADD)?;
         // MLP block.
-        ops::rmsnorm(g, s.x.ptr, s.h.ptr, l.ffn_norm, t, c.dim, c.norm_eps, 0, Some(a8))?;
+        ops::rmsnorm(
+            g,
+            s.x.ptr,
+            s.h.ptr,
+            l.ffn_norm,
+            t,
+            c.dim,
+            c.norm_eps,
+            0,
+            Some(a8),
+        )?;
         self.linear(st, &l.ffn_gate, t, s.h.ptr, s.fg.ptr, 0, 0)?;
         self.linear(st, &l.ffn_up, t, s.h.ptr, s.fu.ptr, 0, 0)?;
-        ops::glu_q8(g, s.fg.ptr, s.fu.ptr, t * c.ffn_dim, ops::GLU_SWIGLU, 0, s.fg.ptr, a8)?;
+        ops::glu_q8(
+            g,
+            s.fg.ptr,
+            s.fu.ptr,
+            t * c.ffn_dim,
+            ops::GLU_SWIGLU,
+            0,
+            s.fg.ptr,
+            a8,
+        )?;
         self.linear(st, &l.ffn_down, t, s.fg.ptr, s.x.ptr, 0, ops::OUT_ADD)
     }
 
@@ -331,13 +472,29 @@ impl GpuModel {
         let bf = ops::OUT_BF16;
         let muse = ops::NORM_MUSE;
         // §3.4 attention.
-        ops::rmsnorm(g, s.x.ptr, s.h.ptr, l.attn_norm, t, c.dim, c.norm_eps, muse, Some(a8))?;
+        ops::rmsnorm(
+            g,
+            s.x.ptr,
+            s.h.ptr,
+            l.attn_norm,
+            t,
+            c.dim,
+            c.norm_eps,
+            muse,
+            Some(a8),
+        )?;
         self.linear(st, &l.wq, t, s.h.ptr, s.q.ptr, 0, bf)?;
         self.linear(st, &l.wk, t, s.h.ptr, s.k.ptr, 0, bf)?;
         self.linear(st, &l.wv, t, s.h.ptr, s.v.ptr, 0, bf)?;
-        let gate = l.attn_gate.as_ref().ok_or_else(|| CudaError::Unsupported("muse_glimmer layer without an output gate".into()))?;
+        let gate = l.attn_gate.as_ref().ok_or_else(|| {
+            CudaError::Unsupported("muse_glimmer layer without an output gate".into())
+        })?;
         self.linear(st, gate, t, s.h.ptr, s.gate.ptr, 0, bf)?;
-        let rope = if l.kind.uses_rope() { ops::HEAD_ROPE } else { 0 };
+        let rope = if l.kind.uses_rope() {
+            ops::HEAD_ROPE
+        } else {
+            0
+        };
         let prep = HeadPrep {
             n_heads: c.n_heads,
             n_kv: c.n_kv_heads,
@@ -347,18 +504,78 @@ impl GpuModel {
             flags: ops::HEAD_QK_NORM | ops::HEAD_BF16 | ops::HEAD_KV_BF16 | rope,
         };
         let kv = &st.caches[li];
-        ops::prepare_heads(g, &prep, t, s.q.ptr, s.k.ptr, s.v.ptr, (0, 0), s.pos.ptr, kv.k.ptr, kv.v.ptr, kv.slots)?;
+        ops::prepare_heads(
+            g,
+            &prep,
+            t,
+            s.q.ptr,
+            s.k.ptr,
+            s.v.ptr,
+            (0, 0),
+            s.pos.ptr,
+            kv.k.ptr,
+            kv.v.ptr,
+            kv.slots,
+        )?;
         self.attention(st, li, t, true, bf, false)?;
-        ops::glu_q8(g, s.att.ptr, s.gate.ptr, t * c.n_heads * c.head_dim, ops::GLU_GATE, bf, s.att.ptr, a8)?;
+        ops::glu_q8(
+            g,
+            s.att.ptr,
+            s.gate.ptr,
+            t * c.n_heads * c.head_dim,
+            ops::GLU_GATE,
+            bf,
+            s.att.ptr,
+            a8,
+        )?;
         self.linear(st, &l.wo, t, s.att.ptr, s.tmp.ptr, 0, bf)?;
-        ops::rmsnorm(g, s.tmp.ptr, s.x.ptr, l.post_attn_norm, t, c.dim, POST_NORM_EPS, muse | ops::OUT_ADD | bf, None)?;
+        ops::rmsnorm(
+            g,
+            s.tmp.ptr,
+            s.x.ptr,
+            l.post_attn_norm,
+            t,
+            c.dim,
+            POST_NORM_EPS,
+            muse | ops::OUT_ADD | bf,
+            None,
+        )?;
         // §3.5 MLP.
-        ops::rmsnorm(g, s.x.ptr, s.h.ptr, l.ffn_norm, t, c.dim, c.norm_eps, muse, Some(a8))?;
+        ops::rmsnorm(
+            g,
+            s.x.ptr,
+            s.h.ptr,
+            l.ffn_norm,
+            t,
+            c.dim,
+            c.norm_eps,
+            muse,
+            Some(a8),
+        )?;
         self.linear(st, &l.ffn_gate, t, s.h.ptr, s.fg.ptr, 0, bf)?;
         self.linear(st, &l.ffn_up, t, s.h.ptr, s.fu.ptr, 0, bf)?;
-        ops::glu_q8(g, s.fg.ptr, s.fu.ptr, t * c.ffn_dim, ops::GLU_SWIGLU, bf, s.fg.ptr, a8)?;
+        ops::glu_q8(
+            g,
+            s.fg.ptr,
+            s.fu.ptr,
+            t * c.ffn_dim,
+            ops::GLU_SWIGLU,
+            bf,
+            s.fg.ptr,
+            a8,
+        )?;
         self.linear(st, &l.ffn_down, t, s.fg.ptr, s.tmp.ptr, 0, bf)?;
-        ops::rmsnorm(g, s.tmp.ptr, s.x.ptr, l.post_ffn_norm, t, c.dim, POST_NORM_EPS, muse | ops::OUT_ADD | bf, None)
+        ops::rmsnorm(
+            g,
+            s.tmp.ptr,
+            s.x.ptr,
+            l.post_ffn_norm,
+            t,
+            c.dim,
+            POST_NORM_EPS,
+            muse | ops::OUT_ADD | bf,
+            None,
+        )
     }
 
     /// Final norm and LM head for rows first..first+n of x into the logits buffer.
@@ -371,7 +588,17 @@ impl GpuModel {
             Architecture::MuseGlimmer => (ops::NORM_MUSE, ops::OUT_BF16 | ops::OUT_SOFTCAP),
             _ => (0, 0),
         };
-        ops::rmsnorm(g, x, s.h.ptr, self.output_norm, n, c.dim, c.norm_eps, norm_flags, Some(a8))?;
+        ops::rmsnorm(
+            g,
+            x,
+            s.h.ptr,
+            self.output_norm,
+            n,
+            c.dim,
+            c.norm_eps,
+            norm_flags,
+            Some(a8),
+        )?;
         self.linear(st, &self.output, n, s.h.ptr, s.logits.ptr, 0, out_flags)
     }
 
@@ -381,7 +608,12 @@ impl GpuModel {
     /// same number of bytes either way).
     pub fn fill_random_context(&self, st: &mut GpuState, n: usize, seed: u32) -> Result<()> {
         if n >= st.max_ctx {
-            return Err(ModelError::ContextFull { pos: 0, n, ctx: st.max_ctx }.into());
+            return Err(ModelError::ContextFull {
+                pos: 0,
+                n,
+                ctx: st.max_ctx,
+            }
+            .into());
         }
         let bf16 = self.model.config.arch == Architecture::MuseGlimmer;
         for (i, kv) in st.caches.iter().enumerate() {
@@ -391,7 +623,12 @@ impl GpuModel {
                     "fill_random_kv",
                     (1024, 1, 1),
                     256,
-                    &[Arg::Ptr(buf.ptr), Arg::Ptr(elems), Arg::I32((seed as i32) ^ (2 * i + j) as i32), Arg::I32(bf16 as i32)],
+                    &[
+                        Arg::Ptr(buf.ptr),
+                        Arg::Ptr(elems),
+                        Arg::I32((seed as i32) ^ (2 * i + j) as i32),
+                        Arg::I32(bf16 as i32),
+                    ],
                 )?;
             }
         }

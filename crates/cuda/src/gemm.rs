@@ -28,9 +28,30 @@ fn name(kind: WeightKind, bf16: bool) -> &'static str {
 /// the tile products run in bf16 (`bf16`) or f16 with f32 accumulation.
 /// `xh` is scratch for x in that type (n_tokens * cols 16-bit values).
 #[allow(clippy::too_many_arguments)]
-pub fn gemm(g: &Gpu, w: &GpuMatrix, x: u64, xh: u64, n_tokens: usize, y: u64, y_stride: usize, bias: u64, flags: i32, bf16: bool) -> Result<()> {
+pub fn gemm(
+    g: &Gpu,
+    w: &GpuMatrix,
+    x: u64,
+    xh: u64,
+    n_tokens: usize,
+    y: u64,
+    y_stride: usize,
+    bias: u64,
+    flags: i32,
+    bf16: bool,
+) -> Result<()> {
     let n = n_tokens * w.cols;
-    g.launch("to_half", ((n.div_ceil(256)).min(4096) as u32, 1, 1), 256, &[Arg::Ptr(x), Arg::Ptr(xh), Arg::I32(n as i32), Arg::I32(bf16 as i32)])?;
+    g.launch(
+        "to_half",
+        ((n.div_ceil(256)).min(4096) as u32, 1, 1),
+        256,
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(xh),
+            Arg::I32(n as i32),
+            Arg::I32(bf16 as i32),
+        ],
+    )?;
     g.launch(
         name(w.kind, bf16),
         (w.rows.div_ceil(64) as u32, n_tokens.div_ceil(128) as u32, 1),

@@ -54,8 +54,16 @@ pub struct GpuModel {
 const ALIGN: usize = 256;
 
 enum Piece<'a> {
-    Mat { kind: WeightKind, data: &'a [u8], body: usize, scales: usize },
-    Vector { data: &'a [f32], at: usize },
+    Mat {
+        kind: WeightKind,
+        data: &'a [u8],
+        body: usize,
+        scales: usize,
+    },
+    Vector {
+        data: &'a [f32],
+        at: usize,
+    },
 }
 
 struct Layout<'a> {
@@ -70,17 +78,34 @@ impl<'a> Layout<'a> {
         at
     }
 
-    fn matrix(&mut self, m: &'a Model, l: &Linear) -> Result<(WeightKind, usize, usize, usize, usize)> {
-        let kind = WeightKind::of(l.ty).ok_or_else(|| CudaError::UnsupportedType { name: l.name.clone(), ty: l.ty })?;
+    fn matrix(
+        &mut self,
+        m: &'a Model,
+        l: &Linear,
+    ) -> Result<(WeightKind, usize, usize, usize, usize)> {
+        let kind = WeightKind::of(l.ty).ok_or_else(|| CudaError::UnsupportedType {
+            name: l.name.clone(),
+            ty: l.ty,
+        })?;
         if l.cols % kind.k_multiple() != 0 {
-            return Err(CudaError::Unsupported(format!("'{}': {} columns, not a multiple of {}", l.name, l.cols, kind.k_multiple())));
+            return Err(CudaError::Unsupported(format!(
+                "'{}': {} columns, not a multiple of {}",
+                l.name,
+                l.cols,
+                kind.k_multiple()
+            )));
         }
         let data = m.mat(l).data;
         let n_blocks = l.rows * l.cols / kind.block().0;
         let (nb, ns) = split_sizes(kind, n_blocks);
         let body = self.reserve(nb);
         let scales = if ns > 0 { self.reserve(ns) } else { usize::MAX };
-        self.pieces.push(Piece::Mat { kind, data, body, scales });
+        self.pieces.push(Piece::Mat {
+            kind,
+            data,
+            body,
+            scales,
+        });
         Ok((kind, l.rows, l.cols, body, scales))
     }
 
@@ -95,8 +120,22 @@ impl<'a> Layout<'a> {
 struct Resolve(u64);
 
 impl Resolve {
-    fn mat(&self, (kind, rows, cols, body, scales): (WeightKind, usize, usize, usize, usize)) -> GpuMatrix {
-        GpuMatrix { kind, rows, cols, body: self.0 + body as u64, scales: if scales == usize::MAX { 0 } else { self.0 + scales as u64 }, tune: Default::default() }
+    fn mat(
+        &self,
+        (kind, rows, cols, body, scales): (WeightKind, usize, usize, usize, usize),
+    ) -> GpuMatrix {
+        GpuMatrix {
+            kind,
+            rows,
+            cols,
+            body: self.0 + body as u64,
+            scales: if scales == usize::MAX {
+                0
+            } else {
+                self.0 + scales as u64
+            },
+            tune: Default::default(),
+        }
     }
 
     fn at(&self, off: Option<usize>) -> u64 {
@@ -110,15 +149,26 @@ impl GpuModel {
         let c = &model.config;
         match c.arch {
             Architecture::Llama | Architecture::Qwen2 | Architecture::MuseGlimmer => {}
-            a => return Err(CudaError::Unsupported(format!("the {} architecture (supported: llama, qwen2, muse_glimmer)", a.gguf_name()))),
+            a => {
+                return Err(CudaError::Unsupported(format!(
+                    "the {} architecture (supported: llama, qwen2, muse_glimmer)",
+                    a.gguf_name()
+                )))
+            }
         }
         ops::check_attn_shape(c.n_heads, c.n_kv_heads, c.head_dim)?;
         if c.dim % 32 != 0 || c.ffn_dim % 32 != 0 {
-            return Err(CudaError::Unsupported(format!("dim {} / ffn {} not multiples of 32", c.dim, c.ffn_dim)));
+            return Err(CudaError::Unsupported(format!(
+                "dim {} / ffn {} not multiples of 32",
+                c.dim, c.ffn_dim
+            )));
         }
         gpu.bind()?;
         let m: &Model = &model;
-        let mut lay = Layout { size: 0, pieces: Vec::new() };
+        let mut lay = Layout {
+            size: 0,
+            pieces: Vec::new(),
+        };
         type Mat = (WeightKind, usize, usize, usize, usize);
         struct L {
             attn_norm: usize,
@@ -162,14 +212,20 @@ impl GpuModel {
 
         let free = gpu.free_mem()?;
         if lay.size > free {
-            return Err(CudaError::OutOfMemory { what: "the model's weights".into(), need: lay.size, free });
+            return Err(CudaError::OutOfMemory {
+                what: "the model's weights".into(),
+                need: lay.size,
+                free,
+            });
         }
         let arena = gpu.alloc(lay.size, "the model's weights")?;
         let bar = if progress {
             ProgressBar::new(lay.size as u64).with_style(
-                ProgressStyle::with_template("upload [{bar:30}] {bytes:>10}/{total_bytes:10} {bytes_per_sec:>12}  eta {eta}")
-                    .expect("valid template")
-                    .progress_chars("=> "),
+                ProgressStyle::with_template(
+                    "upload [{bar:30}] {bytes:>10}/{total_bytes:10} {bytes_per_sec:>12}  eta {eta}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
             )
         } else {
             ProgressBar::hidden()
@@ -178,7 +234,12 @@ impl GpuModel {
         let mut staging_scales = Vec::new();
         for p in &lay.pieces {
             match *p {
-                Piece::Mat { kind, data, body, scales } => {
+                Piece::Mat {
+                    kind,
+                    data,
+                    body,
+                    scales,
+                } => {
                     if kind.is_split() {
                         let n_blocks = data.len() / kind.block().1;
                         let (nb, ns) = split_sizes(kind, n_blocks);

@@ -67,7 +67,11 @@ pub struct GemvTune {
 
 impl Default for GemvTune {
     fn default() -> Self {
-        GemvTune { u: 1, blocks: 0, r: 1 }
+        GemvTune {
+            u: 1,
+            blocks: 0,
+            r: 1,
+        }
     }
 }
 
@@ -82,7 +86,11 @@ pub struct Q8 {
 impl Q8 {
     /// The view starting at token `t` of rows of width `k`.
     pub fn offset(self, t: usize, k: usize) -> Q8 {
-        Q8 { q: self.q + (t * k) as u64, d: self.d + (t * k / 32 * 4) as u64, s: self.s + (t * k / 32 * 4) as u64 }
+        Q8 {
+            q: self.q + (t * k) as u64,
+            d: self.d + (t * k / 32 * 4) as u64,
+            s: self.s + (t * k / 32 * 4) as u64,
+        }
     }
 }
 
@@ -93,10 +101,23 @@ fn grid1(n: usize, per_block: usize) -> (u32, u32, u32) {
 /// Quantizes x [n] (n % 32 == 0) into `a`.
 pub fn quantize_q8(g: &Gpu, x: u64, a: Q8, n: usize) -> Result<()> {
     if n % 32 != 0 {
-        return Err(CudaError::Unsupported(format!("activation width {n} (must be a multiple of 32)")));
+        return Err(CudaError::Unsupported(format!(
+            "activation width {n} (must be a multiple of 32)"
+        )));
     }
     let blocks = n / 32;
-    g.launch("quantize_q8", grid1(blocks, 8), 256, &[Arg::Ptr(x), Arg::Ptr(a.q), Arg::Ptr(a.d), Arg::Ptr(a.s), Arg::I32(blocks as i32)])
+    g.launch(
+        "quantize_q8",
+        grid1(blocks, 8),
+        256,
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(a.q),
+            Arg::Ptr(a.d),
+            Arg::Ptr(a.s),
+            Arg::I32(blocks as i32),
+        ],
+    )
 }
 
 fn gemv_name(kind: WeightKind, nt: usize, u: u8, r: u8) -> &'static str {
@@ -120,12 +141,29 @@ fn gemv_name(kind: WeightKind, nt: usize, u: u8, r: u8) -> &'static str {
 /// The grid of a GEMV launch over `rows` rows (8 rows per block of 256 threads).
 fn gemv_grid(rows: usize, tune: GemvTune) -> (u32, u32, u32) {
     let full = rows.div_ceil(8 * tune.r.max(1) as usize) as u32;
-    (if tune.blocks > 0 { full.min(tune.blocks) } else { full }, 1, 1)
+    (
+        if tune.blocks > 0 {
+            full.min(tune.blocks)
+        } else {
+            full
+        },
+        1,
+        1,
+    )
 }
 
 /// One single-token GEMV launch with the given variant (tuning, benchmarks).
 #[allow(clippy::too_many_arguments)]
-pub fn gemv_single(g: &Gpu, w: &GpuMatrix, tune: GemvTune, x: Q8, y: u64, y_stride: usize, bias: u64, flags: i32) -> Result<()> {
+pub fn gemv_single(
+    g: &Gpu,
+    w: &GpuMatrix,
+    tune: GemvTune,
+    x: Q8,
+    y: u64,
+    y_stride: usize,
+    bias: u64,
+    flags: i32,
+) -> Result<()> {
     g.launch(
         gemv_name(w.kind, 1, tune.u, tune.r),
         gemv_grid(w.rows, tune),
@@ -148,7 +186,16 @@ pub fn gemv_single(g: &Gpu, w: &GpuMatrix, tune: GemvTune, x: Q8, y: u64, y_stri
 
 /// y[t, :] (op)= W · x[t, :] for t < n_tokens, x given quantized; `y_stride`
 /// is the distance between the rows of y in elements. `bias` (0 = none) has `rows` values.
-pub fn gemv(g: &Gpu, w: &GpuMatrix, x: Q8, n_tokens: usize, y: u64, y_stride: usize, bias: u64, flags: i32) -> Result<()> {
+pub fn gemv(
+    g: &Gpu,
+    w: &GpuMatrix,
+    x: Q8,
+    n_tokens: usize,
+    y: u64,
+    y_stride: usize,
+    bias: u64,
+    flags: i32,
+) -> Result<()> {
     let mut t0 = 0;
     while t0 < n_tokens {
         let nt = match n_tokens - t0 {
@@ -160,7 +207,11 @@ pub fn gemv(g: &Gpu, w: &GpuMatrix, x: Q8, n_tokens: usize, y: u64, y_stride: us
         let xa = x.offset(t0, w.cols);
         g.launch(
             gemv_name(w.kind, nt, w.tune.u, w.tune.r),
-            if nt == 1 { gemv_grid(w.rows, w.tune) } else { grid1(w.rows, 8) },
+            if nt == 1 {
+                gemv_grid(w.rows, w.tune)
+            } else {
+                grid1(w.rows, 8)
+            },
             256,
             &[
                 Arg::Ptr(w.body),
@@ -184,13 +235,33 @@ pub fn gemv(g: &Gpu, w: &GpuMatrix, x: Q8, n_tokens: usize, y: u64, y_stride: us
 /// RMSNorm of `rows` rows of width `dim` from x into out (see the kernel for
 /// flags); `gain` 0 = scaleless; `q8` also quantizes the result.
 #[allow(clippy::too_many_arguments)]
-pub fn rmsnorm(g: &Gpu, x: u64, out: u64, gain: u64, rows: usize, dim: usize, eps: f32, flags: i32, q8: Option<Q8>) -> Result<()> {
+pub fn rmsnorm(
+    g: &Gpu,
+    x: u64,
+    out: u64,
+    gain: u64,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+    flags: i32,
+    q8: Option<Q8>,
+) -> Result<()> {
     let a = q8.unwrap_or(Q8 { q: 0, d: 0, s: 0 });
     g.launch(
         "rmsnorm",
         (rows as u32, 1, 1),
         g.norm_threads.load(std::sync::atomic::Ordering::Relaxed),
-        &[Arg::Ptr(x), Arg::Ptr(out), Arg::Ptr(gain), Arg::I32(dim as i32), Arg::F32(eps), Arg::I32(flags), Arg::Ptr(a.q), Arg::Ptr(a.d), Arg::Ptr(a.s)],
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(out),
+            Arg::Ptr(gain),
+            Arg::I32(dim as i32),
+            Arg::F32(eps),
+            Arg::I32(flags),
+            Arg::Ptr(a.q),
+            Arg::Ptr(a.d),
+            Arg::Ptr(a.s),
+        ],
     )
 }
 
@@ -207,7 +278,19 @@ pub struct HeadPrep {
 
 /// Norms/rotates q and k of `n_tokens` tokens and writes k, v into the cache.
 #[allow(clippy::too_many_arguments)]
-pub fn prepare_heads(g: &Gpu, p: &HeadPrep, n_tokens: usize, q: u64, k: u64, v: u64, gains: (u64, u64), pos: u64, k_cache: u64, v_cache: u64, slots: usize) -> Result<()> {
+pub fn prepare_heads(
+    g: &Gpu,
+    p: &HeadPrep,
+    n_tokens: usize,
+    q: u64,
+    k: u64,
+    v: u64,
+    gains: (u64, u64),
+    pos: u64,
+    k_cache: u64,
+    v_cache: u64,
+    slots: usize,
+) -> Result<()> {
     let blocks = n_tokens * (p.n_heads + 2 * p.n_kv);
     g.launch(
         "prepare_heads",
@@ -235,12 +318,31 @@ pub fn prepare_heads(g: &Gpu, p: &HeadPrep, n_tokens: usize, q: u64, k: u64, v: 
 
 /// out = glu(a, b) over n values, quantized into `q8` (and stored as f32 in `out` unless 0).
 #[allow(clippy::too_many_arguments)]
-pub fn glu_q8(g: &Gpu, a: u64, b: u64, n: usize, mode: i32, flags: i32, out: u64, q8: Q8) -> Result<()> {
+pub fn glu_q8(
+    g: &Gpu,
+    a: u64,
+    b: u64,
+    n: usize,
+    mode: i32,
+    flags: i32,
+    out: u64,
+    q8: Q8,
+) -> Result<()> {
     g.launch(
         "glu_q8",
         grid1(n / 32, 8),
         256,
-        &[Arg::Ptr(a), Arg::Ptr(b), Arg::I32(n as i32), Arg::I32(mode), Arg::I32(flags), Arg::Ptr(out), Arg::Ptr(q8.q), Arg::Ptr(q8.d), Arg::Ptr(q8.s)],
+        &[
+            Arg::Ptr(a),
+            Arg::Ptr(b),
+            Arg::I32(n as i32),
+            Arg::I32(mode),
+            Arg::I32(flags),
+            Arg::Ptr(out),
+            Arg::Ptr(q8.q),
+            Arg::Ptr(q8.d),
+            Arg::Ptr(q8.s),
+        ],
     )
 }
 
@@ -260,10 +362,14 @@ pub struct AttnArgs {
 /// Checks that the attention kernels support these shapes.
 pub fn check_attn_shape(n_heads: usize, n_kv: usize, head_dim: usize) -> Result<()> {
     if head_dim != 64 && head_dim != 128 {
-        return Err(CudaError::Unsupported(format!("head_dim {head_dim} (the attention kernels take 64 or 128)")));
+        return Err(CudaError::Unsupported(format!(
+            "head_dim {head_dim} (the attention kernels take 64 or 128)"
+        )));
     }
     if n_kv == 0 || n_heads % n_kv != 0 || n_heads / n_kv > 16 {
-        return Err(CudaError::Unsupported(format!("{n_heads} query heads over {n_kv} kv heads (at most 16 per kv head)")));
+        return Err(CudaError::Unsupported(format!(
+            "{n_heads} query heads over {n_kv} kv heads (at most 16 per kv head)"
+        )));
     }
     Ok(())
 }
@@ -271,7 +377,21 @@ pub fn check_attn_shape(n_heads: usize, n_kv: usize, head_dim: usize) -> Result<
 /// out [T, n_heads, hd] = attention of q [T, n_heads, hd] over the cache, in
 /// `splits` splits per (kv head, token), through the partial buffers.
 #[allow(clippy::too_many_arguments)]
-pub fn attention(g: &Gpu, a: &AttnArgs, n_tokens: usize, splits: usize, q: u64, k_cache: u64, v_cache: u64, pos: u64, part_o: u64, part_ml: u64, out: u64, out_flags: i32, q8: Option<Q8>) -> Result<()> {
+pub fn attention(
+    g: &Gpu,
+    a: &AttnArgs,
+    n_tokens: usize,
+    splits: usize,
+    q: u64,
+    k_cache: u64,
+    v_cache: u64,
+    pos: u64,
+    part_o: u64,
+    part_ml: u64,
+    out: u64,
+    out_flags: i32,
+    q8: Option<Q8>,
+) -> Result<()> {
     let q8 = q8.unwrap_or(Q8 { q: 0, d: 0, s: 0 });
     let name = match (a.head_dim, a.kv_bf16) {
         (64, false) => "attn_split_64_f16",
@@ -322,12 +442,20 @@ pub fn gemv_variants(sm_count: u32) -> Vec<GemvTune> {
     let mut v = Vec::new();
     for u in [1u8, 2, 4] {
         for per_sm in [0u32, 2, 4, 8] {
-            v.push(GemvTune { u, blocks: per_sm * sm_count, r: 1 });
+            v.push(GemvTune {
+                u,
+                blocks: per_sm * sm_count,
+                r: 1,
+            });
         }
     }
     for r in [2u8, 4] {
         for per_sm in [0u32, 2, 4, 8] {
-            v.push(GemvTune { u: 1, blocks: per_sm * sm_count, r });
+            v.push(GemvTune {
+                u: 1,
+                blocks: per_sm * sm_count,
+                r,
+            });
         }
     }
     v

@@ -109,7 +109,11 @@ pub fn split_blocks(kind: WeightKind, src: &[u8], bodies: &mut [u8], scales: &mu
         None => bodies.copy_from_slice(src),
         Some(at) => {
             let body = bb - 2;
-            for ((blk, b), s) in src.chunks_exact(bb).zip(bodies.chunks_exact_mut(body)).zip(scales.chunks_exact_mut(2)) {
+            for ((blk, b), s) in src
+                .chunks_exact(bb)
+                .zip(bodies.chunks_exact_mut(body))
+                .zip(scales.chunks_exact_mut(2))
+            {
                 match at {
                     ScaleAt::Start => {
                         s.copy_from_slice(&blk[..2]);
@@ -132,7 +136,13 @@ mod tests {
     /// Splitting keeps every byte: bodies + scales reassemble the blocks.
     #[test]
     fn split_blocks_round_trips() {
-        for kind in [WeightKind::Q8_0, WeightKind::Q4_0, WeightKind::Q5_0, WeightKind::Q6K, WeightKind::Q4K] {
+        for kind in [
+            WeightKind::Q8_0,
+            WeightKind::Q4_0,
+            WeightKind::Q5_0,
+            WeightKind::Q6K,
+            WeightKind::Q4K,
+        ] {
             let (_, bb) = kind.block();
             let n = 7;
             let src: Vec<u8> = (0..n * bb).map(|i| (i * 31 % 251) as u8).collect();
@@ -164,7 +174,17 @@ mod tests {
     /// The GGUF block sizes agree with hearth-gguf's (an independent table).
     #[test]
     fn block_sizes_match_ggml() {
-        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        for ty in [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::BF16,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ] {
             let k = WeightKind::of(ty).unwrap();
             assert_eq!(k.block(), (ty.block_size(), ty.type_size()), "{ty:?}");
         }

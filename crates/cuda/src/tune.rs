@@ -38,7 +38,15 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
     }
     let mut mats: Vec<&mut GpuMatrix> = Vec::new();
     for l in layers.iter_mut() {
-        mats.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.ffn_gate, &mut l.ffn_up, &mut l.ffn_down]);
+        mats.extend([
+            &mut l.wq,
+            &mut l.wk,
+            &mut l.wv,
+            &mut l.wo,
+            &mut l.ffn_gate,
+            &mut l.ffn_up,
+            &mut l.ffn_down,
+        ]);
         if let Some(gate) = l.attn_gate.as_mut() {
             mats.push(gate);
         }
@@ -49,11 +57,25 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
     let max_rows = mats.iter().map(|m| m.rows).max().unwrap_or(1);
     // Pseudo-random activations (never zeros), quantized like the real ones.
     let x = g.alloc(max_cols * 4, "GEMV tuning")?;
-    g.launch("fill_random_kv", (64, 1, 1), 256, &[Arg::Ptr(x.ptr), Arg::Ptr((max_cols * 2) as u64), Arg::I32(17), Arg::I32(1)])?;
+    g.launch(
+        "fill_random_kv",
+        (64, 1, 1),
+        256,
+        &[
+            Arg::Ptr(x.ptr),
+            Arg::Ptr((max_cols * 2) as u64),
+            Arg::I32(17),
+            Arg::I32(1),
+        ],
+    )?;
     let aq = g.alloc(max_cols, "GEMV tuning")?;
     let ad = g.alloc(max_cols / 32 * 4, "GEMV tuning")?;
     let as_ = g.alloc(max_cols / 32 * 4, "GEMV tuning")?;
-    let a8 = Q8 { q: aq.ptr, d: ad.ptr, s: as_.ptr };
+    let a8 = Q8 {
+        q: aq.ptr,
+        d: ad.ptr,
+        s: as_.ptr,
+    };
     ops::quantize_q8(g, x.ptr, a8, max_cols)?;
     let y = g.alloc(max_rows * 4, "GEMV tuning")?;
     let variants = ops::gemv_variants(g.info.sm_count as u32);
@@ -66,9 +88,16 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
         }
         let mut times = Vec::new();
         for &v in &variants {
-            times.push((time_us(g, 5, || ops::gemv_single(g, m, v, a8, y.ptr, m.rows, 0, 0))?, v));
+            times.push((
+                time_us(g, 5, || ops::gemv_single(g, m, v, a8, y.ptr, m.rows, 0, 0))?,
+                v,
+            ));
         }
-        let (best_us, best) = times.iter().copied().min_by(|a, b| a.0.total_cmp(&b.0)).expect("variants");
+        let (best_us, best) = times
+            .iter()
+            .copied()
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .expect("variants");
         let default_us = times[0].0;
         let bytes = (m.rows * m.cols / m.kind.block().0 * m.kind.block().1) as f64;
         report.push(format!(
@@ -92,18 +121,32 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
     let dim = layers.first().map_or(0, |l| l.wq.cols);
     if dim > 0 {
         let gain = g.alloc(dim * 4, "norm tuning")?;
-        g.launch("fill_random_kv", (16, 1, 1), 256, &[Arg::Ptr(gain.ptr), Arg::Ptr((dim * 2) as u64), Arg::I32(3), Arg::I32(1)])?;
+        g.launch(
+            "fill_random_kv",
+            (16, 1, 1),
+            256,
+            &[
+                Arg::Ptr(gain.ptr),
+                Arg::Ptr((dim * 2) as u64),
+                Arg::I32(3),
+                Arg::I32(1),
+            ],
+        )?;
         let mut best = (f64::INFINITY, 1024u32);
         let mut line = format!("rmsnorm of {dim}:");
         for threads in [128u32, 256, 512, 1024] {
-            g.norm_threads.store(threads, std::sync::atomic::Ordering::Relaxed);
-            let us = time_us(g, 9, || ops::rmsnorm(g, x.ptr, y.ptr, gain.ptr, 1, dim, 1e-5, 0, Some(a8)))?;
+            g.norm_threads
+                .store(threads, std::sync::atomic::Ordering::Relaxed);
+            let us = time_us(g, 9, || {
+                ops::rmsnorm(g, x.ptr, y.ptr, gain.ptr, 1, dim, 1e-5, 0, Some(a8))
+            })?;
             line += &format!(" {threads} threads {us:.1} us;");
             if us < best.0 {
                 best = (us, threads);
             }
         }
-        g.norm_threads.store(best.1, std::sync::atomic::Ordering::Relaxed);
+        g.norm_threads
+            .store(best.1, std::sync::atomic::Ordering::Relaxed);
         report.push(format!("{line} using {}", best.1));
     }
     Ok(report)

@@ -515,11 +515,6 @@ pub struct SynthOptions {
     pub chunk_bytes: usize,
     /// Generation threads; `None` uses rayon's global pool.
     pub threads: Option<usize>,
-    /// `Some(n)`: row r of every tensor is a copy of row r mod n (n rows are
-    /// generated and quantized per chunk, the rest copied), which writes a
-    /// full-size model at disk speed. For speed benchmarks only: the bytes are
-    /// real quantized random rows, but the model is not the seeded one.
-    pub row_pool: Option<usize>,
 }
 
 impl Default for SynthOptions {
@@ -528,7 +523,6 @@ impl Default for SynthOptions {
             seed: 0,
             chunk_bytes: 8 << 20,
             threads: None,
-            row_pool: None,
         }
     }
 }
@@ -569,6 +563,21 @@ pub fn write_gguf<W: Write + Send>(
     plan: &SynthPlan,
     opts: &SynthOptions,
     w: W,
+    progress: impl FnMut(u64) + Send,
+) -> Result<W, SynthError> {
+    write_gguf_pooled(plan, opts, None, w, progress)
+}
+
+/// [`write_gguf`], where `row_pool = Some(n)` makes row r of every tensor a
+/// copy of row r mod n (n rows are generated and quantized per chunk, the
+/// rest copied), which writes a full-size model at disk speed. For speed
+/// benchmarks only: the bytes are real quantized random rows, but the model
+/// is not the seeded one.
+pub fn write_gguf_pooled<W: Write + Send>(
+    plan: &SynthPlan,
+    opts: &SynthOptions,
+    row_pool: Option<usize>,
+    w: W,
     mut progress: impl FnMut(u64) + Send,
 ) -> Result<W, SynthError> {
     let mut sink = plan.gguf_writer(opts.seed)?.begin(w)?;
@@ -588,7 +597,7 @@ pub fn write_gguf<W: Write + Send>(
                 for start in (0..t.rows()).step_by(rows_per_chunk) {
                     let rows = start..(start + rows_per_chunk).min(t.rows());
                     let mut buf = vec![0u8; rows.len() * t.row_bytes()];
-                    match opts.row_pool {
+                    match row_pool {
                         Some(pool) => fill_rows_pooled(t, opts.seed, rows, pool, &mut buf)?,
                         None => fill_rows(t, opts.seed, rows, &mut buf)?,
                     }
@@ -634,6 +643,24 @@ mod tests {
         let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / xs.len() as f64;
         assert!(mean.abs() < 0.01, "mean {mean}");
         assert!((var - 1.0).abs() < 0.01, "var {var}");
+    }
+
+    /// Regression guard for the benchmark mode: pooled row r is exactly row
+    /// r mod n of the seeded tensor, across chunk boundaries.
+    #[test]
+    fn pooled_rows_repeat_the_first_rows() {
+        let plan = SynthPlan::new(&SynthShape::small(Architecture::Qwen2)).unwrap();
+        let t = plan.tensors.iter().find(|t| t.rows() > 40).unwrap();
+        let rb = t.row_bytes();
+        let full = tensor_bytes(t, 3).unwrap();
+        for (start, end) in [(0, 5), (5, 40), (37, t.rows())] {
+            let mut out = vec![0u8; (end - start) * rb];
+            fill_rows_pooled(t, 3, start..end, 7, &mut out).unwrap();
+            for (i, row) in out.chunks_exact(rb).enumerate() {
+                let src = (start + i) % 7;
+                assert_eq!(row, &full[src * rb..(src + 1) * rb], "row {}", start + i);
+            }
+        }
     }
 
     #[test]

@@ -94,7 +94,7 @@ pub fn run(args: Args) -> Result<()> {
             return Ok(());
         }
         let path = crate::registry::resolve_model(args.model.as_deref())?;
-        let model = std::sync::Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
+        let model = std::sync::Arc::new(Model::load_unpacked(&path).with_context(|| format!("loading {}", path.display()))?);
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let mut depths = vec![0];
         depths.extend(args.depth.iter().copied().filter(|&d| d > 0));

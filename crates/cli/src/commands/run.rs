@@ -74,7 +74,9 @@ pub fn run(args: Args) -> Result<()> {
         (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
     };
     let path = crate::registry::resolve_model(args.model.as_deref())?;
-    let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    // The GPU copies the file's blocks itself: no CPU repacking for it.
+    let load = if args.device == crate::device::Device::Cuda { Model::load_unpacked } else { Model::load };
+    let model = load(&path).with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(model.file().metadata()).context("building the tokenizer")?;
     let text = if args.chat { chat_prompt(&tokenizer, &prompt)? } else { prompt };
     let ids = tokenizer.encode(&text, true, args.chat);

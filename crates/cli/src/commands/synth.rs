@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use hearth_models::synth::{write_gguf, SynthOptions, SynthPlan, SynthShape, PRESETS};
+use hearth_models::synth::{write_gguf_pooled, SynthOptions, SynthPlan, SynthShape, PRESETS};
 use hearth_models::Architecture;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -172,13 +172,12 @@ pub fn run(args: Args) -> Result<()> {
     crate::init_threads(args.threads)?;
     let opts = SynthOptions {
         seed: args.seed,
-        row_pool: args.row_pool,
         // Pooled rows are mostly copies: larger chunks amortize the pool.
         chunk_bytes: if args.row_pool.is_some() { 64 << 20 } else { 8 << 20 },
         ..SynthOptions::default()
     };
     let t0 = Instant::now();
-    let written = write_gguf(&plan, &opts, BufWriter::with_capacity(1 << 20, file), |n| {
+    let written = write_gguf_pooled(&plan, &opts, args.row_pool, BufWriter::with_capacity(1 << 20, file), |n| {
         bar.inc(n)
     });
     bar.finish_and_clear();
