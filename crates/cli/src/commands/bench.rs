@@ -122,11 +122,13 @@ pub fn run(args: Args) -> Result<()> {
             "tg": tg.as_ref().map(|s| serde_json::json!({"tokens": args.n_gen, "tok_s": s.median, "min": s.min, "max": s.max})),
             "tg_gbps": tg_gbps,
             "reps": reps,
+            "isa": hearth_kernels::cpu::simd::active().name(),
         });
         println!("{}", serde_json::to_string_pretty(&j)?);
         return Ok(());
     }
-    println!("model: {name} ({:.2} GB of weights read per token), threads: {threads}, reps: {reps} (+1 warm-up)", weight_gb);
+    let isa = hearth_kernels::cpu::simd::active().name();
+    println!("model: {name} ({weight_gb:.2} GB of weights read per token), threads: {threads}, kernels: {isa}, reps: {reps} (+1 warm-up)");
     println!("{:>8} {:>12} {:>12} {:>12}", "test", "tok/s", "min", "max");
     if let Some(s) = &pp {
         println!("{:>8} {:>12.2} {:>12.2} {:>12.2}", format!("pp{}", args.n_prompt), s.median, s.min, s.max);

@@ -411,6 +411,19 @@ unsafe fn yb<'a, B, const NT: usize>(y: &[&'a [B]; NT], t: usize, b: usize) -> &
     &*(y[t].as_ptr().add(b))
 }
 
+/// Prefetches the block two blocks ahead (`pb` bytes per block): decode
+/// streams the weights once, and the hardware prefetcher restarts at every
+/// matmul.
+#[inline(always)]
+unsafe fn prefetch_ahead<S: Simd>(blk: *const u8, pb: usize) {
+    let ahead = blk.wrapping_add(2 * pb);
+    let mut off = 0;
+    while off < pb {
+        S::prefetch(ahead.wrapping_add(off));
+        off += 64;
+    }
+}
+
 /// `hsum_float_8` of each row's eight lanes, which live in four vectors
 /// (vector s holds lanes 2s, 2s + 1): `((x0+x4) + (x2+x6)) + ((x1+x5) + (x3+x7))`.
 #[inline(always)]
@@ -437,6 +450,7 @@ unsafe fn dot_q0<S: Simd, const NT: usize>(
     assert!(y.iter().all(|r| r.len() == y[0].len()));
     for b in 0..y[0].len() {
         let blk = w.add(b * pb);
+        prefetch_ahead::<S>(blk, pb);
         let dx = S::rows_f16(blk);
         let mut d = [S::fzero(); NT];
         for t in 0..NT {
@@ -484,6 +498,7 @@ unsafe fn dot_q4_1<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8_1]; NT]
     assert!(y.iter().all(|r| r.len() == y[0].len()));
     for b in 0..y[0].len() {
         let blk = w.add(b * layout::Q4_1);
+        prefetch_ahead::<S>(blk, layout::Q4_1);
         let (dx, mx) = (S::rows_f16(blk), S::rows_f16(blk.add(16)));
         let mut d = [S::fzero(); NT];
         for t in 0..NT {
@@ -517,6 +532,7 @@ unsafe fn dot_q4_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
     assert!(y.iter().all(|r| r.len() == y[0].len()));
     for b in 0..y[0].len() {
         let blk = w.add(b * layout::Q4_K);
+        prefetch_ahead::<S>(blk, layout::Q4_K);
         let (dx, dmx) = (S::rows_f16(blk), S::rows_f16(blk.add(16)));
         let (mut d, mut dmin) = ([S::fzero(); NT], [S::fzero(); NT]);
         for t in 0..NT {
@@ -579,6 +595,7 @@ unsafe fn dot_q6_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
     assert!(y.iter().all(|r| r.len() == y[0].len()));
     for b in 0..y[0].len() {
         let blk = w.add(b * layout::Q6_K);
+        prefetch_ahead::<S>(blk, layout::Q6_K);
         let (sc, ql, qh) = (blk.add(layout::Q6_K_SC), blk.add(layout::Q6_K_QL), blk.add(layout::Q6_K_QH));
         let mut l = [[S::izero(); 4]; NT];
         for n in 0..2 {

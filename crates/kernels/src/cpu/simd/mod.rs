@@ -129,6 +129,8 @@ pub trait Simd: Copy {
     /// 16 × f32, lane `2r + h`.
     type F: Copy;
 
+    /// Hints that the 64 bytes at `p` will be read soon (no-op where unsupported).
+    unsafe fn prefetch(_p: *const u8) {}
     /// Loads a unit from `p` (64 bytes, unaligned).
     unsafe fn load(p: *const u8) -> Self::U;
     /// Low nibble of every byte.

@@ -25,6 +25,9 @@ impl Simd for Avx512 {
     type F = __m512;
 
     avx512! {
+        unsafe fn prefetch(p: *const u8) {
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
+        }
         unsafe fn load(p: *const u8) -> __m512i {
             _mm512_loadu_si512(p as *const _)
         }
@@ -152,6 +155,9 @@ impl Simd for Avx2 {
     type F = [__m256; 2];
 
     avx2! {
+        unsafe fn prefetch(p: *const u8) {
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
+        }
         unsafe fn load(p: *const u8) -> [__m256i; 2] {
             [_mm256_loadu_si256(p as *const _), _mm256_loadu_si256(p.add(32) as *const _)]
         }
