@@ -197,6 +197,20 @@ impl Model {
     }
 
     pub fn from_gguf(file: Arc<GgufFile>) -> Result<Model, ModelError> {
+        let mut model = Self::from_gguf_unpacked(file)?;
+        model.pack_weights();
+        Ok(model)
+    }
+
+    /// Opens a model without the CPU kernels' repacked copy of the weights:
+    /// for a GPU backend, which copies the file's blocks to the device itself
+    /// (packing a 20 GB model would double its host memory for nothing). The
+    /// CPU forward pass still works on it, reading the file's layout.
+    pub fn load_unpacked(path: impl AsRef<Path>) -> Result<Model, ModelError> {
+        Self::from_gguf_unpacked(Arc::new(GgufFile::open(path)?))
+    }
+
+    fn from_gguf_unpacked(file: Arc<GgufFile>) -> Result<Model, ModelError> {
         let config = ModelConfig::from_gguf(&file)?;
         let ld = Loader { file: &file };
         let c = &config;
@@ -257,7 +271,7 @@ impl Model {
             Architecture::MuseGlimmer => KvDtype::Bf16,
             _ => KvDtype::F16,
         };
-        let mut model = Model {
+        let model = Model {
             config,
             numerics: Numerics::Reference,
             kv_dtype,
@@ -267,7 +281,6 @@ impl Model {
             output,
             layers,
         };
-        model.pack_weights();
         Ok(model)
     }
 
