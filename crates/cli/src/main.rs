@@ -1,6 +1,9 @@
 //! hearth: an on-device LLM runtime for agentic AI.
 
 mod commands;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod device;
 mod registry;
 
 use clap::{Parser, Subcommand};

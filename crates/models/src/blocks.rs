@@ -30,6 +30,12 @@ pub fn rmsnorm(x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
 /// f32 to `DIR/<name>-<layer>.bin`, named like llama.cpp's graph tensors
 /// (attn_norm, Qcur, kqv_out, l_out, ...) so intermediates can be diffed
 /// against a dump of the reference.
+/// Whether intermediate tensors are being dumped (`HEARTH_DUMP`): fused
+/// passes then run unfused so every intermediate exists.
+pub fn dumping() -> bool {
+    std::env::var_os("HEARTH_DUMP").is_some()
+}
+
 pub fn dump(name: &str, layer: usize, x: &[f32]) {
     if let Some(dir) = std::env::var_os("HEARTH_DUMP") {
         let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();

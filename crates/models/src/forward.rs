@@ -2,12 +2,13 @@
 //! embedding lookup, the output head. The per-layer math lives in one file per
 //! architecture (llama.rs, gemma3.rs, muse_glimmer.rs).
 
-use hearth_kernels::cpu::{packed::matmul_packed, simd};
+use hearth_kernels::cpu::packed::{matmul_packed, matmul_packed_glu, GluAct, PackedMatrix};
+use hearth_kernels::cpu::simd;
 use hearth_kernels::{matmul, Activations};
 
 use crate::config::{Architecture, ConfigError};
 use crate::state::State;
-use crate::weights::{Linear, Model, ModelError, Numerics};
+use crate::weights::{Layer, Linear, Model, ModelError, Numerics};
 use crate::{blocks, gemma3, llama, muse_glimmer};
 
 /// Which logits a forward call returns.
@@ -170,6 +171,23 @@ impl Model {
             }
             (_, mode) => matmul(&self.mat(w), x, n, &mut out, mode),
         }
+        out
+    }
+
+    /// The fused gate/up matrix of a layer, when the fused pass applies
+    /// (quantized activations, not dumping intermediates).
+    pub(crate) fn fused_gate_up<'a>(&self, l: &'a Layer) -> Option<&'a PackedMatrix> {
+        let p = l.ffn_gate_up.as_deref()?;
+        (self.activations() == Activations::Quantized && !blocks::dumping()).then_some(p)
+    }
+
+    /// `act(gate, up)` of a gated MLP from gate and up packed together
+    /// (`Layer::ffn_gate_up`): one activation quantization and one pass over
+    /// both matrices; `act(column, gate, up)`. [n, ffn].
+    pub(crate) fn glu(&self, gate_up: &PackedMatrix, x: &[f32], act: GluAct) -> Vec<f32> {
+        let n = x.len() / gate_up.cols;
+        let mut out = vec![0.0f32; n * gate_up.rows / 2];
+        matmul_packed_glu(simd::active(), gate_up, x, n, act, &mut out);
         out
     }
 

@@ -65,11 +65,17 @@ pub(crate) fn layer(m: &Model, li: usize, x: &mut [f32], cache: &mut LayerKvCach
     let mut h = x.to_vec();
     rmsnorm(&mut h, c.dim, Some(&l.ffn_norm), c.norm_eps);
     blocks::dump("ffn_norm", li, &h);
-    let mut g = m.linear(&l.ffn_gate, &h);
-    blocks::dump("ffn_gate", li, &g);
-    let up = m.linear(&l.ffn_up, &h);
-    blocks::dump("ffn_up", li, &up);
-    glu(&mut g, &up, gelu_f16_table);
+    let g = match m.fused_gate_up(l) {
+        Some(gate_up) => m.glu(gate_up, &h, &|_, x, y| gelu_f16_table(x) * y),
+        _ => {
+            let mut g = m.linear(&l.ffn_gate, &h);
+            blocks::dump("ffn_gate", li, &g);
+            let up = m.linear(&l.ffn_up, &h);
+            blocks::dump("ffn_up", li, &up);
+            glu(&mut g, &up, gelu_f16_table);
+            g
+        }
+    };
     blocks::dump("ffn_geglu", li, &g);
     let mut d = m.linear(&l.ffn_down, &g);
     blocks::dump("ffn_out", li, &d);

@@ -57,15 +57,32 @@ pub(crate) fn layer(m: &Model, li: usize, x: &mut [f32], cache: &mut LayerKvCach
     let mut h = x.to_vec();
     rmsnorm(&mut h, c.dim, Some(&l.ffn_norm), c.norm_eps);
     blocks::dump("ffn_norm", li, &h);
-    let mut g = m.linear(&l.ffn_gate, &h);
-    blocks::dump("ffn_gate", li, &g);
-    let up = m.linear(&l.ffn_up, &h);
-    blocks::dump("ffn_up", li, &up);
-    if m.numerics == Numerics::F32 {
-        glu(&mut g, &up, silu);
-    } else {
-        blocks::swiglu_ggml(&mut g, &up, c.ffn_dim);
-    }
+    let g = match m.fused_gate_up(l) {
+        Some(gate_up) => {
+            // ggml's SwiGLU: its vector exp for whole groups of 16, libm's past them.
+            let vec_len = c.ffn_dim & !15;
+            let act = |j: usize, x: f32, y: f32| {
+                if j < vec_len {
+                    x / (1.0 + blocks::expf_ggml_v(0.0 - x)) * y
+                } else {
+                    silu(x) * y
+                }
+            };
+            m.glu(gate_up, &h, &act)
+        }
+        _ => {
+            let mut g = m.linear(&l.ffn_gate, &h);
+            blocks::dump("ffn_gate", li, &g);
+            let up = m.linear(&l.ffn_up, &h);
+            blocks::dump("ffn_up", li, &up);
+            if m.numerics == Numerics::F32 {
+                glu(&mut g, &up, silu);
+            } else {
+                blocks::swiglu_ggml(&mut g, &up, c.ffn_dim);
+            }
+            g
+        }
+    };
     blocks::dump("ffn_swiglu", li, &g);
     let down = m.linear(&l.ffn_down, &g);
     blocks::dump("ffn_out", li, &down);

@@ -527,6 +527,34 @@ impl Default for SynthOptions {
     }
 }
 
+/// Like [`fill_rows`], but row r is row (r mod `pool`) of the tensor.
+pub fn fill_rows_pooled(
+    t: &TensorPlan,
+    seed: u64,
+    rows: Range<usize>,
+    pool: usize,
+    out: &mut [u8],
+) -> Result<(), SynthError> {
+    let rb = t.row_bytes();
+    let pool = pool.max(1);
+    if rows.len() <= pool {
+        let mut done = 0;
+        for r in rows.clone() {
+            let src = r % pool;
+            fill_rows(t, seed, src..src + 1, &mut out[done * rb..(done + 1) * rb])?;
+            done += 1;
+        }
+        return Ok(());
+    }
+    let mut distinct = vec![0u8; pool * rb];
+    fill_rows(t, seed, 0..pool.min(t.rows()), &mut distinct[..pool.min(t.rows()) * rb])?;
+    for (i, dst) in out.chunks_exact_mut(rb).enumerate() {
+        let src = (rows.start + i) % pool;
+        dst.copy_from_slice(&distinct[src * rb..(src + 1) * rb]);
+    }
+    Ok(())
+}
+
 /// Streams the plan's GGUF into `w`: chunks of rows are generated and
 /// quantized in parallel while a writer thread writes the previous chunk.
 /// `progress` receives the tensor-data bytes of each chunk as it is written
@@ -534,6 +562,21 @@ impl Default for SynthOptions {
 pub fn write_gguf<W: Write + Send>(
     plan: &SynthPlan,
     opts: &SynthOptions,
+    w: W,
+    progress: impl FnMut(u64) + Send,
+) -> Result<W, SynthError> {
+    write_gguf_pooled(plan, opts, None, w, progress)
+}
+
+/// [`write_gguf`], where `row_pool = Some(n)` makes row r of every tensor a
+/// copy of row r mod n (n rows are generated and quantized per chunk, the
+/// rest copied), which writes a full-size model at disk speed. For speed
+/// benchmarks only: the bytes are real quantized random rows, but the model
+/// is not the seeded one.
+pub fn write_gguf_pooled<W: Write + Send>(
+    plan: &SynthPlan,
+    opts: &SynthOptions,
+    row_pool: Option<usize>,
     w: W,
     mut progress: impl FnMut(u64) + Send,
 ) -> Result<W, SynthError> {
@@ -554,7 +597,10 @@ pub fn write_gguf<W: Write + Send>(
                 for start in (0..t.rows()).step_by(rows_per_chunk) {
                     let rows = start..(start + rows_per_chunk).min(t.rows());
                     let mut buf = vec![0u8; rows.len() * t.row_bytes()];
-                    fill_rows(t, opts.seed, rows, &mut buf)?;
+                    match row_pool {
+                        Some(pool) => fill_rows_pooled(t, opts.seed, rows, pool, &mut buf)?,
+                        None => fill_rows(t, opts.seed, rows, &mut buf)?,
+                    }
                     if tx.send((ti, buf)).is_err() {
                         return Ok(()); // the writer failed; its error is reported below
                     }
@@ -597,6 +643,24 @@ mod tests {
         let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / xs.len() as f64;
         assert!(mean.abs() < 0.01, "mean {mean}");
         assert!((var - 1.0).abs() < 0.01, "var {var}");
+    }
+
+    /// Regression guard for the benchmark mode: pooled row r is exactly row
+    /// r mod n of the seeded tensor, across chunk boundaries.
+    #[test]
+    fn pooled_rows_repeat_the_first_rows() {
+        let plan = SynthPlan::new(&SynthShape::small(Architecture::Qwen2)).unwrap();
+        let t = plan.tensors.iter().find(|t| t.rows() > 40).unwrap();
+        let rb = t.row_bytes();
+        let full = tensor_bytes(t, 3).unwrap();
+        for (start, end) in [(0, 5), (5, 40), (37, t.rows())] {
+            let mut out = vec![0u8; (end - start) * rb];
+            fill_rows_pooled(t, 3, start..end, 7, &mut out).unwrap();
+            for (i, row) in out.chunks_exact(rb).enumerate() {
+                let src = (start + i) % 7;
+                assert_eq!(row, &full[src * rb..(src + 1) * rb], "row {}", start + i);
+            }
+        }
     }
 
     #[test]

@@ -76,6 +76,9 @@ pub struct Layer {
     pub ffn_up: Linear,
     pub ffn_down: Linear,
     pub post_ffn_norm: Option<Vec<f32>>,
+    /// Gate and up packed together for the fused gated-unit pass (then the
+    /// two `Linear`s keep no packed copy of their own).
+    pub ffn_gate_up: Option<Arc<PackedMatrix>>,
 }
 
 /// Which numerics a model computes with.
@@ -197,6 +200,20 @@ impl Model {
     }
 
     pub fn from_gguf(file: Arc<GgufFile>) -> Result<Model, ModelError> {
+        let mut model = Self::from_gguf_unpacked(file)?;
+        model.pack_weights();
+        Ok(model)
+    }
+
+    /// Opens a model without the CPU kernels' repacked copy of the weights:
+    /// for a GPU backend, which copies the file's blocks to the device itself
+    /// (packing a 20 GB model would double its host memory for nothing). The
+    /// CPU forward pass still works on it, reading the file's layout.
+    pub fn load_unpacked(path: impl AsRef<Path>) -> Result<Model, ModelError> {
+        Self::from_gguf_unpacked(Arc::new(GgufFile::open(path)?))
+    }
+
+    fn from_gguf_unpacked(file: Arc<GgufFile>) -> Result<Model, ModelError> {
         let config = ModelConfig::from_gguf(&file)?;
         let ld = Loader { file: &file };
         let c = &config;
@@ -251,13 +268,14 @@ impl Model {
                 ffn_up: ld.linear(&n("ffn_up.weight"), c.ffn_dim, dim)?,
                 ffn_down: ld.linear(&n("ffn_down.weight"), dim, c.ffn_dim)?,
                 post_ffn_norm: post_ffn,
+                ffn_gate_up: None,
             });
         }
         let kv_dtype = match c.arch {
             Architecture::MuseGlimmer => KvDtype::Bf16,
             _ => KvDtype::F16,
         };
-        let mut model = Model {
+        let model = Model {
             config,
             numerics: Numerics::Reference,
             kv_dtype,
@@ -267,7 +285,6 @@ impl Model {
             output,
             layers,
         };
-        model.pack_weights();
         Ok(model)
     }
 
@@ -290,16 +307,14 @@ impl Model {
             l.packed = PackedMatrix::pack(&m).map(Arc::new);
         };
         for layer in &mut self.layers {
-            for l in [
-                &mut layer.wq,
-                &mut layer.wk,
-                &mut layer.wv,
-                &mut layer.wo,
-                &mut layer.ffn_gate,
-                &mut layer.ffn_up,
-                &mut layer.ffn_down,
-            ] {
+            for l in [&mut layer.wq, &mut layer.wk, &mut layer.wv, &mut layer.wo, &mut layer.ffn_down] {
                 pack(l);
+            }
+            let mat = |l: &Linear| QMatrix { ty: l.ty, rows: l.rows, cols: l.cols, data: &bytes[l.range.clone()] };
+            layer.ffn_gate_up = PackedMatrix::pack_pair(&mat(&layer.ffn_gate), &mat(&layer.ffn_up)).map(Arc::new);
+            if layer.ffn_gate_up.is_none() {
+                pack(&mut layer.ffn_gate);
+                pack(&mut layer.ffn_up);
             }
             if let Some(g) = &mut layer.attn_gate {
                 pack(g);

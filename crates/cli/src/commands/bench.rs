@@ -27,6 +27,22 @@ pub struct Args {
     /// Print JSON: {"model","threads","pp":{"tokens","tok_s"},"tg":{"tokens","tok_s"},"tg_gbps"}.
     #[arg(long)]
     pub json: bool,
+    /// Backend: cpu or cuda.
+    #[arg(long, value_enum, default_value_t = crate::device::Device::Cpu)]
+    pub device: crate::device::Device,
+    /// cuda: also decode at these context depths (comma-separated), with the
+    /// cache filled by pseudo-random keys and values rather than a prefill.
+    #[arg(long, value_delimiter = ',')]
+    pub depth: Vec<usize>,
+    /// cuda: measure the device copy bandwidth (the decode roofline) first.
+    #[arg(long)]
+    pub roofline: bool,
+    /// cuda: launch every kernel of a decode step instead of replaying a CUDA graph.
+    #[arg(long)]
+    pub no_graph: bool,
+    /// cuda: time the kernels alone (GEMV variants, attention, GEMM) on random data; no model needed.
+    #[arg(long)]
+    pub kernels: bool,
 }
 
 /// Median, min and max of repeated measurements.
@@ -68,7 +84,23 @@ fn run_tg(model: &Model, n: usize, seed: u64) -> Result<f64> {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    crate::device::check(args.device)?;
     crate::init_threads(args.threads)?;
+    #[cfg(feature = "cuda")]
+    if args.device == crate::device::Device::Cuda {
+        if args.kernels {
+            let gpu = hearth_cuda::Gpu::open().context("--device cuda")?;
+            print!("{}", hearth_cuda::kbench::run(&gpu)?);
+            return Ok(());
+        }
+        let path = crate::registry::resolve_model(args.model.as_deref())?;
+        let model = std::sync::Arc::new(Model::load_unpacked(&path).with_context(|| format!("loading {}", path.display()))?);
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut depths = vec![0];
+        depths.extend(args.depth.iter().copied().filter(|&d| d > 0));
+        let opts = crate::cuda::BenchOpts { n_prompt: args.n_prompt, n_gen: args.n_gen, reps: args.reps.max(1), depths, roofline: args.roofline, graphs: !args.no_graph };
+        return crate::cuda::bench(model, &name, &opts);
+    }
     let threads = rayon::current_num_threads();
     let path = crate::registry::resolve_model(args.model.as_deref())?;
     let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;

@@ -64,11 +64,15 @@ pub struct Args {
     /// Also write the speed figures as JSON to this file.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
+    /// Backend: cpu or cuda.
+    #[arg(long, value_enum, default_value_t = crate::device::Device::Cpu)]
+    pub device: crate::device::Device,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
 
 pub fn run(args: Args) -> Result<()> {
+    crate::device::check(args.device)?;
     crate::init_threads(args.threads)?;
     let prompt = match (&args.prompt, &args.file) {
         (Some(p), _) => p.clone(),
@@ -76,7 +80,12 @@ pub fn run(args: Args) -> Result<()> {
         (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
     };
     let path = crate::registry::resolve_model(args.model.as_deref())?;
-    let model = Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    if args.device == crate::device::Device::Cuda && args.spec.spec != hearth_engine::spec::SpecKind::None {
+        bail!("--spec runs on the CPU backend only for now (use --device cpu)");
+    }
+    // The GPU copies the file's blocks itself: no CPU repacking for it.
+    let load = if args.device == crate::device::Device::Cuda { Model::load_unpacked } else { Model::load };
+    let model = Arc::new(load(&path).with_context(|| format!("loading {}", path.display()))?);
     let factory = args.spec.factory(&model)?;
     let tokenizer = Tokenizer::from_gguf(model.file().metadata()).context("building the tokenizer")?;
     let text = if args.chat { chat_prompt(&tokenizer, &prompt)? } else { prompt };
@@ -100,6 +109,28 @@ pub fn run(args: Args) -> Result<()> {
     };
     let mut sampler = Sampler::new(config)?;
     let params = GenerateParams { max_tokens: args.n_predict.min(args.ctx - ids.len()), stop: args.stop.clone(), ignore_eos: false };
+    #[cfg(feature = "cuda")]
+    if args.device == crate::device::Device::Cuda {
+        let gm = crate::cuda::load(model.clone())?;
+        let mut state = gm.new_state(args.ctx)?;
+        let mut out = std::io::stdout().lock();
+        let stats = crate::cuda::generate(&gm, &mut state, &tokenizer, &mut sampler, &ids, &params, |t| {
+            let ok = out.write_all(t.as_bytes()).and_then(|_| out.flush());
+            if ok.is_ok() { Flow::Continue } else { Flow::Stop }
+        })?;
+        drop(out);
+        eprintln!();
+        eprintln!(
+            "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | finish: {} | device: cuda, KV cache {:.1} MiB",
+            stats.prompt_tokens,
+            stats.prefill_tok_s(),
+            stats.generated_tokens,
+            stats.decode_tok_s(),
+            stats.finish.as_str(),
+            state.kv_bytes() as f64 / (1u64 << 20) as f64
+        );
+        return Ok(());
+    }
     let mut out = std::io::stdout().lock();
     let on_text = |t: &str| {
         let ok = out.write_all(t.as_bytes()).and_then(|_| out.flush());

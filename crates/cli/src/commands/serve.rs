@@ -58,11 +58,21 @@ pub struct Args {
     /// Worker threads [default: all cores].
     #[arg(short, long)]
     pub threads: Option<usize>,
+    /// Backend: cpu (cuda is not yet wired into the server's session store).
+    #[arg(long, value_enum, default_value_t = crate::device::Device::Cpu)]
+    pub device: crate::device::Device,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
 
 pub fn run(args: Args) -> Result<()> {
+    crate::device::check(args.device)?;
+    if args.device == crate::device::Device::Cuda {
+        anyhow::bail!(
+            "serve --device cuda is not supported yet: the server's sessions hold CPU KV states; \
+             use `hearth run --device cuda` or `hearth bench --device cuda`"
+        );
+    }
     crate::init_threads(args.threads)?;
     let path = crate::registry::resolve_model(args.model.as_deref())?;
     let model_id = args

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use hearth_models::synth::{write_gguf, SynthOptions, SynthPlan, SynthShape, PRESETS};
+use hearth_models::synth::{write_gguf_pooled, SynthOptions, SynthPlan, SynthShape, PRESETS};
 use hearth_models::synth_dflash::{dflash_plan, DflashShape};
 use hearth_models::Architecture;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -81,6 +81,11 @@ pub struct Args {
     /// Generation threads [default: all cores].
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Speed benchmarks: generate N distinct rows per tensor and repeat them
+    /// (row r = row r mod N), writing at disk speed instead of quantizing
+    /// every row. The result is not the seeded model.
+    #[arg(long, value_name = "N")]
+    pub row_pool: Option<usize>,
     /// Print the plan (tensors, types, size) and write nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -204,18 +209,6 @@ pub fn run(args: Args) -> Result<()> {
         mb(total),
         args.seed
     );
-    if args.dry_run {
-        for t in &plan.tensors {
-            println!(
-                "{:40} {:5} {:?} {}",
-                t.name,
-                t.ty.name(),
-                t.shape,
-                t.n_bytes()
-            );
-        }
-        return Ok(());
-    }
     write(&args, &plan)
 }
 
@@ -240,10 +233,12 @@ fn write(args: &Args, plan: &SynthPlan) -> Result<()> {
     crate::init_threads(args.threads)?;
     let opts = SynthOptions {
         seed: args.seed,
+        // Pooled rows are mostly copies: larger chunks amortize the pool.
+        chunk_bytes: if args.row_pool.is_some() { 64 << 20 } else { 8 << 20 },
         ..SynthOptions::default()
     };
     let t0 = Instant::now();
-    let written = write_gguf(plan, &opts, BufWriter::with_capacity(1 << 20, file), |n| {
+    let written = write_gguf_pooled(plan, &opts, args.row_pool, BufWriter::with_capacity(1 << 20, file), |n| {
         bar.inc(n)
     });
     bar.finish_and_clear();

@@ -188,6 +188,27 @@ impl PackedMatrix {
         })
     }
 
+    /// Packs two matrices of one type and shape (an MLP's gate and up
+    /// projections) into one whose groups alternate: group `2i` is `a`'s group
+    /// `i`, group `2i + 1` is `b`'s. For [`matmul_packed_glu`]. `None` unless
+    /// both pack and have whole groups only.
+    pub fn pack_pair(a: &QMatrix, b: &QMatrix) -> Option<PackedMatrix> {
+        if (a.ty, a.rows, a.cols) != (b.ty, b.rows, b.cols) || a.rows % GROUP != 0 {
+            return None;
+        }
+        let (pa, pb) = (Self::pack(a)?, Self::pack(b)?);
+        let chunk = pa.blocks * pa.block_bytes;
+        let mut data = HugeBuf::zeroed(2 * pa.groups * chunk);
+        for g in 0..pa.groups {
+            // SAFETY: both sources hold `groups * chunk` bytes, the destination twice that.
+            unsafe {
+                std::ptr::copy_nonoverlapping(pa.group(g), data.as_mut_ptr().add(2 * g * chunk), chunk);
+                std::ptr::copy_nonoverlapping(pb.group(g), data.as_mut_ptr().add((2 * g + 1) * chunk), chunk);
+            }
+        }
+        Some(PackedMatrix { rows: 2 * a.rows, groups: 2 * pa.groups, data, ..pa })
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.data.len()
@@ -677,13 +698,13 @@ unsafe fn dot_q6_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
 /// the thread's rows passes over them.
 const TOKEN_TILE: usize = 32;
 
-/// One group against tokens `t0..t0 + NT`, results written to `out`.
+/// One group against tokens `t0..t0 + NT`.
 #[inline(always)]
-unsafe fn group_tokens<S: Simd, const NT: usize>(pm: &PackedMatrix, acts: &Acts, n: usize, g: usize, t0: usize, out: *mut f32) {
+unsafe fn group_values<S: Simd, const NT: usize>(pm: &PackedMatrix, acts: &Acts, n: usize, g: usize, t0: usize) -> [[f32; 8]; NT] {
     let nb = pm.blocks;
     let w = pm.group(g);
     let rows = |t: usize| t * nb..(t + 1) * nb;
-    let v: [[f32; 8]; NT] = match acts {
+    match acts {
         Acts::Q8_0(y, s) => dot_q0::<S, NT>(pm.ty, w, std::array::from_fn(|i| &y[rows(t0 + i)]), std::array::from_fn(|i| &s[rows(t0 + i)])),
         Acts::Q8_1(y) => dot_q4_1::<S, NT>(w, std::array::from_fn(|i| &y[rows(t0 + i)])),
         Acts::Q8K(y, gemm_rows) => {
@@ -695,9 +716,48 @@ unsafe fn group_tokens<S: Simd, const NT: usize>(pm: &PackedMatrix, acts: &Acts,
                 dot_q6_k::<S, NT>(w, ys, if n >= 8 { Order::Batch } else { Order::Vec })
             }
         }
-    };
+    }
+}
+
+/// One group against tokens `t0..t0 + NT`, results written to `out`.
+#[inline(always)]
+unsafe fn group_tokens<S: Simd, const NT: usize>(pm: &PackedMatrix, acts: &Acts, n: usize, g: usize, t0: usize, out: *mut f32) {
+    let v = group_values::<S, NT>(pm, acts, n, g, t0);
     for (i, row) in v.iter().enumerate() {
         std::ptr::copy_nonoverlapping(row.as_ptr(), out.add((t0 + i) * pm.rows + g * GROUP), GROUP);
+    }
+}
+
+/// A gated unit's activation, `act(column, gate, up)`.
+pub type GluAct<'a> = &'a (dyn Fn(usize, f32, f32) -> f32 + Sync);
+
+/// For a [`PackedMatrix::pack_pair`] matrix: pairs of groups `pairs` for all
+/// tokens, `out[t, 8i + r] = act(8i + r, gate, up)` (`out` is [n, rows / 2]).
+#[inline(always)]
+unsafe fn run_pairs<S: Simd>(pm: &PackedMatrix, acts: &Acts, n: usize, pairs: std::ops::Range<usize>, act: GluAct, out: *mut f32) {
+    let half = pm.rows / 2;
+    let emit = |i: usize, t: usize, g: &[f32; 8], u: &[f32; 8]| {
+        for r in 0..GROUP {
+            *out.add(t * half + i * GROUP + r) = act(i * GROUP + r, g[r], u[r]);
+        }
+    };
+    for t0 in (0..n).step_by(TOKEN_TILE) {
+        let t1 = (t0 + TOKEN_TILE).min(n);
+        for i in pairs.clone() {
+            let mut t = t0;
+            while t + 4 <= t1 {
+                let (g, u) = (group_values::<S, 4>(pm, acts, n, 2 * i, t), group_values::<S, 4>(pm, acts, n, 2 * i + 1, t));
+                for k in 0..4 {
+                    emit(i, t + k, &g[k], &u[k]);
+                }
+                t += 4;
+            }
+            while t < t1 {
+                let (g, u) = (group_values::<S, 1>(pm, acts, n, 2 * i, t), group_values::<S, 1>(pm, acts, n, 2 * i + 1, t));
+                emit(i, t, &g[0], &u[0]);
+                t += 1;
+            }
+        }
     }
 }
 
@@ -754,6 +814,52 @@ unsafe fn run_neon(
     out: *mut f32,
 ) {
     run_groups::<super::simd::neon::Neon>(pm, acts, n, groups, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn pairs_avx512(pm: &PackedMatrix, acts: &Acts, n: usize, pairs: std::ops::Range<usize>, act: GluAct, out: *mut f32) {
+    run_pairs::<super::simd::x86::Avx512>(pm, acts, n, pairs, act, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pairs_avx2(pm: &PackedMatrix, acts: &Acts, n: usize, pairs: std::ops::Range<usize>, act: GluAct, out: *mut f32) {
+    run_pairs::<super::simd::x86::Avx2>(pm, acts, n, pairs, act, out)
+}
+
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+unsafe fn pairs_neon(pm: &PackedMatrix, acts: &Acts, n: usize, pairs: std::ops::Range<usize>, act: GluAct, out: *mut f32) {
+    run_pairs::<super::simd::neon::Neon>(pm, acts, n, pairs, act, out)
+}
+
+unsafe fn pairs_isa(isa: Isa, pm: &PackedMatrix, acts: &Acts, n: usize, pairs: std::ops::Range<usize>, act: GluAct, out: *mut f32) {
+    assert!(isa.supported(), "{} is not supported on this machine", isa.name());
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => pairs_avx512(pm, acts, n, pairs, act, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => pairs_avx2(pm, acts, n, pairs, act, out),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => pairs_neon(pm, acts, n, pairs, act, out),
+        _ => run_pairs::<Scalar>(pm, acts, n, pairs, act, out),
+    }
+}
+
+/// A gated MLP's first half in one pass: `pm` is gate and up packed by
+/// [`PackedMatrix::pack_pair`]; `out[t, j] = act(j, gate[t, j], up[t, j])`
+/// ([n, rows / 2]). The products are the same as two [`matmul_packed`] calls.
+pub fn matmul_packed_glu(isa: Isa, pm: &PackedMatrix, x: &[f32], n: usize, act: GluAct, out: &mut [f32]) {
+    assert_eq!(x.len(), n * pm.cols, "matmul: x is not [n, cols]");
+    assert_eq!(out.len(), n * pm.rows / 2, "matmul: out is not [n, rows / 2]");
+    let acts = quantize_acts(pm.ty, x, n, pm.cols);
+    let outp = SendPtr(out.as_mut_ptr());
+    pool::global().run(|i, nt| {
+        let pairs = pool::share(pm.groups / 2, i, nt);
+        // SAFETY: the isa is checked in pairs_isa; each thread writes only its pairs' columns.
+        unsafe { pairs_isa(isa, pm, &acts, n, pairs, act, outp.get()) };
+    });
 }
 
 unsafe fn run_isa(
@@ -841,6 +947,33 @@ mod tests {
             }
         }
         wq
+    }
+
+    /// The fused gate/up pass gives exactly the two separate products, combined.
+    #[test]
+    fn glu_pair_matches_separate_matmuls() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        for ty in [GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q4_1] {
+            let (rows, cols) = (24, 2 * ty.block_size().max(256));
+            let (wa, wb) = (random_matrix(ty, rows, cols, &mut rng), random_matrix(ty, rows, cols, &mut rng));
+            let (a, b) = (QMatrix { ty, rows, cols, data: &wa }, QMatrix { ty, rows, cols, data: &wb });
+            let pair = PackedMatrix::pack_pair(&a, &b).unwrap();
+            let (pa, pb) = (PackedMatrix::pack(&a).unwrap(), PackedMatrix::pack(&b).unwrap());
+            let act = |j: usize, g: f32, u: f32| g * (j as f32 + 0.5) - u;
+            for n in [1, 5, 9] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+                for isa in Isa::available() {
+                    let (mut ga, mut gb, mut fused) = (vec![0.0f32; n * rows], vec![0.0f32; n * rows], vec![0.0f32; n * rows]);
+                    matmul_packed(isa, &pa, &a, &x, n, &mut ga);
+                    matmul_packed(isa, &pb, &b, &x, n, &mut gb);
+                    matmul_packed_glu(isa, &pair, &x, n, &act, &mut fused);
+                    for i in 0..n * rows {
+                        let want = act(i % rows, ga[i], gb[i]);
+                        assert_eq!(fused[i].to_bits(), want.to_bits(), "{ty} {} n {n} [{i}]", isa.name());
+                    }
+                }
+            }
+        }
     }
 
     /// Every packed kernel on every instruction set this machine has gives

@@ -1,0 +1,284 @@
+//! The CLI's CUDA paths (feature `cuda`): opening the GPU and uploading a
+//! model, `bench --device cuda`, and the `run --device cuda` generation loop.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use hearth_cuda::{Gpu, GpuModel, GpuState};
+use hearth_engine::generate::{FinishReason, Flow, GenerateParams, GenerationStats, StopMatcher};
+use hearth_engine::sampler::Sampler;
+use hearth_models::{LayerKind, Logits, Model};
+use hearth_tokenizer::Tokenizer;
+
+/// Opens the GPU and copies the model's weights to it (progress bar on stderr).
+pub fn load(model: Arc<Model>) -> Result<GpuModel> {
+    let t0 = Instant::now();
+    let gpu = Arc::new(Gpu::open().context("--device cuda")?);
+    let i = &gpu.info;
+    eprintln!(
+        "cuda: {} (sm_{}{}, {} SMs, {:.1} GiB), driver {}.{}, kernels {} ({:.1} s)",
+        i.name,
+        i.arch.0,
+        i.arch.1,
+        i.sm_count,
+        i.total_mem as f64 / (1u64 << 30) as f64,
+        i.driver_version / 1000,
+        i.driver_version % 1000 / 10,
+        if gpu.kernels_cached {
+            "from the cache"
+        } else {
+            "compiled with NVRTC"
+        },
+        t0.elapsed().as_secs_f64()
+    );
+    let t1 = Instant::now();
+    let gm = GpuModel::upload(gpu, model, true).context("uploading the weights")?;
+    eprintln!(
+        "cuda: {:.2} GB of weights resident, GEMV variants tuned ({:.1} s)",
+        gm.resident_bytes as f64 / 1e9,
+        t1.elapsed().as_secs_f64()
+    );
+    for line in &gm.tune_report {
+        eprintln!("cuda:   gemv {line}");
+    }
+    Ok(gm)
+}
+
+/// Options of `bench --device cuda`.
+pub struct BenchOpts {
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub reps: usize,
+    /// Context depths to decode at (0 = an empty context).
+    pub depths: Vec<usize>,
+    pub roofline: bool,
+    pub graphs: bool,
+}
+
+fn median(mut xs: Vec<f64>) -> (f64, f64, f64) {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    let med = if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    };
+    (med, xs[0], xs[n - 1])
+}
+
+/// Bytes of K and V one decode token at position `pos` reads.
+fn kv_read_bytes(model: &Model, pos: usize) -> usize {
+    let c = &model.config;
+    c.layers
+        .iter()
+        .map(|k| match *k {
+            LayerKind::Global { .. } => pos + 1,
+            LayerKind::Sliding { window, .. } => (pos + 1).min(window),
+        })
+        .sum::<usize>()
+        * 2
+        * c.n_kv_heads
+        * c.head_dim
+        * 2
+}
+
+/// Bytes a full (every layer flat) 16-bit cache of `ctx` positions would take.
+fn full_kv_bytes(model: &Model, ctx: usize) -> usize {
+    let c = &model.config;
+    c.n_layers * ctx * 2 * c.n_kv_heads * c.head_dim * 2
+}
+
+pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {
+    let gm = load(model.clone())?;
+    let gpu = gm.device();
+    let vocab = model.config.vocab_size as u32;
+    let mut rng_seed = 1u64;
+    let mut tokens = |n: usize| -> Vec<u32> {
+        rng_seed = rng_seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let mut s = rng_seed;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s % vocab as u64) as u32
+            })
+            .collect()
+    };
+    let roof = if o.roofline {
+        Some(gpu.copy_bandwidth(4 << 30, 20)?)
+    } else {
+        None
+    };
+    let weight_gb = gm.weight_bytes as f64 / 1e9;
+    println!("model: {name} ({weight_gb:.2} GB of weights read per token), device: {}, reps: {} (+1 warm-up), graphs: {}", gpu.info.name, o.reps, o.graphs);
+    if let Some(r) = roof {
+        println!("device copy bandwidth (read + write, 2 x 4 GiB x 20): {r:.0} GB/s");
+    }
+    println!(
+        "{:>14} {:>10} {:>10} {:>10} {:>9} {:>9} {:>11}",
+        "test", "tok/s", "min", "max", "GB/s", "of roof", "KV MiB"
+    );
+    if o.n_prompt > 0 {
+        for &depth in &o.depths {
+            let mut st = gm.new_state(depth + o.n_prompt + 1)?;
+            let mut xs = Vec::new();
+            for rep in 0..=o.reps {
+                st.reset();
+                if depth > 0 {
+                    gm.fill_random_context(&mut st, depth, rep as u32 + 1)?;
+                }
+                let toks = tokens(o.n_prompt);
+                let t0 = Instant::now();
+                gm.forward(&mut st, &toks, Logits::Last)?;
+                if rep > 0 {
+                    xs.push(o.n_prompt as f64 / t0.elapsed().as_secs_f64());
+                }
+            }
+            let (m, lo, hi) = median(xs);
+            let test = if depth > 0 {
+                format!("pp{}@d{}", o.n_prompt, depth)
+            } else {
+                format!("pp{}", o.n_prompt)
+            };
+            println!(
+                "{test:>14} {m:>10.2} {lo:>10.2} {hi:>10.2} {:>9} {:>9} {:>11}",
+                "", "", ""
+            );
+        }
+    }
+    if o.n_gen > 0 {
+        for &depth in &o.depths {
+            let ctx = depth + o.n_gen + 1;
+            let mut st: GpuState = gm.new_state(ctx)?;
+            st.use_graph = o.graphs;
+            let mut xs = Vec::new();
+            for rep in 0..=o.reps {
+                st.reset();
+                if depth > 0 {
+                    gm.fill_random_context(&mut st, depth, rep as u32 + 1)?;
+                }
+                let toks = tokens(o.n_gen);
+                let t0 = Instant::now();
+                for &t in &toks {
+                    gm.forward(&mut st, &[t], Logits::Last)?;
+                }
+                if rep > 0 {
+                    xs.push(o.n_gen as f64 / t0.elapsed().as_secs_f64());
+                }
+            }
+            let (m, lo, hi) = median(xs);
+            let kv_gb = kv_read_bytes(&model, depth + o.n_gen / 2) as f64 / 1e9;
+            let gbs = m * (weight_gb + kv_gb);
+            let frac = roof
+                .map(|r| format!("{:.1}%", 100.0 * gbs / r))
+                .unwrap_or_default();
+            let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+            println!(
+                "{:>14} {m:>10.2} {lo:>10.2} {hi:>10.2} {gbs:>9.0} {frac:>9} {:>11.1}",
+                if depth > 0 {
+                    format!("tg{}@d{}", o.n_gen, depth)
+                } else {
+                    format!("tg{}", o.n_gen)
+                },
+                mib(st.kv_bytes())
+            );
+            println!(
+                "{:>14} KV cache at ctx {ctx}: {:.1} MiB hybrid (GPU rings of window + {} slots) vs {:.1} MiB full; {:.3} GB of KV read per token",
+                "",
+                mib(st.kv_bytes()),
+                hearth_cuda::GPU_CHUNK,
+                mib(full_kv_bytes(&model, ctx)),
+                kv_gb
+            );
+            if gpu.profiling() {
+                gpu.profile_reset();
+                st.reset();
+                if depth > 0 {
+                    gm.fill_random_context(&mut st, depth, 99)?;
+                }
+                let toks = tokens(o.n_gen);
+                for &t in &toks {
+                    gm.forward(&mut st, &[t], Logits::Last)?;
+                }
+                println!("{:>14} kernel time per decoded token (HEARTH_CUDA_PROFILE, each launch timed alone):", "");
+                let total: f64 = gpu.profile_report().iter().map(|r| r.2).sum();
+                for (k, n, ms) in gpu.profile_report() {
+                    println!(
+                        "{:>14}   {k:24} {:>8.1} launches {:>9.1} us  {:>5.1}%",
+                        "",
+                        n as f64 / o.n_gen as f64,
+                        1e3 * ms / o.n_gen as f64,
+                        100.0 * ms / total
+                    );
+                }
+                println!(
+                    "{:>14}   total {:.1} us per token",
+                    "",
+                    1e3 * total / o.n_gen as f64
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `run --device cuda`: the engine's generation loop (generate.rs) over the
+/// GPU forward pass.
+pub fn generate(
+    gm: &GpuModel,
+    st: &mut GpuState,
+    tokenizer: &Tokenizer,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    params: &GenerateParams,
+    mut on_text: impl FnMut(&str) -> Flow,
+) -> Result<GenerationStats> {
+    let t0 = Instant::now();
+    let mut logits = gm.forward(st, prompt, Logits::Last)?;
+    let prefill_time = t0.elapsed();
+    let mut decoder = tokenizer.stream_decoder(false);
+    let mut stops = StopMatcher::new(params.stop.clone());
+    let mut tokens = Vec::new();
+    let mut finish = FinishReason::Length;
+    let t1 = Instant::now();
+    while tokens.len() < params.max_tokens {
+        let next = sampler.sample(&logits);
+        sampler.accept(next);
+        if tokenizer.is_eog(next) && !params.ignore_eos {
+            finish = FinishReason::Stop;
+            break;
+        }
+        tokens.push(next);
+        let (text, hit) = stops.push(&decoder.push(next));
+        if !text.is_empty() && on_text(&text) == Flow::Stop {
+            finish = FinishReason::Cancelled;
+            break;
+        }
+        if hit {
+            finish = FinishReason::Stop;
+            break;
+        }
+        if tokens.len() == params.max_tokens || st.pos >= st.max_ctx {
+            break;
+        }
+        logits = gm.forward(st, &[next], Logits::Last)?;
+    }
+    if finish != FinishReason::Stop {
+        let rest = stops.push(&decoder.finish()).0 + &stops.finish();
+        if !rest.is_empty() {
+            on_text(&rest);
+        }
+    }
+    Ok(GenerationStats {
+        prompt_tokens: prompt.len(),
+        prefill_time,
+        generated_tokens: tokens.len(),
+        decode_time: t1.elapsed(),
+        finish,
+        tokens,
+    })
+}

@@ -1,0 +1,74 @@
+// Shared helpers for hearth's CUDA kernels. Compiled by NVRTC with no system
+// headers: half and bfloat16 conversions are written with PTX or bit
+// arithmetic, so the sources need nothing but the compiler's built-ins.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define WARP 32
+#define INFINITY __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) {
+    return __uint_as_float(((u32)h) << 16);
+}
+
+// Round to nearest even, as `half::bf16::from_f32` does (NaN stays NaN).
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 64);
+    return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ float round_bf16(float f) {
+    return bf16_to_f32(f32_to_bf16(f));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ int warp_sum_int(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024).
+__device__ float block_sum(float v) {
+    __shared__ float partial[32];
+    v = warp_sum(v);
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    const int n_warps = blockDim.x / WARP;
+    v = lane < n_warps ? partial[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// Flags shared by the kernels that write activations.
+#define OUT_BF16 1   // round the result to bfloat16 (Muse Glimmer's rounding points)
+#define OUT_ADD 2    // add the result into the output instead of overwriting it

@@ -1,0 +1,205 @@
+// The small per-layer operations between the matrix products, each fused with
+// its neighbours so that an intermediate does not make an extra trip through
+// device memory: RMSNorm (+ residual add) (+ 8-bit quantization for the next
+// product), QK-norm + RoPE + KV-cache write, and SwiGLU / sigmoid gate +
+// quantization.
+
+#define NORM_MUSE 8  // Muse Glimmer's RMS_w: bf16(bf16(u) * bf16(g)) (spec §3.1)
+
+// Quantizes the 32 values held by a warp (one per lane) into block b.
+__device__ __forceinline__ void quantize_lane(float v, int b, int lane, i8* xq, float* xd, float* xs) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q = (int)roundf(v * id);
+    xq[b * 32 + lane] = (i8)q;
+    const int sum = warp_sum_int(q);
+    if (lane == 0) {
+        xd[b] = d;
+        xs[b] = d * (float)sum;
+    }
+}
+
+// One block per row of x [rows, dim]: v = rmsnorm(x) (* g). With OUT_ADD the
+// result is added into `out` (the residual stream); with OUT_BF16 the stored
+// value is rounded to bf16. When xq is set, the stored row is also quantized
+// to 8 bits (the next matrix product's input). dim % 32 == 0.
+//
+// For a single row this is latency-bound, so every load is issued up front:
+// warp w owns the 32-value blocks w, w + n_warps, ..., whose values (up to
+// NORM_REGS per lane) stay in registers between the sum and the scaling.
+#define NORM_REGS 8
+extern "C" __global__ void rmsnorm(const float* __restrict__ x, float* __restrict__ out, const float* __restrict__ g,
+                                   int dim, float eps, int flags, i8* __restrict__ xq, float* __restrict__ xd,
+                                   float* __restrict__ xs) {
+    const int row = blockIdx.x;
+    const float* xr = x + (size_t)row * dim;
+    float* o = out + (size_t)row * dim;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
+    const int n_blocks = dim / 32;
+    float v[NORM_REGS], gv[NORM_REGS], ov[NORM_REGS];
+#pragma unroll
+    for (int k = 0; k < NORM_REGS; k++) {
+        const int b = warp + k * n_warps;
+        const bool ok = b < n_blocks;
+        v[k] = ok ? xr[b * 32 + lane] : 0.0f;
+        gv[k] = ok && g ? g[b * 32 + lane] : 1.0f;
+        ov[k] = ok && (flags & OUT_ADD) ? o[b * 32 + lane] : 0.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NORM_REGS; k++) ss += v[k] * v[k];
+    // Rows wider than NORM_REGS blocks per warp: the rest in a plain loop.
+    for (int b = warp + NORM_REGS * n_warps; b < n_blocks; b += n_warps) ss += xr[b * 32 + lane] * xr[b * 32 + lane];
+    ss = block_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+    auto finish = [&](float xv, float gain, float old, int b) {
+        const int i = b * 32 + lane;
+        float r;
+        if (flags & NORM_MUSE) {
+            r = round_bf16(xv * scale);
+            if (g) r = round_bf16(r * round_bf16(gain));
+        } else {
+            r = xv * scale;
+            if (g) r *= gain;
+        }
+        if (flags & OUT_ADD) r += old;
+        if (flags & OUT_BF16) r = round_bf16(r);
+        o[i] = r;
+        if (xq) quantize_lane(r, row * n_blocks + b, lane, xq, xd, xs);
+    };
+#pragma unroll
+    for (int k = 0; k < NORM_REGS; k++) {
+        const int b = warp + k * n_warps;
+        if (b < n_blocks) finish(v[k], gv[k], ov[k], b);
+    }
+    for (int b = warp + NORM_REGS * n_warps; b < n_blocks; b += n_warps) {
+        const int i = b * 32 + lane;
+        finish(xr[i], g ? g[i] : 1.0f, (flags & OUT_ADD) ? o[i] : 0.0f, b);
+    }
+}
+
+#define HEAD_QK_NORM 1  // scaleless RMSNorm per head (Muse Glimmer)
+#define HEAD_ROPE 2
+#define HEAD_NEOX 4     // rotate halves (x[i], x[i + d/2]) instead of adjacent pairs
+#define HEAD_BF16 8     // round to bf16 after the norm and after RoPE
+#define HEAD_KV_BF16 16 // the cache stores bf16 (else f16)
+
+// Prepares the heads of T new tokens: q [T, n_heads, hd] is normed/rotated in
+// place; k and v [T, n_kv, hd] are normed/rotated and written to the cache
+// [n_kv, slots, hd] at slot (pos % slots). One block of hd/2 threads per
+// (token, head) over n_heads + 2 * n_kv heads (queries, keys, values).
+// Positions come from device memory (pos0[0] + t) so that a captured graph
+// stays valid as the sequence grows.
+extern "C" __global__ void prepare_heads(float* __restrict__ q, const float* __restrict__ k,
+                                         const float* __restrict__ v, const float* __restrict__ qk_gain_q,
+                                         const float* __restrict__ qk_gain_k, int n_heads, int n_kv, int hd,
+                                         const int* __restrict__ pos0, float theta, float eps, int flags,
+                                         u16* __restrict__ k_cache, u16* __restrict__ v_cache, int slots) {
+    const int per_token = n_heads + 2 * n_kv;
+    const int t = blockIdx.x / per_token, h = blockIdx.x % per_token;
+    const int i = threadIdx.x;  // pair index, 0..hd/2
+    const int pos = pos0[0] + t;
+    const int half = hd / 2;
+    const bool is_q = h < n_heads, is_k = !is_q && h < n_heads + n_kv;
+    float* dst_f = nullptr;
+    const float* src;
+    int kvh = 0;
+    if (is_q) {
+        src = dst_f = q + ((size_t)t * n_heads + h) * hd;
+    } else if (is_k) {
+        kvh = h - n_heads;
+        src = k + ((size_t)t * n_kv + kvh) * hd;
+    } else {
+        kvh = h - n_heads - n_kv;
+        src = v + ((size_t)t * n_kv + kvh) * hd;
+    }
+    const int a_idx = (flags & HEAD_NEOX) ? i : 2 * i;
+    const int b_idx = (flags & HEAD_NEOX) ? i + half : 2 * i + 1;
+    float x0 = src[a_idx], x1 = src[b_idx];
+    const bool is_v = !is_q && !is_k;
+    if (!is_v) {
+        if (flags & HEAD_QK_NORM) {
+            __shared__ float red[32];
+            float ss = warp_sum(x0 * x0 + x1 * x1);
+            if (i % WARP == 0) red[i / WARP] = ss;
+            __syncthreads();
+            ss = 0.0f;
+            for (int w = 0; w < (half + WARP - 1) / WARP; w++) ss += red[w];
+            const float scale = 1.0f / sqrtf(ss / (float)hd + eps);
+            x0 *= scale;
+            x1 *= scale;
+            if (flags & HEAD_BF16) {
+                x0 = round_bf16(x0);
+                x1 = round_bf16(x1);
+            }
+        }
+        const float* gain = is_q ? qk_gain_q : qk_gain_k;
+        if (gain) {
+            x0 *= gain[a_idx];
+            x1 *= gain[b_idx];
+        }
+        if (flags & HEAD_ROPE) {
+            const float ang = (float)pos * (1.0f / powf(theta, (float)(2 * i) / (float)hd));
+            float s, c;
+            sincosf(ang, &s, &c);
+            const float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+            x0 = r0;
+            x1 = r1;
+            if (flags & HEAD_BF16) {
+                x0 = round_bf16(x0);
+                x1 = round_bf16(x1);
+            }
+        }
+    }
+    if (is_q) {
+        dst_f[a_idx] = x0;
+        dst_f[b_idx] = x1;
+    } else {
+        u16* cache = is_k ? k_cache : v_cache;
+        u16* row = cache + ((size_t)kvh * slots + (pos % slots)) * hd;
+        if (flags & HEAD_KV_BF16) {
+            row[a_idx] = f32_to_bf16(x0);
+            row[b_idx] = f32_to_bf16(x1);
+        } else {
+            row[a_idx] = f32_to_f16(x0);
+            row[b_idx] = f32_to_f16(x1);
+        }
+    }
+}
+
+#define GLU_SWIGLU 0  // silu(a) * b
+#define GLU_GATE 1    // sigmoid(b) * a (Muse Glimmer's attention output gate)
+
+// out = glu(a, b) elementwise over n values (n % 32 == 0), rounded to bf16
+// with OUT_BF16, written as f32 (optional) and quantized to 8 bits. One warp per 32 values.
+extern "C" __global__ void glu_q8(const float* __restrict__ a, const float* __restrict__ b, int n, int mode,
+                                  int flags, float* __restrict__ out, i8* __restrict__ xq, float* __restrict__ xd,
+                                  float* __restrict__ xs) {
+    const int blk = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (blk >= n / 32) return;
+    const int i = blk * 32 + lane;
+    float v;
+    if (mode == GLU_SWIGLU) {
+        const float g = a[i];
+        v = g / (1.0f + expf(-g)) * b[i];
+    } else {
+        v = a[i] * (1.0f / (1.0f + expf(-b[i])));
+    }
+    if (flags & OUT_BF16) v = round_bf16(v);
+    if (out) out[i] = v;
+    quantize_lane(v, blk, lane, xq, xd, xs);
+}
+
+// Fills n cache entries with pseudo-random values in [-1, 1) (a hash of the
+// index and seed), stored as bf16 or f16. Benchmarks use it to put a long
+// context in the cache without prefilling it.
+extern "C" __global__ void fill_random_kv(u16* __restrict__ dst, u64 n, u32 seed, int bf16) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        u32 h = (u32)i * 0x9e3779b9u ^ (u32)(i >> 32) * 0x85ebca6bu ^ seed;
+        h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
+        const float v = (float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+        dst[i] = bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+    }
+}

@@ -1,0 +1,249 @@
+//! Kernel compilation: the CUDA C sources in `crates/cuda/kernels` are built
+//! with NVRTC for the device's own architecture (sm_90 on an H200) the first
+//! time they are needed, and the machine code is cached on disk, keyed by a
+//! hash of the source, the architecture and the driver and NVRTC versions.
+
+use std::ffi::CString;
+use std::path::PathBuf;
+
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+
+use crate::error::{CudaError, Result};
+
+/// All kernels, as one translation unit.
+pub const SOURCE: &str = concat!(
+    include_str!("../kernels/common.cuh"),
+    "\n",
+    include_str!("../kernels/gemv.cu"),
+    "\n",
+    include_str!("../kernels/layer_ops.cu"),
+    "\n",
+    include_str!("../kernels/attention.cu"),
+    "\n",
+    include_str!("../kernels/gemm.cu"),
+);
+
+/// 64-bit FNV-1a: stable across Rust versions and platforms (unlike std's
+/// hasher), which a key stored on disk needs.
+pub fn fnv1a64(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        // Separate the parts so ("ab","c") and ("a","bc") differ.
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The cache file name for this source on this architecture and driver.
+pub fn cache_key(
+    source: &str,
+    arch: (i32, i32),
+    driver_version: i32,
+    nvrtc_version: (i32, i32),
+) -> String {
+    let h = fnv1a64(&[
+        source.as_bytes(),
+        format!("sm_{}{}", arch.0, arch.1).as_bytes(),
+        &driver_version.to_le_bytes(),
+        &nvrtc_version.0.to_le_bytes(),
+        &nvrtc_version.1.to_le_bytes(),
+    ]);
+    format!("hearth-kernels-sm{}{}-{h:016x}.cubin", arch.0, arch.1)
+}
+
+/// Where compiled kernels are kept: $HEARTH_KERNEL_CACHE, else
+/// $HEARTH_HOME/kernels, else ~/.cache/hearth/kernels.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("HEARTH_KERNEL_CACHE") {
+        return PathBuf::from(d);
+    }
+    if let Some(h) = std::env::var_os("HEARTH_HOME") {
+        return PathBuf::from(h).join("kernels");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    home.join(".cache/hearth/kernels")
+}
+
+fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut major, mut minor) = (0, 0);
+    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| CudaError::Unavailable(format!("nvrtcVersion: {e:?}")))?;
+    Ok((major, minor))
+}
+
+/// The cubin for `arch`, from the cache or freshly compiled (then cached).
+/// Returns whether it came from the cache.
+pub fn cubin_for(arch: (i32, i32), driver_version: i32) -> Result<(Vec<u8>, bool)> {
+    let key = cache_key(SOURCE, arch, driver_version, nvrtc_version()?);
+    let dir = cache_dir();
+    let path = dir.join(&key);
+    if let Ok(bytes) = std::fs::read(&path) {
+        if !bytes.is_empty() {
+            return Ok((bytes, true));
+        }
+    }
+    let cubin = compile(SOURCE, arch)?;
+    // A cache that cannot be written only costs a recompile next time.
+    if std::fs::create_dir_all(&dir).is_ok() {
+        let tmp = dir.join(format!("{key}.{}.tmp", std::process::id()));
+        if std::fs::write(&tmp, &cubin).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+    Ok((cubin, false))
+}
+
+/// Compiles `source` to machine code for `arch` with NVRTC.
+pub fn compile(source: &str, arch: (i32, i32)) -> Result<Vec<u8>> {
+    crate::driver::ensure_library("nvrtc")?;
+    let arch_name = format!("sm_{}{}", arch.0, arch.1);
+    let src = CString::new(source).expect("kernel source has no NUL");
+    let fail = |what: &str, e: &dyn std::fmt::Debug| CudaError::Compile {
+        arch: arch_name.clone(),
+        log: format!("{what}: {e:?}"),
+    };
+    let prog = nvrtc::create_program(&src, Some(c"hearth_kernels.cu"))
+        .map_err(|e| fail("nvrtcCreateProgram", &e))?;
+    let mut opts = vec![
+        format!("--gpu-architecture={arch_name}"),
+        "--std=c++17".to_string(),
+        "-default-device".to_string(),
+    ];
+    // HEARTH_NVRTC_VERBOSE=1 prints ptxas's register / spill report of every kernel.
+    let verbose = std::env::var_os("HEARTH_NVRTC_VERBOSE").is_some();
+    if verbose {
+        opts.push("--ptxas-options=-v".to_string());
+    }
+    let compiled = unsafe { nvrtc::compile_program(prog, &opts) };
+    if verbose {
+        if let Ok(l) = unsafe { nvrtc::get_program_log(prog) } {
+            eprintln!("{}", l.iter().map(|&c| c as u8 as char).collect::<String>());
+        }
+    }
+    let result = match compiled {
+        Ok(()) => cubin_of(prog).map_err(|e| fail("nvrtcGetCUBIN", &e)),
+        Err(_) => {
+            let log = unsafe { nvrtc::get_program_log(prog) }
+                .map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>())
+                .unwrap_or_else(|e| format!("(no log: {e:?})"));
+            Err(CudaError::Compile {
+                arch: arch_name.clone(),
+                log,
+            })
+        }
+    };
+    unsafe {
+        let _ = nvrtc::destroy_program(prog);
+    }
+    result
+}
+
+fn cubin_of(prog: nvrtc_sys::nvrtcProgram) -> std::result::Result<Vec<u8>, nvrtc_sys::nvrtcResult> {
+    let mut size = 0usize;
+    let r = unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) };
+    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(r);
+    }
+    let mut buf = vec![0u8; size];
+    let r = unsafe { nvrtc_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut std::ffi::c_char) };
+    if r != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(r);
+    }
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cache key changes with each of its inputs (a regression guard for
+    /// stale kernels: a changed source must never load an old cubin).
+    #[test]
+    fn cache_key_depends_on_source_arch_and_versions() {
+        let base = cache_key("a", (9, 0), 13000, (13, 0));
+        assert_eq!(base, cache_key("a", (9, 0), 13000, (13, 0)));
+        for other in [
+            cache_key("b", (9, 0), 13000, (13, 0)),
+            cache_key("a", (8, 9), 13000, (13, 0)),
+            cache_key("a", (9, 0), 12080, (13, 0)),
+            cache_key("a", (9, 0), 13000, (12, 8)),
+        ] {
+            assert_ne!(base, other);
+        }
+        assert!(base.starts_with("hearth-kernels-sm90-"));
+    }
+
+    /// FNV-1a test vectors from the reference (Fowler/Noll/Vo) for a single part.
+    #[test]
+    fn fnv1a64_known_values() {
+        let plain = |s: &[u8]| {
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for &b in s {
+                h ^= b as u64;
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+            h
+        };
+        assert_eq!(plain(b""), 0xcbf29ce484222325);
+        assert_eq!(plain(b"a"), 0xaf63dc4c8601ec8c);
+        assert_eq!(plain(b"foobar"), 0x85944171f73967e8);
+        assert_ne!(fnv1a64(&[b"ab", b"c"]), fnv1a64(&[b"a", b"bc"]));
+    }
+
+    /// The kernel sources compile for Hopper (sm_90). Needs NVRTC (not the
+    /// GPU): `cargo test -p hearth-cuda -- --ignored nvrtc` with libnvrtc on
+    /// the library path.
+    #[test]
+    #[ignore = "needs libnvrtc"]
+    fn nvrtc_compiles_kernels_for_sm90() {
+        let cubin = compile(SOURCE, (9, 0)).unwrap_or_else(|e| panic!("{e}"));
+        assert!(cubin.len() > 1000);
+        assert_eq!(&cubin[..4], b"\x7fELF");
+    }
+
+    /// Every kernel the host launches is defined in the source (catches a
+    /// renamed kernel without a GPU).
+    #[test]
+    fn launched_kernels_exist_in_source() {
+        for name in crate::ops::KERNEL_NAMES {
+            assert!(
+                SOURCE.contains(&format!("{name}("))
+                    || SOURCE.contains(&format!("{}, ", name))
+                    || source_macro_defines(name),
+                "kernel {name} missing from the sources"
+            );
+        }
+    }
+
+    fn source_macro_defines(name: &str) -> bool {
+        // gemv_<type>_<nt> come from GEMV_KERNELS(<type>, ...); attn kernels from ATTN_KERNEL(name, ...).
+        if let Some(rest) = name.strip_prefix("gemv_") {
+            let rest = rest
+                .strip_suffix("_u1")
+                .or_else(|| rest.strip_suffix("_u2"))
+                .or_else(|| rest.strip_suffix("_u4"))
+                .or_else(|| rest.strip_suffix("_r2"))
+                .or_else(|| rest.strip_suffix("_r4"))
+                .unwrap_or(rest);
+            if let Some((ty, nt)) = rest.rsplit_once('_') {
+                return SOURCE.contains(&format!("GEMV_KERNELS({ty},"))
+                    && ["1", "2", "4", "8"].contains(&nt);
+            }
+        }
+        if let Some(rest) = name.strip_prefix("gemm_") {
+            if let Some((ty, prec)) = rest.rsplit_once('_') {
+                return SOURCE.contains(&format!("GEMM_KERNELS({ty},"))
+                    && ["f16", "bf16"].contains(&prec);
+            }
+        }
+        SOURCE.contains(&format!("ATTN_KERNEL({name},"))
+    }
+}

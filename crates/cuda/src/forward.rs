@@ -1,0 +1,647 @@
+//! The forward pass on the GPU: per-session state (KV caches and scratch on
+//! the device), one layer function per architecture family, the output head,
+//! and the decode step captured as a CUDA graph.
+//!
+//! Positions are read by the kernels from a device word (`pos`), so the graph
+//! captured for one decode step stays valid for every later step: the host
+//! only uploads the token's embedding row and the position before replaying.
+
+use hearth_models::{blocks, Architecture, LayerKind, Logits, ModelError};
+
+use crate::driver::{Arg, DevBuf, Gpu, Graph};
+use crate::error::{CudaError, Result};
+use crate::model::{GpuLayer, GpuModel};
+use crate::ops::{self, AttnArgs, HeadPrep, Q8};
+
+/// Tokens per pass through the layers (bounds scratch memory; rings get this much slack).
+pub const GPU_CHUNK: usize = 512;
+/// Rows of logits computed per head launch.
+const LOGIT_ROWS: usize = 16;
+/// Keys per split at least (2 x ATT_TILE in attention.cu).
+const ATT_TILE: usize = 64;
+/// Muse Glimmer's post-norm epsilon (spec §1).
+const POST_NORM_EPS: f32 = 1e-8;
+
+/// One layer's K and V caches, [n_kv, slots, head_dim] each, f16 or bf16.
+pub struct GpuKv {
+    pub k: DevBuf,
+    pub v: DevBuf,
+    pub slots: usize,
+    /// 0: global (flat); else the sliding window (ring of `slots` >= window + GPU_CHUNK).
+    pub window: usize,
+    /// Lowest position still intact (a ring overwrites older ones).
+    oldest_intact: usize,
+    /// Attention splits for a single decode token.
+    decode_splits: usize,
+}
+
+impl GpuKv {
+    fn can_serve(&self, q: usize) -> bool {
+        self.window == 0 || (q + 1).saturating_sub(self.window) >= self.oldest_intact
+    }
+}
+
+/// Device scratch for passes of up to GPU_CHUNK tokens.
+struct Scratch {
+    x: DevBuf,
+    h: DevBuf,
+    tmp: DevBuf,
+    q: DevBuf,
+    k: DevBuf,
+    v: DevBuf,
+    gate: DevBuf,
+    att: DevBuf,
+    fg: DevBuf,
+    fu: DevBuf,
+    aq: DevBuf,
+    /// Activations as f16/bf16 for the GEMM: [T, widest].
+    xh: DevBuf,
+    ad: DevBuf,
+    as_: DevBuf,
+    part_o: DevBuf,
+    part_ml: DevBuf,
+    logits: DevBuf,
+    pos: DevBuf,
+}
+
+/// A session on the GPU: position, KV caches, scratch, and the captured decode graph.
+pub struct GpuState {
+    pub pos: usize,
+    pub max_ctx: usize,
+    pub caches: Vec<GpuKv>,
+    s: Scratch,
+    graph: Option<Graph>,
+    /// Replay decode steps from a captured CUDA graph (default on).
+    pub use_graph: bool,
+    /// Prefill token-block threshold: blocks of more tokens use the tensor-core GEMM.
+    pub gemm_min_tokens: usize,
+    host_x: Vec<f32>,
+}
+
+/// Splits for a single decode token over a span of `span` keys: enough blocks
+/// to fill the GPU at long contexts (about 512 over all kv heads; more
+/// measured slower on an H200: each split then has too few keys).
+fn decode_splits(span: usize, n_kv: usize) -> usize {
+    span.div_ceil(ATT_TILE).clamp(1, (512 / n_kv).max(1))
+}
+
+/// Splits for a block of tokens whose keys reach `span` positions.
+fn block_splits(span: usize) -> usize {
+    span.div_ceil(1024).clamp(1, 8)
+}
+
+impl GpuState {
+    /// Bytes of the KV caches.
+    pub fn kv_bytes(&self) -> usize {
+        self.caches.iter().map(|c| c.k.bytes + c.v.bytes).sum()
+    }
+
+    /// Moves the position back (speculative rollback); fails like the CPU
+    /// state when a ring has overwritten keys the new position still needs.
+    pub fn rollback(&mut self, pos: usize) -> Result<()> {
+        if pos > self.pos {
+            return Err(CudaError::Unsupported(format!(
+                "rolling forward from {} to {pos}",
+                self.pos
+            )));
+        }
+        if self.caches.iter().any(|c| !c.can_serve(pos)) {
+            return Err(ModelError::RolledBackTooFar { pos }.into());
+        }
+        self.pos = pos;
+        Ok(())
+    }
+
+    pub fn reset(&mut self) {
+        self.pos = 0;
+        self.caches.iter_mut().for_each(|c| c.oldest_intact = 0);
+    }
+}
+
+impl GpuModel {
+    /// A session state for contexts up to `max_ctx` tokens.
+    pub fn new_state(&self, max_ctx: usize) -> Result<GpuState> {
+        let c = &self.model.config;
+        let g = &*self.gpu;
+        g.bind()?;
+        let kvb = 2; // f16 or bf16
+        let mut caches = Vec::with_capacity(c.n_layers);
+        for kind in &c.layers {
+            let (window, slots) = match *kind {
+                LayerKind::Global { .. } => (0, max_ctx),
+                LayerKind::Sliding { window, .. } => (window, (window + GPU_CHUNK).min(max_ctx)),
+            };
+            let bytes = c.n_kv_heads * slots * c.head_dim * kvb;
+            let span = if window > 0 {
+                window.min(max_ctx)
+            } else {
+                max_ctx
+            };
+            caches.push(GpuKv {
+                k: g.alloc_zeroed(bytes, "the KV cache")?,
+                v: g.alloc_zeroed(bytes, "the KV cache")?,
+                slots,
+                window,
+                oldest_intact: 0,
+                decode_splits: decode_splits(span, c.n_kv_heads),
+            });
+        }
+        let t = GPU_CHUNK;
+        let (dim, qd, kvd, ffn) = (
+            c.dim,
+            c.n_heads * c.head_dim,
+            c.n_kv_heads * c.head_dim,
+            c.ffn_dim,
+        );
+        let widest = dim.max(qd).max(ffn);
+        let max_dec_splits = caches.iter().map(|k| k.decode_splits).max().unwrap_or(1);
+        let part_rows = (t * c.n_heads * 8).max(c.n_heads * max_dec_splits);
+        let f = |n: usize| g.alloc(n * 4, "scratch");
+        let s = Scratch {
+            x: f(t * dim)?,
+            h: f(t * dim)?,
+            tmp: f(t * dim)?,
+            q: f(t * qd)?,
+            k: f(t * kvd)?,
+            v: f(t * kvd)?,
+            gate: f(t * qd)?,
+            att: f(t * qd)?,
+            fg: f(t * ffn)?,
+            fu: f(t * ffn)?,
+            aq: g.alloc(t * widest, "scratch")?,
+            xh: g.alloc(t * widest * 2, "scratch")?,
+            ad: f(t * widest / 32)?,
+            as_: f(t * widest / 32)?,
+            part_o: f(part_rows * c.head_dim)?,
+            part_ml: f(part_rows * 2)?,
+            logits: f(LOGIT_ROWS * c.vocab_size)?,
+            pos: g.alloc_zeroed(4, "scratch")?,
+        };
+        g.sync()?;
+        Ok(GpuState {
+            pos: 0,
+            max_ctx,
+            caches,
+            s,
+            graph: None,
+            use_graph: true,
+            gemm_min_tokens: 16,
+            host_x: Vec::new(),
+        })
+    }
+
+    /// Runs `tokens` at positions `state.pos..`, advancing `state.pos`; returns
+    /// logits like `Model::forward` ([vocab] for Last, [n, vocab] for All).
+    pub fn forward(&self, st: &mut GpuState, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        let c = &self.model.config;
+        if tokens.is_empty() {
+            return Err(ModelError::Empty.into());
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(ModelError::BadToken {
+                token: bad,
+                vocab: c.vocab_size,
+            }
+            .into());
+        }
+        if st.pos + tokens.len() > st.max_ctx {
+            return Err(ModelError::ContextFull {
+                pos: st.pos,
+                n: tokens.len(),
+                ctx: st.max_ctx,
+            }
+            .into());
+        }
+        if st.caches.iter().any(|k| !k.can_serve(st.pos)) {
+            return Err(ModelError::RolledBackTooFar { pos: st.pos }.into());
+        }
+        self.gpu.bind()?;
+        let mut logits = Vec::new();
+        let n_chunks = tokens.len().div_ceil(GPU_CHUNK);
+        for (ci, chunk) in tokens.chunks(GPU_CHUNK).enumerate() {
+            let rows = match want {
+                Logits::All => chunk.len(),
+                Logits::Last if ci + 1 == n_chunks => 1,
+                _ => 0,
+            };
+            self.embed(st, chunk)?;
+            self.gpu.upload(st.s.pos.ptr, &[st.pos as i32])?;
+            let t = chunk.len();
+            if t == 1 && st.use_graph && !self.gpu.profiling() && want != Logits::All {
+                if st.graph.is_none() {
+                    self.gpu.begin_capture()?;
+                    let captured = self.layers_and_head(st, 1, 1);
+                    let graph = self.gpu.end_capture();
+                    captured?;
+                    st.graph = Some(graph?);
+                }
+                self.gpu
+                    .replay(st.graph.as_ref().expect("captured above"))?;
+            } else {
+                self.layers_and_head(st, t, if want == Logits::All { 0 } else { rows })?;
+            }
+            if want == Logits::All {
+                for first in (0..t).step_by(LOGIT_ROWS) {
+                    let n = (t - first).min(LOGIT_ROWS);
+                    self.head(st, first, n)?;
+                    let mut out = vec![0.0f32; n * c.vocab_size];
+                    self.gpu.download(&mut out, st.s.logits.ptr)?;
+                    logits.extend_from_slice(&out);
+                }
+            } else if rows == 1 {
+                let mut out = vec![0.0f32; c.vocab_size];
+                self.gpu.download(&mut out, st.s.logits.ptr)?;
+                logits.extend_from_slice(&out);
+            }
+            let end = st.pos + chunk.len();
+            for k in st.caches.iter_mut().filter(|k| k.window > 0) {
+                k.oldest_intact = k.oldest_intact.max(end.saturating_sub(k.slots));
+            }
+            st.pos = end;
+        }
+        self.gpu.sync()?;
+        Ok(logits)
+    }
+
+    /// Token embeddings [T, dim], dequantized on the host from the mapping, uploaded into x.
+    fn embed(&self, st: &mut GpuState, tokens: &[u32]) -> Result<()> {
+        let c = &self.model.config;
+        let e = self.model.mat(&self.model.tok_embd);
+        st.host_x.resize(tokens.len() * c.dim, 0.0);
+        for (row, &t) in st.host_x.chunks_exact_mut(c.dim).zip(tokens) {
+            e.dequantize_row(t as usize, row);
+        }
+        if c.arch == Architecture::MuseGlimmer {
+            // §3.2: e = bf16(RMS_0(bf16(E[t]))).
+            blocks::round_bf16(&mut st.host_x);
+            blocks::rmsnorm(&mut st.host_x, c.dim, None, c.norm_eps);
+            blocks::round_bf16(&mut st.host_x);
+        }
+        self.gpu.upload(st.s.x.ptr, &st.host_x)
+    }
+
+    /// All layers for `t` tokens already in x, then the head for the last `rows` rows.
+    fn layers_and_head(&self, st: &mut GpuState, t: usize, rows: usize) -> Result<()> {
+        for li in 0..self.layers.len() {
+            match self.model.config.arch {
+                Architecture::MuseGlimmer => self.muse_layer(st, li, t)?,
+                _ => self.llama_layer(st, li, t)?,
+            }
+        }
+        if rows > 0 {
+            self.head(st, t - rows, rows)?;
+        }
+        Ok(())
+    }
+
+    fn q8(st: &GpuState) -> Q8 {
+        Q8 {
+            q: st.s.aq.ptr,
+            d: st.s.ad.ptr,
+            s: st.s.as_.ptr,
+        }
+    }
+
+    /// W · x for t tokens: x is both in the 8-bit buffer (for the GEMV, small
+    /// blocks) and as f32 at `x` (for the tensor-core GEMM, larger blocks).
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        &self,
+        st: &GpuState,
+        w: &ops::GpuMatrix,
+        t: usize,
+        x: u64,
+        y: u64,
+        bias: u64,
+        flags: i32,
+    ) -> Result<()> {
+        if t >= st.gemm_min_tokens && crate::gemm::supported(w) {
+            let bf16 = self.model.config.arch == Architecture::MuseGlimmer;
+            crate::gemm::gemm(
+                &self.gpu,
+                w,
+                x,
+                st.s.xh.ptr,
+                t,
+                y,
+                w.rows,
+                bias,
+                flags,
+                bf16,
+            )
+        } else {
+            ops::gemv(&self.gpu, w, Self::q8(st), t, y, w.rows, bias, flags)
+        }
+    }
+
+    fn attn_args(&self, kv: &GpuKv, kv_bf16: bool) -> AttnArgs {
+        let c = &self.model.config;
+        AttnArgs {
+            n_heads: c.n_heads,
+            n_kv: c.n_kv_heads,
+            head_dim: c.head_dim,
+            slots: kv.slots,
+            window: kv.window,
+            scale: c.attn_scale,
+            kv_bf16,
+        }
+    }
+
+    /// Attention of layer li into att; with `quantize`, also into the 8-bit buffer.
+    fn attention(
+        &self,
+        st: &GpuState,
+        li: usize,
+        t: usize,
+        kv_bf16: bool,
+        out_flags: i32,
+        quantize: bool,
+    ) -> Result<()> {
+        let kv = &st.caches[li];
+        let splits = if t == 1 {
+            kv.decode_splits
+        } else {
+            let reach = st.pos + t;
+            block_splits(if kv.window > 0 {
+                reach.min(kv.window + t)
+            } else {
+                reach
+            })
+        };
+        ops::attention(
+            &self.gpu,
+            &self.attn_args(kv, kv_bf16),
+            t,
+            splits,
+            st.s.q.ptr,
+            kv.k.ptr,
+            kv.v.ptr,
+            st.s.pos.ptr,
+            st.s.part_o.ptr,
+            st.s.part_ml.ptr,
+            st.s.att.ptr,
+            out_flags,
+            quantize.then(|| Self::q8(st)),
+        )
+    }
+
+    /// llama / qwen2 layer: x += Wo·attn(rope(q), rope(k), v); x += W_down·(silu(W_gate h) ⊙ W_up h).
+    fn llama_layer(&self, st: &GpuState, li: usize, t: usize) -> Result<()> {
+        let c = &self.model.config;
+        let l: &GpuLayer = &self.layers[li];
+        let (g, s) = (&*self.gpu, &st.s);
+        let a8 = Self::q8(st);
+        // Attention block.
+        ops::rmsnorm(
+            g,
+            s.x.ptr,
+            s.h.ptr,
+            l.attn_norm,
+            t,
+            c.dim,
+            c.norm_eps,
+            0,
+            Some(a8),
+        )?;
+        self.linear(st, &l.wq, t, s.h.ptr, s.q.ptr, l.bq, 0)?;
+        self.linear(st, &l.wk, t, s.h.ptr, s.k.ptr, l.bk, 0)?;
+        self.linear(st, &l.wv, t, s.h.ptr, s.v.ptr, l.bv, 0)?;
+        let neox = c.rope_layout == hearth_models::RopeLayout::Neox;
+        let rope = if l.kind.uses_rope() {
+            ops::HEAD_ROPE
+        } else {
+            0
+        };
+        let prep = HeadPrep {
+            n_heads: c.n_heads,
+            n_kv: c.n_kv_heads,
+            head_dim: c.head_dim,
+            theta: c.rope_theta,
+            eps: c.norm_eps,
+            flags: rope | if neox { ops::HEAD_NEOX } else { 0 },
+        };
+        let kv = &st.caches[li];
+        ops::prepare_heads(
+            g,
+            &prep,
+            t,
+            s.q.ptr,
+            s.k.ptr,
+            s.v.ptr,
+            (0, 0),
+            s.pos.ptr,
+            kv.k.ptr,
+            kv.v.ptr,
+            kv.slots,
+        )?;
+        self.attention(st, li, t, false, 0, true)?;
+        self.linear(st, &l.wo, t, s.att.ptr, s.x.ptr, 0, ops::OUT_ADD)?;
+        // MLP block.
+        ops::rmsnorm(
+            g,
+            s.x.ptr,
+            s.h.ptr,
+            l.ffn_norm,
+            t,
+            c.dim,
+            c.norm_eps,
+            0,
+            Some(a8),
+        )?;
+        self.linear(st, &l.ffn_gate, t, s.h.ptr, s.fg.ptr, 0, 0)?;
+        self.linear(st, &l.ffn_up, t, s.h.ptr, s.fu.ptr, 0, 0)?;
+        ops::glu_q8(
+            g,
+            s.fg.ptr,
+            s.fu.ptr,
+            t * c.ffn_dim,
+            ops::GLU_SWIGLU,
+            0,
+            s.fg.ptr,
+            a8,
+        )?;
+        self.linear(st, &l.ffn_down, t, s.fg.ptr, s.x.ptr, 0, ops::OUT_ADD)
+    }
+
+    /// Muse Glimmer layer (spec §3.3-3.5) with the spec's bf16 rounding points.
+    fn muse_layer(&self, st: &GpuState, li: usize, t: usize) -> Result<()> {
+        let c = &self.model.config;
+        let l: &GpuLayer = &self.layers[li];
+        let (g, s) = (&*self.gpu, &st.s);
+        let a8 = Self::q8(st);
+        let bf = ops::OUT_BF16;
+        let muse = ops::NORM_MUSE;
+        // §3.4 attention.
+        ops::rmsnorm(
+            g,
+            s.x.ptr,
+            s.h.ptr,
+            l.attn_norm,
+            t,
+            c.dim,
+            c.norm_eps,
+            muse,
+            Some(a8),
+        )?;
+        self.linear(st, &l.wq, t, s.h.ptr, s.q.ptr, 0, bf)?;
+        self.linear(st, &l.wk, t, s.h.ptr, s.k.ptr, 0, bf)?;
+        self.linear(st, &l.wv, t, s.h.ptr, s.v.ptr, 0, bf)?;
+        let gate = l.attn_gate.as_ref().ok_or_else(|| {
+            CudaError::Unsupported("muse_glimmer layer without an output gate".into())
+        })?;
+        self.linear(st, gate, t, s.h.ptr, s.gate.ptr, 0, bf)?;
+        let rope = if l.kind.uses_rope() {
+            ops::HEAD_ROPE
+        } else {
+            0
+        };
+        let prep = HeadPrep {
+            n_heads: c.n_heads,
+            n_kv: c.n_kv_heads,
+            head_dim: c.head_dim,
+            theta: c.rope_theta,
+            eps: c.norm_eps,
+            flags: ops::HEAD_QK_NORM | ops::HEAD_BF16 | ops::HEAD_KV_BF16 | rope,
+        };
+        let kv = &st.caches[li];
+        ops::prepare_heads(
+            g,
+            &prep,
+            t,
+            s.q.ptr,
+            s.k.ptr,
+            s.v.ptr,
+            (0, 0),
+            s.pos.ptr,
+            kv.k.ptr,
+            kv.v.ptr,
+            kv.slots,
+        )?;
+        self.attention(st, li, t, true, bf, false)?;
+        ops::glu_q8(
+            g,
+            s.att.ptr,
+            s.gate.ptr,
+            t * c.n_heads * c.head_dim,
+            ops::GLU_GATE,
+            bf,
+            s.att.ptr,
+            a8,
+        )?;
+        self.linear(st, &l.wo, t, s.att.ptr, s.tmp.ptr, 0, bf)?;
+        ops::rmsnorm(
+            g,
+            s.tmp.ptr,
+            s.x.ptr,
+            l.post_attn_norm,
+            t,
+            c.dim,
+            POST_NORM_EPS,
+            muse | ops::OUT_ADD | bf,
+            None,
+        )?;
+        // §3.5 MLP.
+        ops::rmsnorm(
+            g,
+            s.x.ptr,
+            s.h.ptr,
+            l.ffn_norm,
+            t,
+            c.dim,
+            c.norm_eps,
+            muse,
+            Some(a8),
+        )?;
+        self.linear(st, &l.ffn_gate, t, s.h.ptr, s.fg.ptr, 0, bf)?;
+        self.linear(st, &l.ffn_up, t, s.h.ptr, s.fu.ptr, 0, bf)?;
+        ops::glu_q8(
+            g,
+            s.fg.ptr,
+            s.fu.ptr,
+            t * c.ffn_dim,
+            ops::GLU_SWIGLU,
+            bf,
+            s.fg.ptr,
+            a8,
+        )?;
+        self.linear(st, &l.ffn_down, t, s.fg.ptr, s.tmp.ptr, 0, bf)?;
+        ops::rmsnorm(
+            g,
+            s.tmp.ptr,
+            s.x.ptr,
+            l.post_ffn_norm,
+            t,
+            c.dim,
+            POST_NORM_EPS,
+            muse | ops::OUT_ADD | bf,
+            None,
+        )
+    }
+
+    /// Final norm and LM head for rows first..first+n of x into the logits buffer.
+    fn head(&self, st: &GpuState, first: usize, n: usize) -> Result<()> {
+        let c = &self.model.config;
+        let (g, s) = (&*self.gpu, &st.s);
+        let a8 = Self::q8(st);
+        let x = s.x.ptr + (first * c.dim * 4) as u64;
+        let (norm_flags, out_flags) = match c.arch {
+            Architecture::MuseGlimmer => (ops::NORM_MUSE, ops::OUT_BF16 | ops::OUT_SOFTCAP),
+            _ => (0, 0),
+        };
+        ops::rmsnorm(
+            g,
+            x,
+            s.h.ptr,
+            self.output_norm,
+            n,
+            c.dim,
+            c.norm_eps,
+            norm_flags,
+            Some(a8),
+        )?;
+        self.linear(st, &self.output, n, s.h.ptr, s.logits.ptr, 0, out_flags)
+    }
+
+    /// Benchmarks: puts `n` positions of pseudo-random keys and values in
+    /// every cache and moves the position to `n`, as if `n` tokens had been
+    /// prefilled (their values are not a real prefill's; decode reads the
+    /// same number of bytes either way).
+    pub fn fill_random_context(&self, st: &mut GpuState, n: usize, seed: u32) -> Result<()> {
+        if n >= st.max_ctx {
+            return Err(ModelError::ContextFull {
+                pos: 0,
+                n,
+                ctx: st.max_ctx,
+            }
+            .into());
+        }
+        let bf16 = self.model.config.arch == Architecture::MuseGlimmer;
+        for (i, kv) in st.caches.iter().enumerate() {
+            for (j, buf) in [&kv.k, &kv.v].into_iter().enumerate() {
+                let elems = (buf.bytes / 2) as u64;
+                self.gpu.launch(
+                    "fill_random_kv",
+                    (1024, 1, 1),
+                    256,
+                    &[
+                        Arg::Ptr(buf.ptr),
+                        Arg::Ptr(elems),
+                        Arg::I32((seed as i32) ^ (2 * i + j) as i32),
+                        Arg::I32(bf16 as i32),
+                    ],
+                )?;
+            }
+        }
+        self.gpu.sync()?;
+        st.pos = n;
+        for k in st.caches.iter_mut().filter(|k| k.window > 0) {
+            k.oldest_intact = n.saturating_sub(k.slots);
+        }
+        Ok(())
+    }
+
+    /// The GPU this model lives on.
+    pub fn device(&self) -> &Gpu {
+        &self.gpu
+    }
+}

@@ -1,0 +1,225 @@
+//! Kernel timings on the device (`hearth bench --device cuda --kernels`):
+//! the decode GEMV variants, split-K attention at long context, the prefill
+//! GEMM and the norm, each against the bytes or FLOPs it must move or do, so
+//! that one device run can pick variants and show where decode time goes.
+
+use crate::driver::{Arg, DevBuf, Gpu};
+use crate::error::Result;
+use crate::gemm;
+use crate::ops::{self, GpuMatrix, Q8};
+use crate::repack::WeightKind;
+
+/// Pseudo-random bytes on the device (never zeros), f16 scale fields made finite.
+fn random_matrix(
+    g: &Gpu,
+    kind: WeightKind,
+    rows: usize,
+    cols: usize,
+    seed: u32,
+) -> Result<(GpuMatrix, DevBuf, DevBuf)> {
+    let n_blocks = rows * cols / kind.block().0;
+    let (nb, ns) = crate::repack::split_sizes(kind, n_blocks);
+    let body = g.alloc(nb, "kernel bench")?;
+    // Random halves in [-1, 1) as bytes: quant bits look random; K-quant d/dmin
+    // fields become small f16 values.
+    g.launch(
+        "fill_random_kv",
+        (1024, 1, 1),
+        256,
+        &[
+            Arg::Ptr(body.ptr),
+            Arg::Ptr((nb / 2) as u64),
+            Arg::I32(seed as i32),
+            Arg::I32(0),
+        ],
+    )?;
+    let scales = g.alloc(ns.max(2), "kernel bench")?;
+    g.launch(
+        "fill_random_kv",
+        (64, 1, 1),
+        256,
+        &[
+            Arg::Ptr(scales.ptr),
+            Arg::Ptr((ns.max(2) / 2) as u64),
+            Arg::I32(seed as i32 + 1),
+            Arg::I32(0),
+        ],
+    )?;
+    let m = GpuMatrix {
+        kind,
+        rows,
+        cols,
+        body: body.ptr,
+        scales: if ns > 0 { scales.ptr } else { 0 },
+        tune: Default::default(),
+    };
+    Ok((m, body, scales))
+}
+
+/// Median milliseconds of `reps` timed runs of `f` after two warm-ups.
+fn time_ms(g: &Gpu, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    f()?;
+    let mut xs = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let (a, b) = (g.event()?, g.event()?);
+        g.record(&a)?;
+        f()?;
+        g.record(&b)?;
+        xs.push(a.elapsed_ms(&b)? as f64);
+    }
+    xs.sort_by(f64::total_cmp);
+    Ok(xs[xs.len() / 2])
+}
+
+/// Runs the kernel benchmarks and returns a report (one line per case).
+pub fn run(g: &Gpu) -> Result<String> {
+    let mut out = String::new();
+    let reps = 30;
+    // Activations for K up to 27648 and 512 tokens.
+    let kmax = 27648;
+    let x = g.alloc(512 * kmax * 4, "kernel bench")?;
+    g.launch(
+        "fill_random_kv",
+        (1024, 1, 1),
+        256,
+        &[
+            Arg::Ptr(x.ptr),
+            Arg::Ptr((512 * kmax * 2) as u64),
+            Arg::I32(5),
+            Arg::I32(1),
+        ],
+    )?;
+    // bf16 bit patterns reinterpreted as f32 pairs are finite; quantize them.
+    let aq = g.alloc(512 * kmax, "kernel bench")?;
+    let ad = g.alloc(512 * kmax / 32 * 4, "kernel bench")?;
+    let as_ = g.alloc(512 * kmax / 32 * 4, "kernel bench")?;
+    let a8 = Q8 {
+        q: aq.ptr,
+        d: ad.ptr,
+        s: as_.ptr,
+    };
+    ops::quantize_q8(g, x.ptr, a8, 512 * kmax)?;
+    let y = g.alloc(512 * 152064 * 4, "kernel bench")?;
+    let xh = g.alloc(512 * kmax * 2, "kernel bench")?;
+    out += "GEMV, one token (weights read once; GB/s = weight bytes / time):\n";
+    let cases: [(WeightKind, usize, usize); 5] = [
+        (WeightKind::Q4K, 27648, 5120),
+        (WeightKind::Q4K, 5120, 27648),
+        (WeightKind::Q4K, 5120, 5120),
+        (WeightKind::Q6K, 152064, 5120),
+        (WeightKind::Q4K, 19968, 6656),
+    ];
+    for (kind, rows, cols) in cases {
+        let (m, _b, _s) = random_matrix(g, kind, rows, cols, 11)?;
+        let bytes = (rows * cols / kind.block().0 * kind.block().1) as f64;
+        for tune in ops::gemv_variants(g.info.sm_count as u32) {
+            let ms = time_ms(g, reps, || {
+                ops::gemv_single(g, &m, tune, a8, y.ptr, rows, 0, 0)
+            })?;
+            out += &format!(
+                "  gemv r{} u{} blocks {:5} {:?} {rows:6} x {cols:5}: {:8.1} us {:7.0} GB/s\n",
+                tune.r,
+                tune.u,
+                tune.blocks,
+                kind,
+                ms * 1e3,
+                bytes / (ms * 1e-3) / 1e9
+            );
+        }
+        for nt in [2usize, 4, 8] {
+            let ms = time_ms(g, reps, || ops::gemv(g, &m, a8, nt, y.ptr, rows, 0, 0))?;
+            out += &format!(
+                "  gemv {nt} tokens       {:?} {rows:6} x {cols:5}: {:8.1} us {:7.0} GB/s\n",
+                kind,
+                ms * 1e3,
+                bytes / (ms * 1e-3) / 1e9
+            );
+        }
+        for t in [64usize, 512] {
+            let ms = time_ms(g, 10, || {
+                gemm::gemm(g, &m, x.ptr, xh.ptr, t, y.ptr, rows, 0, 0, false)
+            })?;
+            let tflops = 2.0 * rows as f64 * cols as f64 * t as f64 / (ms * 1e-3) / 1e12;
+            out += &format!(
+                "  gemm {t:3} tokens     {:?} {rows:6} x {cols:5}: {:8.1} us {:7.1} TFLOP/s\n",
+                kind,
+                ms * 1e3,
+                tflops
+            );
+        }
+    }
+    out += "Attention, one token, split-K over a flat f16 cache (GB/s = K+V bytes / time):\n";
+    for &(nh, nkv, ctx, splits) in &[
+        (40usize, 8usize, 32768usize, 128usize),
+        (40, 8, 32768, 64),
+        (40, 8, 32768, 256),
+        (32, 2, 131072, 512),
+        (32, 2, 131072, 256),
+    ] {
+        let hd = 128;
+        let kvb = nkv * ctx * hd * 2;
+        let kc = g.alloc(kvb, "kernel bench")?;
+        let vc = g.alloc(kvb, "kernel bench")?;
+        for b in [&kc, &vc] {
+            g.launch(
+                "fill_random_kv",
+                (1024, 1, 1),
+                256,
+                &[
+                    Arg::Ptr(b.ptr),
+                    Arg::Ptr((kvb / 2) as u64),
+                    Arg::I32(3),
+                    Arg::I32(0),
+                ],
+            )?;
+        }
+        let pos = g.alloc(4, "kernel bench")?;
+        g.upload(pos.ptr, &[(ctx - 1) as i32])?;
+        let part_o = g.alloc(nh * splits * hd * 4, "kernel bench")?;
+        let part_ml = g.alloc(nh * splits * 2 * 4, "kernel bench")?;
+        let args = ops::AttnArgs {
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+            slots: ctx,
+            window: 0,
+            scale: 0.088,
+            kv_bf16: false,
+        };
+        let ms = time_ms(g, reps, || {
+            ops::attention(
+                g,
+                &args,
+                1,
+                splits,
+                x.ptr,
+                kc.ptr,
+                vc.ptr,
+                pos.ptr,
+                part_o.ptr,
+                part_ml.ptr,
+                y.ptr,
+                0,
+                None,
+            )
+        })?;
+        out += &format!(
+            "  heads {nh}/{nkv} ctx {ctx:6} splits {splits:3}: {:8.1} us {:7.0} GB/s\n",
+            ms * 1e3,
+            2.0 * kvb as f64 / (ms * 1e-3) / 1e9
+        );
+    }
+    for threads in [128u32, 256, 512, 1024] {
+        g.norm_threads
+            .store(threads, std::sync::atomic::Ordering::Relaxed);
+        let ms = time_ms(g, reps, || {
+            ops::rmsnorm(g, x.ptr, y.ptr, x.ptr, 1, 5120, 1e-5, 0, Some(a8))
+        })?;
+        out += &format!(
+            "RMSNorm + q8, one row of 5120, {threads} threads: {:.1} us\n",
+            ms * 1e3
+        );
+    }
+    Ok(out)
+}

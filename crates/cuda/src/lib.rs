@@ -1,0 +1,27 @@
+//! hearth's CUDA backend. The driver and NVRTC are loaded at run time
+//! (`cudarc` with dynamic loading), so this crate builds, and its host-side
+//! tests run, on machines without CUDA; there `Gpu::open` returns
+//! `CudaError::Unavailable`.
+//!
+//! - `compile`: NVRTC compilation of `kernels/*.cu` for the device's arch, cached on disk.
+//! - `driver`: context, stream, device buffers, launches, graphs, events.
+//! - `repack`: the weights' GPU layout.
+//! - `model`: weights resident on the GPU (`GpuModel::upload`).
+//! - `forward`: KV caches and the forward pass (`GpuModel::forward`), decode graphs.
+//! - `ops`, `gemm`: typed kernel launches.
+
+pub mod compile;
+pub mod driver;
+pub mod error;
+pub mod forward;
+pub mod gemm;
+pub mod kbench;
+pub mod model;
+pub mod ops;
+pub mod repack;
+pub mod tune;
+
+pub use driver::{DeviceInfo, Gpu};
+pub use error::{CudaError, Result};
+pub use forward::{GpuState, GPU_CHUNK};
+pub use model::GpuModel;

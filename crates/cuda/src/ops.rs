@@ -1,0 +1,462 @@
+//! Typed launches of the kernels in `crates/cuda/kernels`: one function per
+//! kernel family, taking device addresses and shapes, checking the shapes the
+//! kernels rely on.
+
+use crate::driver::{Arg, Gpu};
+use crate::error::{CudaError, Result};
+use crate::repack::WeightKind;
+
+/// Every kernel name the host launches (checked against the sources by a host test).
+pub const KERNEL_NAMES: &[&str] = &[
+    "quantize_q8",
+    "rmsnorm",
+    "prepare_heads",
+    "glu_q8",
+    "attn_split_64_f16",
+    "attn_split_64_bf16",
+    "attn_split_128_f16",
+    "attn_split_128_bf16",
+    "attn_combine",
+    "gemv_q4_k_1_u1",
+    "gemv_q4_k_1_u4",
+    "gemv_q6_k_1_r4",
+    "gemv_q6_k_8",
+    "gemm_q4_k_f16",
+    "gemm_q6_k_bf16",
+    "fill_random_kv",
+    "to_half",
+];
+
+// Flags shared with the kernels (kernels/common.cuh, gemv.cu, layer_ops.cu).
+pub const OUT_BF16: i32 = 1;
+pub const OUT_ADD: i32 = 2;
+pub const OUT_SOFTCAP: i32 = 4;
+pub const NORM_MUSE: i32 = 8;
+pub const HEAD_QK_NORM: i32 = 1;
+pub const HEAD_ROPE: i32 = 2;
+pub const HEAD_NEOX: i32 = 4;
+pub const HEAD_BF16: i32 = 8;
+pub const HEAD_KV_BF16: i32 = 16;
+pub const GLU_SWIGLU: i32 = 0;
+pub const GLU_GATE: i32 = 1;
+
+/// A weight matrix [rows, cols] resident on the GPU.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuMatrix {
+    pub kind: WeightKind,
+    pub rows: usize,
+    pub cols: usize,
+    /// Block bodies (or whole blocks).
+    pub body: u64,
+    /// f16 scales of split kinds, else 0.
+    pub scales: u64,
+    /// Single-token GEMV variant (chosen by `tune::tune_gemv` on the device).
+    pub tune: GemvTune,
+}
+
+/// A variant of the single-token GEMV: `u` items' loads issued together per
+/// lane (1, 2 or 4), and the grid: one warp per row (`blocks` = 0) or at most
+/// `blocks` blocks of 8 warps that each stream several rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvTune {
+    pub u: u8,
+    pub blocks: u32,
+    /// Rows per warp (1, or 2 / 4: activations loaded once for all of them; then `u` is 1).
+    pub r: u8,
+}
+
+impl Default for GemvTune {
+    fn default() -> Self {
+        GemvTune {
+            u: 1,
+            blocks: 0,
+            r: 1,
+        }
+    }
+}
+
+/// 8-bit activations: `q` [T, K] int8, `d` and `s` [T, K/32] f32.
+#[derive(Clone, Copy, Debug)]
+pub struct Q8 {
+    pub q: u64,
+    pub d: u64,
+    pub s: u64,
+}
+
+impl Q8 {
+    /// The view starting at token `t` of rows of width `k`.
+    pub fn offset(self, t: usize, k: usize) -> Q8 {
+        Q8 {
+            q: self.q + (t * k) as u64,
+            d: self.d + (t * k / 32 * 4) as u64,
+            s: self.s + (t * k / 32 * 4) as u64,
+        }
+    }
+}
+
+fn grid1(n: usize, per_block: usize) -> (u32, u32, u32) {
+    (n.div_ceil(per_block) as u32, 1, 1)
+}
+
+/// Quantizes x [n] (n % 32 == 0) into `a`.
+pub fn quantize_q8(g: &Gpu, x: u64, a: Q8, n: usize) -> Result<()> {
+    if n % 32 != 0 {
+        return Err(CudaError::Unsupported(format!(
+            "activation width {n} (must be a multiple of 32)"
+        )));
+    }
+    let blocks = n / 32;
+    g.launch(
+        "quantize_q8",
+        grid1(blocks, 8),
+        256,
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(a.q),
+            Arg::Ptr(a.d),
+            Arg::Ptr(a.s),
+            Arg::I32(blocks as i32),
+        ],
+    )
+}
+
+fn gemv_name(kind: WeightKind, nt: usize, u: u8, r: u8) -> &'static str {
+    macro_rules! names {
+        ($($k:ident => $s:literal),*) => {
+            match (kind, nt, if nt == 1 { r } else { 1 }, u) {
+                $( (WeightKind::$k, 1, 2, _) => concat!("gemv_", $s, "_1_r2"),
+                   (WeightKind::$k, 1, 4, _) => concat!("gemv_", $s, "_1_r4"),
+                   (WeightKind::$k, 1, _, 1) => concat!("gemv_", $s, "_1_u1"),
+                   (WeightKind::$k, 1, _, 2) => concat!("gemv_", $s, "_1_u2"),
+                   (WeightKind::$k, 1, _, _) => concat!("gemv_", $s, "_1_u4"),
+                   (WeightKind::$k, 2, _, _) => concat!("gemv_", $s, "_2"),
+                   (WeightKind::$k, 4, _, _) => concat!("gemv_", $s, "_4"),
+                   (WeightKind::$k, _, _, _) => concat!("gemv_", $s, "_8"), )*
+            }
+        };
+    }
+    names!(F32 => "f32", F16 => "f16", Bf16 => "bf16", Q8_0 => "q8_0", Q4_0 => "q4_0", Q5_0 => "q5_0", Q4K => "q4_k", Q5K => "q5_k", Q6K => "q6_k")
+}
+
+/// The grid of a GEMV launch over `rows` rows (8 rows per block of 256 threads).
+fn gemv_grid(rows: usize, tune: GemvTune) -> (u32, u32, u32) {
+    let full = rows.div_ceil(8 * tune.r.max(1) as usize) as u32;
+    (
+        if tune.blocks > 0 {
+            full.min(tune.blocks)
+        } else {
+            full
+        },
+        1,
+        1,
+    )
+}
+
+/// One single-token GEMV launch with the given variant (tuning, benchmarks).
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_single(
+    g: &Gpu,
+    w: &GpuMatrix,
+    tune: GemvTune,
+    x: Q8,
+    y: u64,
+    y_stride: usize,
+    bias: u64,
+    flags: i32,
+) -> Result<()> {
+    g.launch(
+        gemv_name(w.kind, 1, tune.u, tune.r),
+        gemv_grid(w.rows, tune),
+        256,
+        &[
+            Arg::Ptr(w.body),
+            Arg::Ptr(w.scales),
+            Arg::I32(w.rows as i32),
+            Arg::I32(w.cols as i32),
+            Arg::Ptr(x.q),
+            Arg::Ptr(x.d),
+            Arg::Ptr(x.s),
+            Arg::Ptr(y),
+            Arg::I32(y_stride as i32),
+            Arg::Ptr(bias),
+            Arg::I32(flags),
+        ],
+    )
+}
+
+/// y[t, :] (op)= W · x[t, :] for t < n_tokens, x given quantized; `y_stride`
+/// is the distance between the rows of y in elements. `bias` (0 = none) has `rows` values.
+pub fn gemv(
+    g: &Gpu,
+    w: &GpuMatrix,
+    x: Q8,
+    n_tokens: usize,
+    y: u64,
+    y_stride: usize,
+    bias: u64,
+    flags: i32,
+) -> Result<()> {
+    let mut t0 = 0;
+    while t0 < n_tokens {
+        let nt = match n_tokens - t0 {
+            n if n >= 8 => 8,
+            n if n >= 4 => 4,
+            n if n >= 2 => 2,
+            _ => 1,
+        };
+        let xa = x.offset(t0, w.cols);
+        g.launch(
+            gemv_name(w.kind, nt, w.tune.u, w.tune.r),
+            if nt == 1 {
+                gemv_grid(w.rows, w.tune)
+            } else {
+                grid1(w.rows, 8)
+            },
+            256,
+            &[
+                Arg::Ptr(w.body),
+                Arg::Ptr(w.scales),
+                Arg::I32(w.rows as i32),
+                Arg::I32(w.cols as i32),
+                Arg::Ptr(xa.q),
+                Arg::Ptr(xa.d),
+                Arg::Ptr(xa.s),
+                Arg::Ptr(y + (t0 * y_stride * 4) as u64),
+                Arg::I32(y_stride as i32),
+                Arg::Ptr(bias),
+                Arg::I32(flags),
+            ],
+        )?;
+        t0 += nt;
+    }
+    Ok(())
+}
+
+/// RMSNorm of `rows` rows of width `dim` from x into out (see the kernel for
+/// flags); `gain` 0 = scaleless; `q8` also quantizes the result.
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm(
+    g: &Gpu,
+    x: u64,
+    out: u64,
+    gain: u64,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+    flags: i32,
+    q8: Option<Q8>,
+) -> Result<()> {
+    let a = q8.unwrap_or(Q8 { q: 0, d: 0, s: 0 });
+    g.launch(
+        "rmsnorm",
+        (rows as u32, 1, 1),
+        g.norm_threads.load(std::sync::atomic::Ordering::Relaxed),
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(out),
+            Arg::Ptr(gain),
+            Arg::I32(dim as i32),
+            Arg::F32(eps),
+            Arg::I32(flags),
+            Arg::Ptr(a.q),
+            Arg::Ptr(a.d),
+            Arg::Ptr(a.s),
+        ],
+    )
+}
+
+/// Shapes and RoPE/norm settings for `prepare_heads`.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadPrep {
+    pub n_heads: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    pub theta: f32,
+    pub eps: f32,
+    pub flags: i32,
+}
+
+/// Norms/rotates q and k of `n_tokens` tokens and writes k, v into the cache.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_heads(
+    g: &Gpu,
+    p: &HeadPrep,
+    n_tokens: usize,
+    q: u64,
+    k: u64,
+    v: u64,
+    gains: (u64, u64),
+    pos: u64,
+    k_cache: u64,
+    v_cache: u64,
+    slots: usize,
+) -> Result<()> {
+    let blocks = n_tokens * (p.n_heads + 2 * p.n_kv);
+    g.launch(
+        "prepare_heads",
+        (blocks as u32, 1, 1),
+        (p.head_dim / 2) as u32,
+        &[
+            Arg::Ptr(q),
+            Arg::Ptr(k),
+            Arg::Ptr(v),
+            Arg::Ptr(gains.0),
+            Arg::Ptr(gains.1),
+            Arg::I32(p.n_heads as i32),
+            Arg::I32(p.n_kv as i32),
+            Arg::I32(p.head_dim as i32),
+            Arg::Ptr(pos),
+            Arg::F32(p.theta),
+            Arg::F32(p.eps),
+            Arg::I32(p.flags),
+            Arg::Ptr(k_cache),
+            Arg::Ptr(v_cache),
+            Arg::I32(slots as i32),
+        ],
+    )
+}
+
+/// out = glu(a, b) over n values, quantized into `q8` (and stored as f32 in `out` unless 0).
+#[allow(clippy::too_many_arguments)]
+pub fn glu_q8(
+    g: &Gpu,
+    a: u64,
+    b: u64,
+    n: usize,
+    mode: i32,
+    flags: i32,
+    out: u64,
+    q8: Q8,
+) -> Result<()> {
+    g.launch(
+        "glu_q8",
+        grid1(n / 32, 8),
+        256,
+        &[
+            Arg::Ptr(a),
+            Arg::Ptr(b),
+            Arg::I32(n as i32),
+            Arg::I32(mode),
+            Arg::I32(flags),
+            Arg::Ptr(out),
+            Arg::Ptr(q8.q),
+            Arg::Ptr(q8.d),
+            Arg::Ptr(q8.s),
+        ],
+    )
+}
+
+/// Attention shapes for one layer.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnArgs {
+    pub n_heads: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    pub slots: usize,
+    /// 0 = global (flat cache).
+    pub window: usize,
+    pub scale: f32,
+    pub kv_bf16: bool,
+}
+
+/// Checks that the attention kernels support these shapes.
+pub fn check_attn_shape(n_heads: usize, n_kv: usize, head_dim: usize) -> Result<()> {
+    if head_dim != 64 && head_dim != 128 {
+        return Err(CudaError::Unsupported(format!(
+            "head_dim {head_dim} (the attention kernels take 64 or 128)"
+        )));
+    }
+    if n_kv == 0 || n_heads % n_kv != 0 || n_heads / n_kv > 16 {
+        return Err(CudaError::Unsupported(format!(
+            "{n_heads} query heads over {n_kv} kv heads (at most 16 per kv head)"
+        )));
+    }
+    Ok(())
+}
+
+/// out [T, n_heads, hd] = attention of q [T, n_heads, hd] over the cache, in
+/// `splits` splits per (kv head, token), through the partial buffers.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    g: &Gpu,
+    a: &AttnArgs,
+    n_tokens: usize,
+    splits: usize,
+    q: u64,
+    k_cache: u64,
+    v_cache: u64,
+    pos: u64,
+    part_o: u64,
+    part_ml: u64,
+    out: u64,
+    out_flags: i32,
+    q8: Option<Q8>,
+) -> Result<()> {
+    let q8 = q8.unwrap_or(Q8 { q: 0, d: 0, s: 0 });
+    let name = match (a.head_dim, a.kv_bf16) {
+        (64, false) => "attn_split_64_f16",
+        (64, true) => "attn_split_64_bf16",
+        (128, false) => "attn_split_128_f16",
+        _ => "attn_split_128_bf16",
+    };
+    g.launch(
+        name,
+        (a.n_kv as u32, splits as u32, n_tokens as u32),
+        128,
+        &[
+            Arg::Ptr(q),
+            Arg::Ptr(k_cache),
+            Arg::Ptr(v_cache),
+            Arg::Ptr(pos),
+            Arg::I32(a.n_heads as i32),
+            Arg::I32(a.n_kv as i32),
+            Arg::I32(a.slots as i32),
+            Arg::I32(a.window as i32),
+            Arg::F32(a.scale),
+            Arg::Ptr(part_o),
+            Arg::Ptr(part_ml),
+        ],
+    )?;
+    g.launch(
+        "attn_combine",
+        (a.n_heads as u32, n_tokens as u32, 1),
+        a.head_dim as u32,
+        &[
+            Arg::Ptr(part_o),
+            Arg::Ptr(part_ml),
+            Arg::I32(splits as i32),
+            Arg::I32(a.head_dim as i32),
+            Arg::I32(out_flags),
+            Arg::Ptr(out),
+            Arg::Ptr(q8.q),
+            Arg::Ptr(q8.d),
+            Arg::Ptr(q8.s),
+        ],
+    )
+}
+
+/// The single-token GEMV variants the tuner tries on a GPU of `sm_count`
+/// multiprocessors: 1, 2 or 4 items in flight per lane, with one warp per
+/// row or a grid of 2, 4 or 8 blocks per multiprocessor streaming the rows.
+pub fn gemv_variants(sm_count: u32) -> Vec<GemvTune> {
+    let mut v = Vec::new();
+    for u in [1u8, 2, 4] {
+        for per_sm in [0u32, 2, 4, 8] {
+            v.push(GemvTune {
+                u,
+                blocks: per_sm * sm_count,
+                r: 1,
+            });
+        }
+    }
+    for r in [2u8, 4] {
+        for per_sm in [0u32, 2, 4, 8] {
+            v.push(GemvTune {
+                u: 1,
+                blocks: per_sm * sm_count,
+                r,
+            });
+        }
+    }
+    v
+}
