@@ -25,7 +25,7 @@ pub struct SpecArgs {
     /// DFlash block length B (2..=the draft's trained block size) [default: the trained size].
     #[arg(long)]
     pub block_length: Option<usize>,
-    /// Most draft tokens per verify pass [default: dflash B-1, draft 4, ngram 6].
+    /// Most draft tokens per verify pass [default: dflash B-1, draft 3, ngram 3].
     #[arg(long)]
     pub n_draft: Option<usize>,
 }
@@ -107,8 +107,8 @@ impl SpecArgs {
     /// K for this configuration.
     pub fn n_draft(&self, factory: &DrafterFactory) -> usize {
         match factory {
-            DrafterFactory::Ngram => self.n_draft.unwrap_or(6),
-            DrafterFactory::Draft(_) => self.n_draft.unwrap_or(4),
+            DrafterFactory::Ngram => self.n_draft.unwrap_or(3),
+            DrafterFactory::Draft(_) => self.n_draft.unwrap_or(3),
             DrafterFactory::Dflash(d) => self.n_draft.unwrap_or(self.block_length.unwrap_or(d.config.block_size) - 1),
         }
     }
