@@ -36,8 +36,8 @@ use crate::weights::{matmul_supported, Model, ModelError};
 pub enum DflashError {
     #[error(transparent)]
     Gguf(#[from] hearth_gguf::GgufError),
-    #[error("not a DFlash draft: general.architecture is {0:?}, expected \"dflash\"")]
-    NotDflash(Option<String>),
+    #[error("not a DFlash draft: general.architecture is '{0}', expected \"dflash\"")]
+    NotDflash(String),
     #[error("DFlash draft: missing tensor '{0}' (every draft parameter must be present)")]
     MissingTensor(String),
     #[error("DFlash draft: tensor '{name}' has shape {got:?}, expected {expected:?} (ggml order)")]
@@ -216,7 +216,7 @@ impl DflashModel {
         let file = Arc::new(GgufFile::open(path)?);
         let arch = file.architecture();
         if arch != Some("dflash") {
-            return Err(DflashError::NotDflash(arch.map(str::to_string)));
+            return Err(DflashError::NotDflash(arch.unwrap_or("(missing)").to_string()));
         }
         let config = DflashConfig::from_metadata(file.metadata())?;
         let c = &config;
