@@ -10,6 +10,7 @@ python3 scripts/fetch_models.py all >/dev/null
 qwen=$(python3 scripts/fetch_models.py qwen2.5-coder-0.5b | tail -n 1)
 [[ -f "${qwen%.gguf}.tokenizer.json" ]] || python3 scripts/make_tokenizer_fixtures.py --parts hf
 python3 tests/reference/test_muse_glimmer_ref.py
+python3 tests/reference/test_dflash_ref.py
 cargo test --workspace --release "$@"
 # The NEON kernels, cross-compiled for aarch64 and run under qemu.
 scripts/test-aarch64.sh

@@ -406,6 +406,51 @@ def test_metrics():
     assert float(re.search(r"^hearth_reused_prompt_tokens_total (\S+)", text, re.M).group(1)) > 0
 
 
+SPEC_PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n",
+    "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [1, 2,",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
+]
+
+
+def test_speculative_servers_generate_what_the_plain_server_does():
+    """--spec ngram and --spec dflash (a synthetic draft: nearly every draft is rejected, which
+    exercises the hidden-state taps, rollback and session resume): greedy completions equal the
+    plain server's, token for token, also when a session resumes; /metrics reports acceptance."""
+    want = [SERVER.client().completions.create(model="qwen-test", prompt=p, max_tokens=16, temperature=0)
+            .choices[0].text for p in SPEC_PROMPTS]
+    draft = Path(os.environ.get("TMPDIR", "/tmp")) / f"hearth-dflash-{os.getpid()}.gguf"
+    subprocess.run([BIN, "synth", "--arch", "dflash", "--target", model_path(), "--block-size", "4",
+                    "-o", str(draft)], check=True, capture_output=True)
+    try:
+        # K = 2 and short contexts: where the shipped kernels compute a verify pass's rows
+        # exactly as single-token decode does (crates/engine/tests/spec_greedy.rs explains).
+        for extra in (["--spec", "ngram", "--n-draft", "2"],
+                      ["--spec", "dflash", "--draft-model", str(draft), "--block-length", "3"]):
+            spec = Server("--api-key", API_KEY, *extra)
+            try:
+                c = spec.client()
+                got = [c.completions.create(model="qwen-test", prompt=p, max_tokens=16, temperature=0)
+                       .choices[0].text for p in SPEC_PROMPTS]
+                assert got == want, (extra, got, want)
+                # The same prompt again on the scratch session: resumes (rolls back) and agrees.
+                again = c.completions.create(model="qwen-test", prompt=SPEC_PROMPTS[-1], max_tokens=16,
+                                             temperature=0).choices[0].text
+                assert again == want[-1], (extra, again, want[-1])
+                status, text = http(spec, "GET", "/metrics")
+                assert status == 200
+                assert re.search(rf'^hearth_spec_info\{{spec="{extra[1]}",n_draft="\d+"\}} 1$', text, re.M), text
+                forwards = int(re.search(r"^hearth_spec_target_forwards_total (\d+)", text, re.M).group(1))
+                assert forwards > 0
+                assert re.search(r'^hearth_spec_acceptance_by_position\{position="0"\} \S+', text, re.M)
+                if extra[1] == "ngram":
+                    assert int(re.search(r"^hearth_spec_accepted_tokens_total (\d+)", text, re.M).group(1)) > 0
+            finally:
+                assert spec.stop() == 0
+    finally:
+        draft.unlink(missing_ok=True)
+
+
 def main():
     tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
     only = sys.argv[1:]

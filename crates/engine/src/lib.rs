@@ -9,3 +9,4 @@ pub mod generate;
 pub mod rng;
 pub mod sampler;
 pub mod session;
+pub mod spec;

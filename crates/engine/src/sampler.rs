@@ -160,6 +160,11 @@ impl Sampler {
         self.config.is_greedy()
     }
 
+    /// Whether repeat/presence/frequency penalties change the logits.
+    pub fn has_penalties(&self) -> bool {
+        self.config.penalties_on()
+    }
+
     /// Re-seeds the RNG (fresh entropy when the seed is 0) and forgets the
     /// recent tokens: the state at the start of a new prefill.
     pub fn reset(&mut self) {

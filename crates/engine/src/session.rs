@@ -10,6 +10,8 @@ use std::collections::{HashMap, HashSet};
 
 use hearth_models::{Model, State};
 
+use crate::spec::Drafter;
+
 /// Why a prompt reused what it did (logged per turn).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ResumeReason {
@@ -54,6 +56,9 @@ pub struct Resume {
 /// One conversation: its KV state and the ids in it.
 pub struct Session {
     pub state: State,
+    /// The session's speculative drafter, kept in step with `resident`
+    /// (reset and rolled back with it); `None` without speculation.
+    pub drafter: Option<Box<dyn Drafter + Send>>,
     /// The ids whose keys and values are in `state`, in order. Invariant:
     /// `resident.len() == state.pos`.
     resident: Vec<u32>,
@@ -66,6 +71,7 @@ impl Session {
         state.reset();
         Session {
             state,
+            drafter: None,
             resident: Vec::new(),
             last_used: 0,
         }
@@ -79,6 +85,9 @@ impl Session {
     pub fn reset(&mut self) {
         self.state.reset();
         self.resident.clear();
+        if let Some(d) = self.drafter.as_mut() {
+            d.reset();
+        }
     }
 
     /// Positions the state for `prompt` (non-empty): keeps the longest common
@@ -118,6 +127,9 @@ impl Session {
                 };
             }
             self.resident.truncate(keep);
+            if let Some(d) = self.drafter.as_mut() {
+                d.rollback(keep);
+            }
         }
         Resume {
             reused: keep,
@@ -185,6 +197,8 @@ pub struct SessionStore {
     clock: u64,
     /// Evictions so far (for metrics).
     pub evictions: u64,
+    /// Extra ring slots per sliding-window cache (speculative rollback).
+    ring_slack: usize,
 }
 
 impl SessionStore {
@@ -206,7 +220,14 @@ impl SessionStore {
             max_ctx,
             clock: 0,
             evictions: 0,
+            ring_slack: 0,
         }
+    }
+
+    /// New states get `slack` extra slots in their sliding-window rings, so a
+    /// speculative verify pass of up to `slack` rejected drafts rolls back.
+    pub fn set_ring_slack(&mut self, slack: usize) {
+        self.ring_slack = slack;
     }
 
     pub fn capacity(&self) -> usize {
@@ -299,7 +320,7 @@ impl SessionStore {
     fn allocate(&mut self, model: &Model) -> Result<Session, SessionError> {
         if self.live < self.capacity {
             self.live += 1;
-            return Ok(Session::new(model.new_state(self.max_ctx)));
+            return Ok(Session::new(State::with_ring_slack(model, self.max_ctx, self.ring_slack)));
         }
         let victim = self
             .idle
@@ -315,7 +336,13 @@ impl SessionStore {
                     k.as_deref().unwrap_or("<scratch>"),
                     self.capacity
                 );
-                Ok(Session::new(s.state))
+                // The state and the drafter are reused, both emptied.
+                let mut fresh = Session::new(s.state);
+                fresh.drafter = s.drafter;
+                if let Some(d) = fresh.drafter.as_mut() {
+                    d.reset();
+                }
+                Ok(fresh)
             }
             None => Err(SessionError::CapacityExhausted {
                 capacity: self.capacity,

@@ -6,7 +6,7 @@ use hearth_kernels::cpu::packed::{matmul_packed, matmul_packed_glu, GluAct, Pack
 use hearth_kernels::cpu::simd;
 use hearth_kernels::{matmul, Activations};
 
-use crate::config::Architecture;
+use crate::config::{Architecture, ConfigError};
 use crate::state::State;
 use crate::weights::{Layer, Linear, Model, ModelError, Numerics};
 use crate::{blocks, gemma3, llama, muse_glimmer};
@@ -25,6 +25,17 @@ pub enum Logits {
 /// Tokens processed per pass through the layers (bounds scratch memory).
 pub const MAX_CHUNK: usize = 512;
 
+/// Copies `x` ([T, dim]) into tap slot `taps.position(layer)` of `tapped`
+/// ([T, taps.len() * dim]) when `layer` is tapped.
+fn tap_into(tapped: &mut [f32], x: &[f32], taps: &[usize], layer: usize, dim: usize) {
+    for (slot, _) in taps.iter().enumerate().filter(|(_, &l)| l == layer) {
+        let width = taps.len() * dim;
+        for (dst, src) in tapped.chunks_exact_mut(width).zip(x.chunks_exact(dim)) {
+            dst[slot * dim..(slot + 1) * dim].copy_from_slice(src);
+        }
+    }
+}
+
 impl Model {
     /// Runs `tokens` at positions `state.pos..`, advancing `state.pos`.
     pub fn forward(
@@ -33,7 +44,27 @@ impl Model {
         tokens: &[u32],
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
+        self.forward_tapped(state, tokens, want, &[], &mut Vec::new())
+    }
+
+    /// [`Model::forward`] that also records, for every token, the residual
+    /// stream entering each layer in `taps` (ascending; `n_layers` means the
+    /// last layer's output, 0 the embedding output). Rows are appended to
+    /// `hidden` as [T, taps.len() * dim], taps concatenated in the given order
+    /// (DFlash's target hidden states, ../shared/spec/dflash.md §3).
+    pub fn forward_tapped(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
+        if let Some(&bad) = taps.iter().find(|&&l| l > c.n_layers) {
+            let msg = format!("hidden-state tap at layer {bad}: the model has {} layers", c.n_layers);
+            return Err(ModelError::Config(ConfigError::Invalid(msg)));
+        }
         if tokens.is_empty() {
             return Err(ModelError::Empty);
         }
@@ -58,7 +89,9 @@ impl Model {
         for (ci, chunk) in tokens.chunks(MAX_CHUNK).enumerate() {
             let p0 = state.pos;
             let mut x = self.embed(chunk);
+            let mut tapped = vec![0.0f32; if taps.is_empty() { 0 } else { chunk.len() * taps.len() * c.dim }];
             for li in 0..c.n_layers {
+                tap_into(&mut tapped, &x, taps, li, c.dim);
                 let cache = &mut state.caches[li];
                 match c.arch {
                     Architecture::Llama | Architecture::Qwen2 => {
@@ -68,6 +101,8 @@ impl Model {
                     Architecture::MuseGlimmer => muse_glimmer::layer(self, li, &mut x, cache, p0),
                 }
             }
+            tap_into(&mut tapped, &x, taps, c.n_layers, c.dim);
+            hidden.extend_from_slice(&tapped);
             state.pos += chunk.len();
             let rows = match want {
                 Logits::All => x,

@@ -4,6 +4,7 @@
 
 pub mod blocks;
 pub mod config;
+pub mod dflash;
 mod flash_attn_ggml;
 mod forward;
 mod gemma3;
@@ -12,6 +13,7 @@ mod llama;
 pub mod muse_glimmer;
 mod state;
 pub mod synth;
+pub mod synth_dflash;
 mod weights;
 
 pub use config::{Architecture, ConfigError, LayerKind, ModelConfig, RopeLayout};

@@ -48,6 +48,23 @@ pub struct ServerOptions {
     pub tool_parser: String,
     pub max_body_bytes: usize,
     pub strict_context: bool,
+    /// Speculative decoding for every session (`None`: off).
+    pub spec: Option<SpecOptions>,
+}
+
+/// Speculative decoding in the server: given the loaded target, `prepare`
+/// loads what the drafter needs once and returns the per-session drafter
+/// constructor and K (the most draft tokens per verify pass).
+#[derive(Clone)]
+pub struct SpecOptions {
+    pub kind: String,
+    pub prepare: Arc<dyn Fn(&Arc<Model>) -> Result<(scheduler::MakeDrafter, usize), String> + Send + Sync>,
+}
+
+impl std::fmt::Debug for SpecOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SpecOptions {{ kind: {:?} }}", self.kind)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +90,7 @@ pub fn run(opts: ServerOptions) -> Result<(), ServerError> {
         path: opts.model_path.display().to_string(),
         message,
     };
-    let model = Model::load(&opts.model_path).map_err(|e| load_err(e.to_string()))?;
+    let model = Arc::new(Model::load(&opts.model_path).map_err(|e| load_err(e.to_string()))?);
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(model.file().metadata()).map_err(|e| load_err(e.to_string()))?,
     );
@@ -91,9 +108,20 @@ pub fn run(opts: ServerOptions) -> Result<(), ServerError> {
         state_bytes,
         opts.max_ctx,
     );
-    let capacity = store.capacity();
+    let mut store = store;
     let metrics = Arc::new(Metrics::default());
-    let (engine, engine_thread) = scheduler::spawn(model, tokenizer, store, metrics.clone());
+    let spec = match &opts.spec {
+        None => None,
+        Some(s) => {
+            let (make, n_draft) = (s.prepare)(&model).map_err(ServerError::Config)?;
+            store.set_ring_slack(n_draft);
+            *metrics.spec_config.lock().unwrap_or_else(|e| e.into_inner()) = Some((s.kind.clone(), n_draft));
+            eprintln!("hearth serve: speculative decoding with {} (up to {n_draft} draft tokens per verify pass)", s.kind);
+            Some(scheduler::SpecRuntime { kind: s.kind.clone(), n_draft, make })
+        }
+    };
+    let capacity = store.capacity();
+    let (engine, engine_thread) = scheduler::spawn(model, tokenizer, store, metrics.clone(), spec);
     eprintln!(
         "hearth serve: model '{}' loaded in {:.1} s ({}); context {} tokens; up to {capacity} sessions x {:.1} MiB KV",
         opts.model_id,

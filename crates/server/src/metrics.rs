@@ -6,6 +6,8 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use hearth_engine::spec::SpecStats;
+
 #[derive(Default)]
 pub struct Metrics {
     /// (endpoint, status) -> count.
@@ -24,12 +26,41 @@ pub struct Metrics {
     pub active_generations: AtomicU64,
     pub session_evictions: AtomicU64,
     pub session_capacity: AtomicU64,
+    /// Speculative decoding: (drafter, K) when on, and the acceptance
+    /// statistics of finished requests.
+    pub spec_config: Mutex<Option<(String, usize)>>,
+    spec: Mutex<SpecStats>,
 }
 
 impl Metrics {
     pub fn count_request(&self, endpoint: &str, status: u16) {
         let mut m = self.requests.lock().unwrap_or_else(|e| e.into_inner());
         *m.entry((endpoint.to_string(), status)).or_default() += 1;
+    }
+
+    pub fn record_spec(&self, s: &SpecStats) {
+        self.spec.lock().unwrap_or_else(|e| e.into_inner()).merge(s);
+    }
+
+    /// Speculative decoding counters (nothing when speculation is off).
+    fn render_spec(&self, s: &mut String) {
+        let Some((kind, k)) = self.spec_config.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+            return;
+        };
+        let st = self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let _ = writeln!(s, "# HELP hearth_spec_info Speculative decoding: the drafter and the most draft tokens per verify pass.\n# TYPE hearth_spec_info gauge\nhearth_spec_info{{spec=\"{kind}\",n_draft=\"{k}\"}} 1");
+        let mut counter = |name: &str, help: &str, v: u64| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        counter("hearth_spec_target_forwards_total", "Target verify passes (one per speculative cycle).", st.target_forwards);
+        counter("hearth_spec_drafted_tokens_total", "Draft tokens proposed.", st.drafted);
+        counter("hearth_spec_accepted_tokens_total", "Draft tokens accepted by verification.", st.accepted);
+        let _ = writeln!(s, "# HELP hearth_spec_mean_accepted Mean draft tokens accepted per verify pass.\n# TYPE hearth_spec_mean_accepted gauge\nhearth_spec_mean_accepted {}", st.mean_accepted());
+        let _ = writeln!(s, "# HELP hearth_spec_tokens_per_target_forward Tokens committed per target verify pass.\n# TYPE hearth_spec_tokens_per_target_forward gauge\nhearth_spec_tokens_per_target_forward {}", st.tokens_per_forward());
+        let _ = writeln!(s, "# HELP hearth_spec_acceptance_by_position Fraction of drafts accepted at each draft position (0-based).\n# TYPE hearth_spec_acceptance_by_position gauge");
+        for (i, a) in st.acceptance_by_position().iter().enumerate() {
+            let _ = writeln!(s, "hearth_spec_acceptance_by_position{{position=\"{i}\"}} {a}");
+        }
     }
 
     pub fn render(&self) -> String {
@@ -119,6 +150,7 @@ impl Metrics {
             "Requests being prefilled or decoded.",
             get(&self.active_generations) as f64,
         );
+        self.render_spec(&mut s);
         s
     }
 }

@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use hearth_engine::generate::{FinishReason, StopMatcher};
 use hearth_engine::sampler::{Sampler, SamplerConfig};
 use hearth_engine::session::{Acquire, Lease, Resume, SessionStore};
+use hearth_engine::spec::verify::verify_block;
+use hearth_engine::spec::{Drafter, SpecStats};
 use hearth_models::{Logits, Model};
 use hearth_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::{mpsc as tmpsc, oneshot};
@@ -102,12 +104,25 @@ impl EngineHandle {
     }
 }
 
+/// Builds a session's drafter: (context size, the request's sampling).
+pub type MakeDrafter = Arc<dyn Fn(usize, &SamplerConfig) -> Result<Box<dyn Drafter + Send>, String> + Send + Sync>;
+
+/// Speculative decoding for every session: the drafter kind (for metrics),
+/// K, and how to build a session's drafter.
+#[derive(Clone)]
+pub struct SpecRuntime {
+    pub kind: String,
+    pub n_draft: usize,
+    pub make: MakeDrafter,
+}
+
 /// Starts the engine thread.
 pub fn spawn(
-    model: Model,
+    model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
     store: SessionStore,
     metrics: Arc<Metrics>,
+    spec: Option<SpecRuntime>,
 ) -> (EngineHandle, JoinHandle<()>) {
     let (tx, rx) = mpsc::channel();
     let thread = std::thread::Builder::new()
@@ -118,6 +133,7 @@ pub fn spawn(
                 tokenizer: &tokenizer,
                 store,
                 metrics,
+                spec,
                 rx,
             }
             .run()
@@ -131,6 +147,7 @@ struct Engine<'a> {
     tokenizer: &'a Tokenizer,
     store: SessionStore,
     metrics: Arc<Metrics>,
+    spec: Option<SpecRuntime>,
     rx: mpsc::Receiver<Command>,
 }
 
@@ -144,6 +161,9 @@ struct Active<'t> {
     next: usize,
     /// The last forward pass's logits row, once prefill is done.
     logits: Option<Vec<f32>>,
+    /// Speculation: the token sampled by the target and not yet fed.
+    pending: Option<u32>,
+    spec: SpecStats,
     decoder: StreamDecoder<'t>,
     stops: StopMatcher,
     generated: usize,
@@ -256,6 +276,11 @@ impl<'a> Engine<'a> {
                         .send(Event::Failed(ApiError::capacity(e.to_string())));
                 }
                 Ok(Acquire::Ready(mut lease)) => {
+                    if let Err(e) = self.attach_drafter(&mut lease, &job.sampling) {
+                        let _ = job.events.send(Event::Failed(ApiError::server(e)));
+                        self.store.release(lease);
+                        continue;
+                    }
                     let sampler = match Sampler::new(job.sampling) {
                         Ok(s) => s,
                         Err(e) => {
@@ -277,6 +302,8 @@ impl<'a> Engine<'a> {
                         sampler,
                         next: resume.reused,
                         logits: None,
+                        pending: None,
+                        spec: SpecStats::default(),
                         // Special tokens are rendered: tool-call and channel markers (Qwen's
                         // `<tool_call>`, Harmony's `<|channel|>`) are control tokens the
                         // output parser must see. End-of-generation tokens never reach it.
@@ -296,7 +323,123 @@ impl<'a> Engine<'a> {
         *waiting = still;
     }
 
-    /// One prefill chunk or one decode token.
+    /// With speculation on: gives the session a drafter if it has none (a
+    /// new session: nothing resident yet) and tells it the request's sampling.
+    fn attach_drafter(&self, lease: &mut Lease, sampling: &SamplerConfig) -> Result<(), String> {
+        let Some(spec) = &self.spec else { return Ok(()) };
+        let session = &mut lease.session;
+        if session.drafter.is_none() {
+            // A drafter must have seen every resident position.
+            session.reset();
+            session.drafter = Some((spec.make)(session.state.max_ctx, sampling)?);
+        }
+        let drafter = session.drafter.as_mut().expect("attached above");
+        drafter.set_sampling(sampling).map_err(|e| e.to_string())
+    }
+
+    /// Emits one generated token: end of generation, text, stop strings and
+    /// the token budget. `Some` ends the request.
+    fn emit(&self, a: &mut Active<'a>, token: u32) -> Option<Step> {
+        a.generated += 1;
+        if self.tokenizer.is_eog(token) {
+            return Some(Step::Finished(FinishReason::Stop));
+        }
+        let (text, hit) = a.stops.push(&a.decoder.push(token));
+        if !text.is_empty() && a.job.events.send(Event::Text(text)).is_err() {
+            return Some(Step::Cancelled);
+        }
+        if hit {
+            return Some(Step::Finished(FinishReason::Stop));
+        }
+        if a.generated >= a.job.max_tokens {
+            return Some(Step::Finished(FinishReason::Length));
+        }
+        None
+    }
+
+    /// One speculative cycle (spec::generate has the same loop for `run`):
+    /// emit the pending token, draft K, verify `[pending, drafts]` in one
+    /// pass, roll the state back to what was accepted, emit the accepted drafts.
+    fn step_spec(&self, a: &mut Active<'a>, n_draft: usize) -> Step {
+        let pending = match a.pending.take() {
+            Some(t) => t,
+            None => {
+                let logits = a.logits.as_ref().expect("decode after prefill");
+                let t = a.sampler.sample(logits);
+                a.sampler.accept(t);
+                t
+            }
+        };
+        if let Some(step) = self.emit(a, pending) {
+            return step;
+        }
+        let session = &mut a.lease.session;
+        let (pos, max_ctx) = (session.state.pos, session.state.max_ctx);
+        if pos >= max_ctx {
+            return Step::Finished(FinishReason::Length);
+        }
+        let t = Instant::now();
+        let k = n_draft.min((a.job.max_tokens - a.generated).saturating_sub(1)).min(max_ctx - pos - 1);
+        // The drafter is taken out of the session for the cycle and put back.
+        let Some(mut drafter) = session.drafter.take() else {
+            return Step::Failed("speculation without a drafter".into());
+        };
+        let cycle = self.cycle(session, drafter.as_mut(), &mut a.sampler, pending, k);
+        session.drafter = Some(drafter);
+        let (draft, out) = match cycle {
+            Ok(c) => c,
+            Err(e) => return Step::Failed(e),
+        };
+        a.decode_time += t.elapsed();
+        a.spec.record(draft.tokens.len(), out.accepted);
+        for &d in &draft.tokens[..out.accepted] {
+            if let Some(step) = self.emit(a, d) {
+                return step;
+            }
+        }
+        a.pending = Some(out.next);
+        Step::Continue
+    }
+
+    /// Draft up to `k` tokens after `pending`, verify them with the target in
+    /// one pass, roll back to what was kept and record it in the session.
+    fn cycle(
+        &self,
+        session: &mut hearth_engine::session::Session,
+        drafter: &mut dyn Drafter,
+        sampler: &mut Sampler,
+        pending: u32,
+        k: usize,
+    ) -> Result<(hearth_engine::spec::Draft, hearth_engine::spec::verify::BlockOutcome), String> {
+        let draft = if k > 0 {
+            let mut context = session.resident().to_vec();
+            context.push(pending);
+            let mut d = drafter.propose(&context, k).map_err(|e| e.to_string())?;
+            d.tokens.truncate(k);
+            d
+        } else {
+            Default::default()
+        };
+        let taps = drafter.taps().to_vec();
+        let width = taps.len() * self.model.config.dim;
+        let mut block = vec![pending];
+        block.extend_from_slice(&draft.tokens);
+        let mut hidden = Vec::new();
+        let pos = session.state.pos;
+        let rows = self
+            .model
+            .forward_tapped(&mut session.state, &block, Logits::All, &taps, &mut hidden)
+            .map_err(|e| e.to_string())?;
+        let vocab = self.model.config.vocab_size;
+        let out = verify_block(sampler, &rows, vocab, &draft.tokens, draft.probs.as_deref());
+        let kept = out.accepted + 1;
+        session.state.rollback(pos + kept).map_err(|e| e.to_string())?;
+        session.push_fed(&block[..kept]);
+        drafter.commit(&block[..kept], &hidden[..kept * width]).map_err(|e| e.to_string())?;
+        Ok((draft, out))
+    }
+
+    /// One prefill chunk or one decode token (or speculative cycle).
     fn step(&self, a: &mut Active<'a>, slice: usize) -> Step {
         if a.job.events.is_closed() {
             return Step::Cancelled;
@@ -311,10 +454,17 @@ impl<'a> Engine<'a> {
                 Logits::None
             };
             let t = Instant::now();
-            let out = match self.model.forward(&mut session.state, chunk, want) {
+            let taps = session.drafter.as_ref().map(|d| d.taps().to_vec()).unwrap_or_default();
+            let mut hidden = Vec::new();
+            let out = match self.model.forward_tapped(&mut session.state, chunk, want, &taps, &mut hidden) {
                 Ok(l) => l,
                 Err(e) => return Step::Failed(e.to_string()),
             };
+            if let Some(d) = session.drafter.as_mut() {
+                if let Err(e) = d.commit(chunk, &hidden) {
+                    return Step::Failed(e.to_string());
+                }
+            }
             a.prefill_time += t.elapsed();
             session.push_fed(chunk);
             a.next = end;
@@ -324,6 +474,9 @@ impl<'a> Engine<'a> {
             return Step::Continue;
         };
 
+        if let Some(spec) = &self.spec {
+            return self.step_spec(a, spec.n_draft);
+        }
         let next = a.sampler.sample(logits);
         a.sampler.accept(next);
         a.generated += 1;
@@ -396,6 +549,9 @@ impl<'a> Engine<'a> {
         m.decode_tokens.fetch_add(decoded, Ordering::Relaxed);
         m.decode_us
             .fetch_add(a.decode_time.as_micros() as u64, Ordering::Relaxed);
+        if self.spec.is_some() {
+            m.record_spec(&a.spec);
+        }
         eprintln!(
             "llm_turn_stats session_id={} reason={} prompt_tokens={} reused_prompt_tokens={} prefilled_prompt_tokens={} completion_tokens={} prefill_ms={:.0} decode_tok_s={:.1} finish={}",
             a.lease.id.as_deref().unwrap_or("<scratch>"),

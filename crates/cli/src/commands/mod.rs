@@ -4,5 +4,6 @@ pub mod parse;
 pub mod pull;
 pub mod run;
 pub mod serve;
+pub mod spec;
 pub mod synth;
 pub mod template;

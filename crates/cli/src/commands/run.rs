@@ -2,11 +2,15 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use hearth_engine::generate::{generate, Flow, GenerateParams};
 use hearth_engine::sampler::{Sampler, SamplerConfig};
-use hearth_models::{LayerKind, Model};
+use hearth_engine::spec::{generate_speculative, SpecParams, SpecStats};
+use hearth_models::{LayerKind, Model, State};
+
+use super::spec::SpecArgs;
 use hearth_tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
@@ -63,6 +67,8 @@ pub struct Args {
     /// Backend: cpu or cuda.
     #[arg(long, value_enum, default_value_t = crate::device::Device::Cpu)]
     pub device: crate::device::Device,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -74,9 +80,13 @@ pub fn run(args: Args) -> Result<()> {
         (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
     };
     let path = crate::registry::resolve_model(args.model.as_deref())?;
+    if args.device == crate::device::Device::Cuda && args.spec.spec != hearth_engine::spec::SpecKind::None {
+        bail!("--spec runs on the CPU backend only for now (use --device cpu)");
+    }
     // The GPU copies the file's blocks itself: no CPU repacking for it.
     let load = if args.device == crate::device::Device::Cuda { Model::load_unpacked } else { Model::load };
-    let model = load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let model = Arc::new(load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let factory = args.spec.factory(&model)?;
     let tokenizer = Tokenizer::from_gguf(model.file().metadata()).context("building the tokenizer")?;
     let text = if args.chat { chat_prompt(&tokenizer, &prompt)? } else { prompt };
     let ids = tokenizer.encode(&text, true, args.chat);
@@ -101,7 +111,6 @@ pub fn run(args: Args) -> Result<()> {
     let params = GenerateParams { max_tokens: args.n_predict.min(args.ctx - ids.len()), stop: args.stop.clone(), ignore_eos: false };
     #[cfg(feature = "cuda")]
     if args.device == crate::device::Device::Cuda {
-        let model = std::sync::Arc::new(model);
         let gm = crate::cuda::load(model.clone())?;
         let mut state = gm.new_state(args.ctx)?;
         let mut out = std::io::stdout().lock();
@@ -122,12 +131,26 @@ pub fn run(args: Args) -> Result<()> {
         );
         return Ok(());
     }
-    let mut state = model.new_state(args.ctx);
     let mut out = std::io::stdout().lock();
-    let stats = generate(&model, &mut state, &tokenizer, &mut sampler, &ids, &params, |t| {
+    let on_text = |t: &str| {
         let ok = out.write_all(t.as_bytes()).and_then(|_| out.flush());
         if ok.is_ok() { Flow::Continue } else { Flow::Stop }
-    })?;
+    };
+    let (state, stats, spec_stats) = match &factory {
+        None => {
+            let mut state = model.new_state(args.ctx);
+            let stats = generate(&model, &mut state, &tokenizer, &mut sampler, &ids, &params, on_text)?;
+            (state, stats, None)
+        }
+        Some(f) => {
+            let mut setup = f.make(&args.spec, &model, args.ctx, &config)?;
+            // Rings keep K extra slots so rejected positions can be rolled back.
+            let mut state = State::with_ring_slack(&model, args.ctx, setup.n_draft);
+            let spec = SpecParams { n_draft: setup.n_draft };
+            let (stats, sp) = generate_speculative(&model, &mut state, &tokenizer, &mut sampler, setup.drafter.as_mut(), &ids, &params, spec, on_text)?;
+            (state, stats, Some((setup.n_draft, sp)))
+        }
+    };
     drop(out);
 
     let kv = kv_summary(&model, &state);
@@ -141,8 +164,11 @@ pub fn run(args: Args) -> Result<()> {
         stats.finish.as_str()
     );
     eprintln!("{kv}");
+    if let Some((k, sp)) = &spec_stats {
+        eprintln!("{}", spec_summary(args.spec.spec.as_str(), *k, sp));
+    }
     if let Some(p) = &args.stats_json {
-        let json = serde_json::json!({
+        let mut json = serde_json::json!({
             "model": path,
             "prompt_tokens": stats.prompt_tokens,
             "prefill_tok_s": stats.prefill_tok_s(),
@@ -150,10 +176,44 @@ pub fn run(args: Args) -> Result<()> {
             "decode_tok_s": stats.decode_tok_s(),
             "finish_reason": stats.finish.as_str(),
             "kv_bytes": state.kv_bytes(),
+            "spec": args.spec.spec.as_str(),
         });
+        if let Some((k, sp)) = &spec_stats {
+            let extra = serde_json::json!({
+                "n_draft": k,
+                "block_length": args.spec.block_length,
+                "mean_accepted": sp.mean_accepted(),
+                "tokens_per_target_forward": sp.tokens_per_forward(),
+                "acceptance_rate": sp.acceptance_rate(),
+                "acceptance_by_position": sp.acceptance_by_position(),
+                "target_forwards": sp.target_forwards,
+                "drafted_at": sp.drafted_at,
+                "accepted_at": sp.accepted_at,
+                "draft_s": sp.draft_secs,
+                "verify_s": sp.verify_secs,
+            });
+            if let (Some(o), serde_json::Value::Object(e)) = (json.as_object_mut(), extra) {
+                o.extend(e);
+            }
+        }
         std::fs::write(p, serde_json::to_string_pretty(&json)? + "\n").with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
+}
+
+/// "spec: …" line: how much speculation bought.
+pub fn spec_summary(kind: &str, n_draft: usize, s: &SpecStats) -> String {
+    let by_pos: Vec<String> = s.acceptance_by_position().iter().map(|a| format!("{a:.2}")).collect();
+    format!(
+        "spec: {kind}, n_draft {n_draft} | {} target forwards, {:.2} tokens per forward, mean accepted {:.2}, acceptance {:.1}% | by position [{}] | draft {:.2} s, verify {:.2} s",
+        s.target_forwards,
+        s.tokens_per_forward(),
+        s.mean_accepted(),
+        100.0 * s.acceptance_rate(),
+        by_pos.join(", "),
+        s.draft_secs,
+        s.verify_secs
+    )
 }
 
 /// "KV cache: …" line describing the hybrid layout.

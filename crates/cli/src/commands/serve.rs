@@ -4,7 +4,15 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use hearth_server::ServerOptions;
+use std::sync::Arc;
+
+use hearth_engine::sampler::SamplerConfig;
+use hearth_engine::spec::SpecKind;
+use hearth_models::Model;
+use hearth_server::scheduler::MakeDrafter;
+use hearth_server::{ServerOptions, SpecOptions};
+
+use super::spec::SpecArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -53,6 +61,8 @@ pub struct Args {
     /// Backend: cpu (cuda is not yet wired into the server's session store).
     #[arg(long, value_enum, default_value_t = crate::device::Device::Cpu)]
     pub device: crate::device::Device,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -81,8 +91,30 @@ pub fn run(args: Args) -> Result<()> {
         tool_parser: args.tool_parser,
         max_body_bytes: args.max_body_mib.saturating_mul(1024 * 1024),
         strict_context: args.strict_context,
+        spec: spec_options(&args.spec),
     };
     hearth_server::run(options).context("hearth serve")
+}
+
+/// The server's speculation: the drafter's models load once the target is
+/// loaded; each session then gets its own drafter.
+fn spec_options(args: &SpecArgs) -> Option<SpecOptions> {
+    if args.spec == SpecKind::None && args.draft_model.is_none() && args.block_length.is_none() && args.n_draft.is_none() {
+        return None;
+    }
+    let args = args.clone();
+    let kind = args.spec.as_str().to_string();
+    let prepare = move |target: &Arc<Model>| -> Result<(MakeDrafter, usize), String> {
+        let factory = args.factory(target).map_err(|e| format!("{e:#}"))?.ok_or("speculation is off")?;
+        let n_draft = args.n_draft(&factory);
+        let target = target.clone();
+        let args = args.clone();
+        let make: MakeDrafter = Arc::new(move |max_ctx: usize, sampling: &SamplerConfig| {
+            factory.make(&args, &target, max_ctx, sampling).map(|s| s.drafter).map_err(|e| format!("{e:#}"))
+        });
+        Ok((make, n_draft))
+    };
+    Some(SpecOptions { kind, prepare: Arc::new(prepare) })
 }
 
 /// A packaged name as given (or the default's), else the file stem.

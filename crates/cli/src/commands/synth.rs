@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use hearth_models::synth::{write_gguf_pooled, SynthOptions, SynthPlan, SynthShape, PRESETS};
+use hearth_models::synth_dflash::{dflash_plan, DflashShape};
 use hearth_models::Architecture;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -17,6 +18,9 @@ pub enum Arch {
     MuseGlimmer,
     #[value(name = "qwen2")]
     Qwen2,
+    /// A DFlash draft (../shared/spec/dflash.md) matched to `--target`.
+    #[value(name = "dflash")]
+    Dflash,
 }
 
 impl Arch {
@@ -24,6 +28,7 @@ impl Arch {
         match self {
             Arch::MuseGlimmer => Architecture::MuseGlimmer,
             Arch::Qwen2 => Architecture::Qwen2,
+            Arch::Dflash => unreachable!("dflash drafts are planned by dflash_plan_for"),
         }
     }
 }
@@ -61,6 +66,15 @@ pub struct Args {
     /// Sliding window (muse_glimmer) [default: 16].
     #[arg(long)]
     pub window: Option<usize>,
+    /// dflash: the target GGUF the draft is matched to (width, layers, vocabulary).
+    #[arg(long)]
+    pub target: Option<PathBuf>,
+    /// dflash: trained block size B_max [default: 16].
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// dflash: tapped target layers, comma-separated [default: up to 5 spread over 2..=L-2].
+    #[arg(long, value_delimiter = ',')]
+    pub target_layers: Option<Vec<usize>>,
     /// Seed of the random weights; the same seed gives the same bytes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -120,7 +134,56 @@ fn mb(b: u64) -> f64 {
     b as f64 / 1e6
 }
 
+/// The plan of a DFlash draft for `--target`, with the shape flags applied
+/// (--layers, --heads, --kv-heads, --head-dim, --ffn, --block-size,
+/// --target-layers, --window for an all-sliding draft).
+fn dflash_plan_for(args: &Args) -> Result<SynthPlan> {
+    let Some(target) = &args.target else {
+        bail!("--arch dflash needs --target FILE (the target GGUF the draft is matched to)");
+    };
+    if args.preset.is_some() || args.dim.is_some() || args.vocab.is_some() {
+        bail!("--arch dflash takes its width and vocabulary from --target (no --preset, --dim or --vocab)");
+    }
+    let file = hearth_gguf::GgufFile::open(target).with_context(|| format!("reading {}", target.display()))?;
+    let config = hearth_models::ModelConfig::from_gguf(&file).with_context(|| format!("reading {}", target.display()))?;
+    let mut s = DflashShape::for_target(&config);
+    let set = |field: &mut usize, v: Option<usize>| *field = v.unwrap_or(*field);
+    set(&mut s.n_layers, args.layers);
+    set(&mut s.n_heads, args.heads);
+    set(&mut s.n_kv_heads, args.kv_heads);
+    set(&mut s.head_dim, args.head_dim);
+    set(&mut s.ffn_dim, args.ffn);
+    set(&mut s.block_size, args.block_size);
+    if let Some(t) = &args.target_layers {
+        s.target_layers = t.clone();
+    }
+    s.window = args.window;
+    eprintln!(
+        "dflash draft for {} ({} layers, dim {}, vocab {}): {} layers, {} heads / {} kv heads of {}, ffn {}, block {}, taps {:?}{}",
+        target.display(),
+        config.n_layers,
+        config.dim,
+        config.vocab_size,
+        s.n_layers,
+        s.n_heads,
+        s.n_kv_heads,
+        s.head_dim,
+        s.ffn_dim,
+        s.block_size,
+        s.target_layers,
+        s.window.map(|w| format!(", all layers sliding (window {w})")).unwrap_or_default()
+    );
+    Ok(dflash_plan(&config, &s)?)
+}
+
 pub fn run(args: Args) -> Result<()> {
+    if args.arch == Some(Arch::Dflash) {
+        let plan = dflash_plan_for(&args)?;
+        return write(&args, &plan);
+    }
+    if args.target.is_some() || args.block_size.is_some() || args.target_layers.is_some() {
+        bail!("--target, --block-size and --target-layers are for --arch dflash");
+    }
     let shape = shape(&args)?;
     let plan = SynthPlan::new(&shape)?;
     let total = plan.data_bytes();
@@ -146,19 +209,17 @@ pub fn run(args: Args) -> Result<()> {
         mb(total),
         args.seed
     );
+    write(&args, &plan)
+}
+
+fn write(args: &Args, plan: &SynthPlan) -> Result<()> {
+    let total = plan.data_bytes();
     if args.dry_run {
         for t in &plan.tensors {
-            println!(
-                "{:40} {:5} {:?} {}",
-                t.name,
-                t.ty.name(),
-                t.shape,
-                t.n_bytes()
-            );
+            println!("{:40} {:5} {:?} {}", t.name, t.ty.name(), t.shape, t.n_bytes());
         }
         return Ok(());
     }
-
     // Write under a temporary name so an interrupted run leaves no plausible-looking file.
     let partial = partial_path(&args.output);
     let file = File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
@@ -177,7 +238,7 @@ pub fn run(args: Args) -> Result<()> {
         ..SynthOptions::default()
     };
     let t0 = Instant::now();
-    let written = write_gguf_pooled(&plan, &opts, args.row_pool, BufWriter::with_capacity(1 << 20, file), |n| {
+    let written = write_gguf_pooled(plan, &opts, args.row_pool, BufWriter::with_capacity(1 << 20, file), |n| {
         bar.inc(n)
     });
     bar.finish_and_clear();

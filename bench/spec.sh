@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Speculative decoding: decode speed with each drafter against no speculation,
+# measured in one run on the same prompts (bench/prompts/*.txt, chat-wrapped).
+#
+#   bench/spec.sh MODEL N_TOKENS TEMP THREADS CONFIG... [-- PROMPT_GLOB]
+#
+# CONFIG: none | ngram:K | draft:DRAFT_MODEL:K | dflash:DRAFT_GGUF:B:K
+# Every prompt runs every config back to back (A B C, A B C, ...), so load
+# changes on a shared machine hit all configs alike. Prints per config the
+# decode tok/s over all prompts (generated tokens after the first / decode
+# seconds, prefill excluded), the ratio to `none`, mean accepted drafts per
+# verify pass, tokens per target forward, acceptance by draft position, and
+# at T=0 how many outputs are identical to `none` (they must all be).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model="${1:?usage: bench/spec.sh MODEL N_TOKENS TEMP THREADS CONFIG...}"
+n="${2:?}"; temp="${3:?}"; threads="${4:?}"; shift 4
+configs=(); glob="bench/prompts/*.txt"
+while [[ $# -gt 0 ]]; do
+  if [[ "$1" == "--" ]]; then glob="$2"; break; fi
+  configs+=("$1"); shift
+done
+cargo build --release -q -p hearth
+hearth=target/release/hearth
+out=$(mktemp -d)
+echo "results in $out" >&2
+for prompt in $glob; do
+  name=$(basename "$prompt" .txt)
+  for cfg in "${configs[@]}"; do
+    IFS=: read -r kind a b c <<< "$cfg"
+    flags=()
+    case "$kind" in
+      none) ;;
+      ngram) flags=(--spec ngram --n-draft "$a") ;;
+      draft) flags=(--spec draft --draft-model "$a" --n-draft "$b") ;;
+      dflash) flags=(--spec dflash --draft-model "$a" --block-length "$b" --n-draft "$c") ;;
+      *) echo "unknown config $cfg" >&2; exit 1 ;;
+    esac
+    tag=$(echo "$cfg" | tr ':/' '__')
+    echo "$name $cfg" >&2
+    "$hearth" run -m "$model" -f "$prompt" --chat -n "$n" --temp "$temp" --seed 1 -t "$threads" \
+      "${flags[@]}" --stats-json "$out/$name.$tag.json" > "$out/$name.$tag.txt" 2>/dev/null
+  done
+done
+python3 - "$out" "$temp" "$model" "$n" "$threads" "${configs[@]}" <<'PY'
+import glob, json, os, platform, sys
+out, temp, model, n, threads, configs = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
+tag = lambda c: c.replace(":", "_").replace("/", "_")
+names = sorted({os.path.basename(p).split(".")[0] for p in glob.glob(f"{out}/*.json")})
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+print(f"model {model}, {len(names)} prompts, {n} new tokens, T={temp}, {threads} threads, cpu: {cpu}")
+base = None
+print(f"{'config':40} {'tok/s':>7} {'ratio':>6} {'mean_acc':>8} {'tok/fwd':>7} {'same':>6}  acceptance by position")
+for c in configs:
+    toks = secs = fwd = acc = 0.0; same = 0; dr = []; ac = []
+    for nm in names:
+        j = json.load(open(f"{out}/{nm}.{tag(c)}.json"))
+        g = j["generated_tokens"]
+        if g > 1:
+            toks += g - 1; secs += (g - 1) / j["decode_tok_s"]
+        if "target_forwards" in j:
+            fwd += j["target_forwards"]; acc += j["mean_accepted"] * j["target_forwards"]
+            for i, (d, a) in enumerate(zip(j["drafted_at"], j["accepted_at"])):
+                if i >= len(dr): dr.append(0); ac.append(0)
+                dr[i] += d; ac[i] += a
+        if open(f"{out}/{nm}.{tag(c)}.txt").read() == open(f"{out}/{nm}.{tag(configs[0])}.txt").read():
+            same += 1
+    rate = toks / secs
+    base = base or rate
+    mean = acc / fwd if fwd else 0.0
+    by = ", ".join(f"{a / d:.2f}" for d, a in zip(dr, ac) if d)
+    print(f"{c:40} {rate:7.2f} {rate / base:6.2f} {mean:8.2f} {mean + 1 if fwd else 1:7.2f} {same:3}/{len(names)}  [{by}]")
+PY

@@ -1,0 +1,132 @@
+//! The DFlash drafter (../shared/spec/dflash.md §6–§8): keeps the backlog of
+//! target hidden rows not yet in the draft context cache (invariant
+//! `C + rows(Hq) = F`), and per cycle runs one draft forward over
+//! `[anchor, MASK × (B−1)]` that first writes the backlog, then reads argmax
+//! drafts from block rows 1..=K. Block length B is a run-time knob
+//! (2 ≤ B ≤ the draft's trained block size), as is K ≤ B−1.
+
+use std::sync::Arc;
+
+use hearth_models::dflash::{DflashError, DflashModel, DflashState};
+use hearth_models::Model;
+
+use super::{Draft, Drafter, SpecError};
+use crate::sampler::argmax;
+
+impl From<DflashError> for SpecError {
+    fn from(e: DflashError) -> Self {
+        SpecError::Config(e.to_string())
+    }
+}
+
+pub struct DflashDrafter {
+    draft: Arc<DflashModel>,
+    target: Arc<Model>,
+    state: DflashState,
+    /// Hidden rows of committed positions C..F−1, [rows, n_taps · dim].
+    backlog: Vec<f32>,
+    block_length: usize,
+    taps: Vec<usize>,
+}
+
+impl DflashDrafter {
+    /// `block_length`: B, in 2..=block_size (default: the trained block size).
+    pub fn new(draft: Arc<DflashModel>, target: Arc<Model>, max_ctx: usize, block_length: Option<usize>) -> Result<Self, SpecError> {
+        let bmax = draft.config.block_size;
+        let b = block_length.unwrap_or(bmax);
+        if !(2..=bmax).contains(&b) {
+            return Err(SpecError::Config(format!("--block-length {b} must be in 2..={bmax} (the draft's trained block size)")));
+        }
+        let taps = draft.config.target_layers.clone();
+        // Room for the block's positions past the context.
+        let state = draft.new_state(max_ctx + bmax);
+        Ok(DflashDrafter { draft, target, state, backlog: Vec::new(), block_length: b, taps })
+    }
+
+    /// Changes B without reloading (takes effect at the next proposal).
+    pub fn set_block_length(&mut self, b: usize) -> Result<(), SpecError> {
+        let bmax = self.draft.config.block_size;
+        if !(2..=bmax).contains(&b) {
+            return Err(SpecError::Config(format!("block length {b} must be in 2..={bmax}")));
+        }
+        self.block_length = b;
+        Ok(())
+    }
+
+    pub fn block_length(&self) -> usize {
+        self.block_length
+    }
+
+    /// Context positions written to the draft cache (C).
+    pub fn cached_context(&self) -> usize {
+        self.state.ctx_len
+    }
+
+    /// Rows waiting to be written (rows(Hq)).
+    pub fn backlog_rows(&self) -> usize {
+        self.backlog.len() / self.draft.hidden_width()
+    }
+}
+
+impl Drafter for DflashDrafter {
+    fn taps(&self) -> &[usize] {
+        &self.taps
+    }
+
+    fn propose(&mut self, context: &[u32], k: usize) -> Result<Draft, SpecError> {
+        let f = context.len() - 1;
+        if self.cached_context() + self.backlog_rows() != f {
+            return Err(SpecError::Config(format!(
+                "DFlash bookkeeping: {} cached + {} backlog rows != {f} committed positions",
+                self.cached_context(),
+                self.backlog_rows()
+            )));
+        }
+        let b = self.block_length;
+        let n = k.min(b - 1);
+        if n == 0 {
+            return Ok(Draft::default());
+        }
+        let mut block = vec![self.draft.config.mask_token; b];
+        block[0] = context[f];
+        let logits = self.draft.forward(&self.target, &mut self.state, &self.backlog, &block, n)?;
+        self.backlog.clear();
+        let vocab = self.target.config.vocab_size;
+        let tokens = logits.chunks_exact(vocab).map(argmax).collect();
+        Ok(Draft { tokens, probs: None })
+    }
+
+    fn commit(&mut self, tokens: &[u32], hidden: &[f32]) -> Result<(), SpecError> {
+        let width = self.draft.hidden_width();
+        if hidden.len() != tokens.len() * width {
+            return Err(SpecError::Config(format!("DFlash: {} hidden values for {} tokens of width {width}", hidden.len(), tokens.len())));
+        }
+        self.backlog.extend_from_slice(hidden);
+        // §7.4: with an all-sliding draft, rows older than W_d are never seen.
+        let w = self.draft.config.draft_sliding_window();
+        let rows = self.backlog_rows();
+        if w > 0 && rows > w {
+            let drop = rows - w;
+            self.draft.skip_context(&mut self.state, drop)?;
+            self.backlog.drain(..drop * width);
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.state.reset();
+        self.backlog.clear();
+    }
+
+    /// Spec §7.2: keep only the backlog rows below `pos`; context K/V past it
+    /// are simply rewritten later (the cache is indexed by position).
+    fn rollback(&mut self, pos: usize) {
+        let width = self.draft.hidden_width();
+        if pos <= self.state.ctx_len {
+            self.state.ctx_len = pos;
+            self.backlog.clear();
+        } else {
+            self.backlog.truncate((pos - self.state.ctx_len) * width);
+        }
+    }
+}
