@@ -231,7 +231,8 @@ fn attention_f16_flash(
     let cells = fa::Cells::of(cache);
     let kv_row = s.n_kv_heads * hd;
     let source = |kvh: usize| fa::KvSource { k_new, v_new, kc, vc, cache, p0, kv_row, kvh };
-    if t_len >= fa::TILED_MIN_ROWS {
+    let invariant = hearth_kernels::cpu::packed::batch_invariant();
+    if t_len >= fa::TILED_MIN_ROWS && !invariant {
         // Rows sharing a KV head go together (its tiles are converted once),
         // in chunks so that both threads have work.
         const ROWS_PER_TASK: usize = 32;
@@ -278,7 +279,7 @@ fn attention_f16_flash(
             let qpos = p0 + t;
             let lo = cache.window_start(qpos);
             let qrow = &q[idx * hd..(idx + 1) * hd];
-            if t_len == 1 && fa::use_split_kv(cells, qpos) {
+            if (t_len == 1 || invariant) && fa::use_split_kv(cells, qpos) {
                 fa::split_kv_row(qrow, &src, cells, lo, qpos, s.scale, o);
             } else {
                 fa::f16_row(qrow, &src, lo, qpos, s.scale, o);

@@ -47,6 +47,21 @@ impl Model {
         self.forward_tapped(state, tokens, want, &[], &mut Vec::new())
     }
 
+    /// A speculative verify pass: [`Model::forward_tapped`] with
+    /// batch-invariant numerics, so the K+1 rows equal K+1 single-token
+    /// decode steps bit for bit (greedy speculative output is then exactly
+    /// plain greedy output; see `hearth_kernels::cpu::packed::with_batch_invariant`).
+    pub fn forward_verify(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>, ModelError> {
+        hearth_kernels::cpu::packed::with_batch_invariant(|| self.forward_tapped(state, tokens, want, taps, hidden))
+    }
+
     /// [`Model::forward`] that also records, for every token, the residual
     /// stream entering each layer in `taps` (ascending; `n_layers` means the
     /// last layer's output, 0 the embedding output). Rows are appended to

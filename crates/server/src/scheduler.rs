@@ -428,7 +428,7 @@ impl<'a> Engine<'a> {
         let pos = session.state.pos;
         let rows = self
             .model
-            .forward_tapped(&mut session.state, &block, Logits::All, &taps, &mut hidden)
+            .forward_verify(&mut session.state, &block, Logits::All, &taps, &mut hidden)
             .map_err(|e| e.to_string())?;
         let vocab = self.model.config.vocab_size;
         let out = verify_block(sampler, &rows, vocab, &draft.tokens, draft.probs.as_deref());

@@ -112,7 +112,7 @@ pub fn generate_speculative(
             block.push(pending);
             block.extend_from_slice(&draft.tokens);
             let mut hid = Vec::new();
-            let rows = model.forward_tapped(state, &block, Logits::All, &taps, &mut hid)?;
+            let rows = model.forward_verify(state, &block, Logits::All, &taps, &mut hid)?;
             let probs = draft.probs.as_deref();
             let out = verify_block(sampler, &rows, vocab, &draft.tokens, probs);
             let kept = out.accepted + 1;

@@ -180,13 +180,15 @@ fn matmul_rows_mode(
     assert_eq!(x.len(), n * w.cols, "matmul: x is not [n, cols]");
     // llama.cpp repacks Q4_K matrices of 8k rows: rows of x below the last
     // multiple of 4 go through its gemm (own quantizer), the rest its gemv.
+    let invariant = super::packed::batch_invariant();
     let repacked =
         mode == Activations::Quantized && w.ty == GgmlType::Q4_K && is_repacked_q4_k(w.rows);
-    let n_gemm = if repacked { n - n % 4 } else { 0 };
+    let n_gemm = if repacked && !invariant { n - n % 4 } else { 0 };
     let path = if repacked {
         Path::Repacked
     } else if mode == Activations::Quantized
         && n >= 8
+        && !invariant
         && matches!(w.ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
     {
         Path::Tiled

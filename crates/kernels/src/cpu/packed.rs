@@ -28,6 +28,28 @@ use crate::quant::quantize_row_q8_k_ref;
 /// Rows per group.
 pub const GROUP: usize = 8;
 
+thread_local! {
+    static BATCH_INVARIANT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with batch-invariant numerics on this thread: every row of a
+/// multi-row matmul (and attention) computed exactly as a one-row call would
+/// compute it (Q4_K gemv order, Q6_K `vec_dot` order, per-row decode
+/// attention). A speculative verify pass over K+1 tokens then equals K+1
+/// single-token decode steps bit for bit. Prompt prefill keeps llama.cpp's
+/// batched orders.
+pub fn with_batch_invariant<R>(f: impl FnOnce() -> R) -> R {
+    let old = BATCH_INVARIANT.with(|b| b.replace(true));
+    let r = f();
+    BATCH_INVARIANT.with(|b| b.set(old));
+    r
+}
+
+/// Whether this thread is inside [`with_batch_invariant`].
+pub fn batch_invariant() -> bool {
+    BATCH_INVARIANT.with(|b| b.get())
+}
+
 /// Byte layout of one packed block (8 rows) per type: offsets of the parts.
 mod layout {
     // Q8_0: d[8] f16, 4 units (elements 8u..8u+8, raw signed bytes).
@@ -345,8 +367,9 @@ enum Acts {
     Q8_0(Vec<BlockQ8_0>, Vec<[i32; 8]>),
     Q8_1(Vec<BlockQ8_1>),
     /// Q8_K blocks; tokens below `gemm_rows` were quantized by the 4-row
-    /// quantizer of llama.cpp's repacked gemm.
-    Q8K(Vec<BlockQ8K>, usize),
+    /// quantizer of llama.cpp's repacked gemm; `tiled`: Q6_K takes the tiled
+    /// order (8+ rows, unless batch-invariant).
+    Q8K(Vec<BlockQ8K>, usize, bool),
 }
 
 /// Which float order a Q4_K/Q6_K product follows.
@@ -403,7 +426,8 @@ fn quantize_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Acts {
             Acts::Q8_1(b)
         }
         Q4_K | Q6_K => {
-            let gemm_rows = if ty == Q4_K { n - n % 4 } else { 0 };
+            let invariant = batch_invariant();
+            let gemm_rows = if ty == Q4_K && !invariant { n - n % 4 } else { 0 };
             let mut b = vec![BlockQ8K::default(); n * cols / QK_K];
             par_tokens(&mut b, n, |t, out| {
                 if t < gemm_rows {
@@ -412,7 +436,7 @@ fn quantize_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Acts {
                     quantize_row_q8_k_ref(row(t), out);
                 }
             });
-            Acts::Q8K(b, gemm_rows)
+            Acts::Q8K(b, gemm_rows, n >= 8 && !invariant)
         }
         _ => unreachable!("packed types only"),
     }
@@ -700,20 +724,20 @@ const TOKEN_TILE: usize = 32;
 
 /// One group against tokens `t0..t0 + NT`.
 #[inline(always)]
-unsafe fn group_values<S: Simd, const NT: usize>(pm: &PackedMatrix, acts: &Acts, n: usize, g: usize, t0: usize) -> [[f32; 8]; NT] {
+unsafe fn group_values<S: Simd, const NT: usize>(pm: &PackedMatrix, acts: &Acts, _n: usize, g: usize, t0: usize) -> [[f32; 8]; NT] {
     let nb = pm.blocks;
     let w = pm.group(g);
     let rows = |t: usize| t * nb..(t + 1) * nb;
     match acts {
         Acts::Q8_0(y, s) => dot_q0::<S, NT>(pm.ty, w, std::array::from_fn(|i| &y[rows(t0 + i)]), std::array::from_fn(|i| &s[rows(t0 + i)])),
         Acts::Q8_1(y) => dot_q4_1::<S, NT>(w, std::array::from_fn(|i| &y[rows(t0 + i)])),
-        Acts::Q8K(y, gemm_rows) => {
+        Acts::Q8K(y, gemm_rows, tiled) => {
             let ys = std::array::from_fn(|i| &y[rows(t0 + i)]);
             if pm.ty == GgmlType::Q4_K {
                 // Token blocks start at multiples of 4, so a block is all gemm or all gemv.
                 dot_q4_k::<S, NT>(w, ys, if t0 < *gemm_rows { Order::Batch } else { Order::Vec })
             } else {
-                dot_q6_k::<S, NT>(w, ys, if n >= 8 { Order::Batch } else { Order::Vec })
+                dot_q6_k::<S, NT>(w, ys, if *tiled { Order::Batch } else { Order::Vec })
             }
         }
     }
@@ -947,6 +971,37 @@ mod tests {
             }
         }
         wq
+    }
+
+    /// In batch-invariant mode every row of a multi-row matmul equals the
+    /// one-row matmul of that row, bit for bit (speculative verify passes),
+    /// while the default batched orders do differ somewhere.
+    #[test]
+    fn batch_invariant_rows_equal_single_rows() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
+        let mut differed = false;
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0] {
+            let (rows, cols) = (16, 4 * 256);
+            let wq = random_matrix(ty, rows, cols, &mut rng);
+            let m = QMatrix { ty, rows, cols, data: &wq };
+            let pm = PackedMatrix::pack(&m).unwrap();
+            for n in [4, 5, 9] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+                let mut single = vec![0.0f32; n * rows];
+                for t in 0..n {
+                    matmul_packed(Isa::detect(), &pm, &m, &x[t * cols..(t + 1) * cols], 1, &mut single[t * rows..(t + 1) * rows]);
+                }
+                let (mut inv, mut batched) = (vec![0.0f32; n * rows], vec![0.0f32; n * rows]);
+                with_batch_invariant(|| matmul_packed(Isa::detect(), &pm, &m, &x, n, &mut inv));
+                matmul_packed(Isa::detect(), &pm, &m, &x, n, &mut batched);
+                assert!(!batch_invariant());
+                for (i, (a, b)) in inv.iter().zip(&single).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{ty} n {n} [{i}]");
+                }
+                differed |= batched.iter().zip(&single).any(|(a, b)| a.to_bits() != b.to_bits());
+            }
+        }
+        assert!(differed, "the batched orders should differ from one-row products somewhere");
     }
 
     /// The fused gate/up pass gives exactly the two separate products, combined.
