@@ -175,6 +175,24 @@ impl Drop for ThreadPool {
     }
 }
 
+/// A raw pointer handed to every thread of a pool job, for jobs whose
+/// threads write disjoint parts of one buffer (the caller guarantees it).
+pub struct SendPtr<T>(pub *mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
+// SAFETY: only the address crosses threads; writers keep to disjoint ranges.
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    pub fn get(self) -> *mut T {
+        self.0
+    }
+}
+
 /// The share of `0..total` that thread `idx` of `n` handles (contiguous,
 /// sizes differ by at most one).
 pub fn share(total: usize, idx: usize, n: usize) -> Range<usize> {

@@ -269,7 +269,7 @@ fn attention_f16_flash(
     }
     // One output row per (token, head), rows split across the pool.
     let rows = out.len() / hd;
-    let out_ptr = SendPtr(out.as_mut_ptr());
+    let out_ptr = hearth_kernels::pool::SendPtr(out.as_mut_ptr());
     hearth_kernels::pool::global().run(|i, n| {
         for idx in hearth_kernels::pool::share(rows, i, n) {
             // SAFETY: each row is written by one thread only.
@@ -286,16 +286,6 @@ fn attention_f16_flash(
             }
         }
     });
-}
-
-/// A raw pointer that may cross threads (each thread writes disjoint rows).
-struct SendPtr(*mut f32);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-impl SendPtr {
-    fn get(&self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// Rounds K or V rows to the cache precision (in place), so the chunk's own

@@ -21,7 +21,7 @@ use super::matmul::{matmul_rows, QMatrix};
 use super::repack::quantize_row_q8_k_mat_x86;
 use super::simd::{scalar::Scalar, Isa, Simd};
 use super::vec_dot::{quantize_row_q8_0_x86, quantize_row_q8_1_ref, BlockQ8_1};
-use crate::pool;
+use crate::pool::{self, SendPtr};
 use crate::quant::blocks::*;
 use crate::quant::quantize_row_q8_k_ref;
 
@@ -243,20 +243,6 @@ impl PackedMatrix {
     }
 }
 
-struct SendPtr<T>(*mut T);
-impl<T> Clone for SendPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SendPtr<T> {}
-unsafe impl<T> Send for SendPtr<T> {}
-unsafe impl<T> Sync for SendPtr<T> {}
-impl<T> SendPtr<T> {
-    fn get(self) -> *mut T {
-        self.0
-    }
-}
 
 /// Writes `dst[8r + i] = src[r][off + i]` for i < 8: one unit.
 fn unit(src: &[&[u8]; GROUP], off: usize, dst: &mut [u8]) {
