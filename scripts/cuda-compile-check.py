@@ -54,7 +54,7 @@ def main():
         if m:
             cur = m.group(1)
         elif cur and a.filter in cur and ('registers' in line or ('spill' in line and ' 0 bytes spill stores, 0 bytes spill loads' not in line)):
-            print(f'{cur:40s} {line.split(":", 1)[1].strip()}')
+            print(f"{cur:40s} {line.split(':', 1)[-1].strip()}")
     print(f'compiled OK for {a.arch}')
 
 

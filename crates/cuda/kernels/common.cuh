@@ -9,6 +9,21 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 #define WARP 32
+
+// Programmatic dependent launch (sm_90+): a kernel launched with the
+// programmatic-serialization attribute (driver.rs, for the kernels listed in
+// ops::PDL_KERNELS) may start while the previous kernel in the stream is
+// still finishing. PDL_WAIT blocks until that kernel has completed and its
+// writes are visible, so such kernels call it before touching any memory
+// another kernel writes (weights may be read before it). PDL_TRIGGER lets the
+// next kernel start launching. Both are no-ops for ordinary launches.
+#if __CUDA_ARCH__ >= 900
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_WAIT()
+#define PDL_TRIGGER()
+#endif
 #define INFINITY __int_as_float(0x7f800000)
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {

@@ -32,6 +32,8 @@ __device__ __forceinline__ void quantize_lane(float v, int b, int lane, i8* xq, 
 extern "C" __global__ void rmsnorm(const float* __restrict__ x, float* __restrict__ out, const float* __restrict__ g,
                                    int dim, float eps, int flags, i8* __restrict__ xq, float* __restrict__ xd,
                                    float* __restrict__ xs) {
+    PDL_TRIGGER();
+    PDL_WAIT();
     const int row = blockIdx.x;
     const float* xr = x + (size_t)row * dim;
     float* o = out + (size_t)row * dim;
@@ -96,6 +98,8 @@ extern "C" __global__ void prepare_heads(float* __restrict__ q, const float* __r
                                          const float* __restrict__ qk_gain_k, int n_heads, int n_kv, int hd,
                                          const int* __restrict__ pos0, float theta, float eps, int flags,
                                          u16* __restrict__ k_cache, u16* __restrict__ v_cache, int slots) {
+    PDL_TRIGGER();
+    PDL_WAIT();
     const int per_token = n_heads + 2 * n_kv;
     const int t = blockIdx.x / per_token, h = blockIdx.x % per_token;
     const int i = threadIdx.x;  // pair index, 0..hd/2
@@ -176,6 +180,8 @@ extern "C" __global__ void prepare_heads(float* __restrict__ q, const float* __r
 extern "C" __global__ void glu_q8(const float* __restrict__ a, const float* __restrict__ b, int n, int mode,
                                   int flags, float* __restrict__ out, i8* __restrict__ xq, float* __restrict__ xd,
                                   float* __restrict__ xs) {
+    PDL_TRIGGER();
+    PDL_WAIT();
     const int blk = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     if (blk >= n / 32) return;
@@ -196,6 +202,8 @@ extern "C" __global__ void glu_q8(const float* __restrict__ a, const float* __re
 // index and seed), stored as bf16 or f16. Benchmarks use it to put a long
 // context in the cache without prefilling it.
 extern "C" __global__ void fill_random_kv(u16* __restrict__ dst, u64 n, u32 seed, int bf16) {
+    PDL_TRIGGER();
+    PDL_WAIT();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         u32 h = (u32)i * 0x9e3779b9u ^ (u32)(i >> 32) * 0x85ebca6bu ^ seed;
         h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;

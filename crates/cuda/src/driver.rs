@@ -129,6 +129,9 @@ pub struct Gpu {
     profile: Option<Mutex<HashMap<&'static str, (u64, f64)>>>,
     /// Threads per block of the row-norm kernel (tuned with the GEMVs).
     pub norm_threads: std::sync::atomic::AtomicU32,
+    /// Launch the kernels of `ops::uses_pdl` with programmatic dependent
+    /// launch (sm_90+; HEARTH_CUDA_PDL=0 turns it off).
+    pub pdl: bool,
 }
 
 // SAFETY: the context is made current on whichever thread uses it (`bind`);
@@ -185,6 +188,7 @@ impl Gpu {
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .ctx("cuStreamCreate")?;
         let profile = std::env::var_os("HEARTH_CUDA_PROFILE").map(|_| Mutex::new(HashMap::new()));
+        let pdl = info.arch.0 >= 9 && std::env::var("HEARTH_CUDA_PDL").map_or(true, |v| v != "0");
         Ok(Gpu {
             info,
             ctx,
@@ -195,6 +199,7 @@ impl Gpu {
             kernels_cached,
             profile,
             norm_threads: 1024.into(),
+            pdl,
         })
     }
 
@@ -325,11 +330,40 @@ impl Gpu {
         // SAFETY: each parameter points at an 8-byte slot holding the value in
         // its low bytes (little-endian), which is what the kernel reads for
         // its 4- or 8-byte parameter; the slots outlive the call.
-        unsafe { result::launch_kernel(f, grid, (block, 1, 1), 0, self.stream, &mut params) }
-            .map_err(|e| CudaError::Driver {
-                call: "cuLaunchKernel",
-                msg: format!("{name}: {e:?}"),
-            })?;
+        if self.pdl && crate::ops::uses_pdl(name) {
+            // The kernel may start while the previous one finishes; it waits
+            // for it (griddepcontrol.wait) before touching its outputs.
+            // SAFETY: a zeroed attribute is valid; the union field written is
+            // the one the attribute id selects.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: self.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; `cfg` and `attr` outlive the call.
+            unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+                .result()
+                .map_err(|e| CudaError::Driver {
+                    call: "cuLaunchKernelEx",
+                    msg: format!("{name}: {e:?}"),
+                })?;
+        } else {
+            unsafe { result::launch_kernel(f, grid, (block, 1, 1), 0, self.stream, &mut params) }
+                .map_err(|e| CudaError::Driver {
+                    call: "cuLaunchKernel",
+                    msg: format!("{name}: {e:?}"),
+                })?;
+        }
         if let (Some((a, b)), Some(p)) = (timing, &self.profile) {
             self.record(&b)?;
             let ms = a.elapsed_ms(&b)? as f64;

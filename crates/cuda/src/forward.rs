@@ -10,8 +10,8 @@ use hearth_models::{blocks, Architecture, LayerKind, Logits, ModelError};
 
 use crate::driver::{Arg, DevBuf, Gpu, Graph};
 use crate::error::{CudaError, Result};
-use crate::model::{GpuLayer, GpuModel};
-use crate::ops::{self, AttnArgs, HeadPrep, Q8};
+use crate::model::{Fused, GpuLayer, GpuModel, Proj};
+use crate::ops::{self, AttnArgs, HeadPrep, Segment, Q8};
 
 /// Tokens per pass through the layers (bounds scratch memory; rings get this much slack).
 pub const GPU_CHUNK: usize = 512;
@@ -334,6 +334,39 @@ impl GpuModel {
         }
     }
 
+    /// Several products of the same input x: those stored together in
+    /// `fused` as one GEMV launch when the block is small enough for the GEMV
+    /// (decode, verify), the rest (and every product of a prefill) one by one.
+    /// `items`: (projection, matrix, output, bias).
+    fn projections(
+        &self,
+        st: &GpuState,
+        fused: &Fused,
+        t: usize,
+        x: u64,
+        items: &[(Proj, &ops::GpuMatrix, u64, u64)],
+        flags: i32,
+    ) -> Result<()> {
+        let together = fused.parts.len() > 1 && fused.m.tune.x && t < st.gemm_min_tokens;
+        for &(p, w, y, b) in items {
+            if !(together && fused.parts.contains(&p)) {
+                self.linear(st, w, t, x, y, b, flags)?;
+            }
+        }
+        if together {
+            let mut segs = Vec::with_capacity(fused.parts.len());
+            for p in &fused.parts {
+                let &(_, w, y, bias) = items
+                    .iter()
+                    .find(|i| i.0 == *p)
+                    .ok_or_else(|| CudaError::Unsupported(format!("fused part {p:?} without an output")))?;
+                segs.push(Segment { y, bias, rows: w.rows });
+            }
+            ops::gemv_segments(&self.gpu, &fused.m, Self::q8(st), t, &segs, flags)?;
+        }
+        Ok(())
+    }
+
     fn attn_args(&self, kv: &GpuKv, kv_bf16: bool) -> AttnArgs {
         let c = &self.model.config;
         AttnArgs {
@@ -403,9 +436,18 @@ impl GpuModel {
             0,
             Some(a8),
         )?;
-        self.linear(st, &l.wq, t, s.h.ptr, s.q.ptr, l.bq, 0)?;
-        self.linear(st, &l.wk, t, s.h.ptr, s.k.ptr, l.bk, 0)?;
-        self.linear(st, &l.wv, t, s.h.ptr, s.v.ptr, l.bv, 0)?;
+        self.projections(
+            st,
+            &l.attn_in,
+            t,
+            s.h.ptr,
+            &[
+                (Proj::Q, &l.wq, s.q.ptr, l.bq),
+                (Proj::K, &l.wk, s.k.ptr, l.bk),
+                (Proj::V, &l.wv, s.v.ptr, l.bv),
+            ],
+            0,
+        )?;
         let neox = c.rope_layout == hearth_models::RopeLayout::Neox;
         let rope = if l.kind.uses_rope() {
             ops::HEAD_ROPE
@@ -448,8 +490,17 @@ impl GpuModel {
             0,
             Some(a8),
         )?;
-        self.linear(st, &l.ffn_gate, t, s.h.ptr, s.fg.ptr, 0, 0)?;
-        self.linear(st, &l.ffn_up, t, s.h.ptr, s.fu.ptr, 0, 0)?;
+        self.projections(
+            st,
+            &l.ffn_in,
+            t,
+            s.h.ptr,
+            &[
+                (Proj::FfnGate, &l.ffn_gate, s.fg.ptr, 0),
+                (Proj::FfnUp, &l.ffn_up, s.fu.ptr, 0),
+            ],
+            0,
+        )?;
         ops::glu_q8(
             g,
             s.fg.ptr,
@@ -483,13 +534,22 @@ impl GpuModel {
             muse,
             Some(a8),
         )?;
-        self.linear(st, &l.wq, t, s.h.ptr, s.q.ptr, 0, bf)?;
-        self.linear(st, &l.wk, t, s.h.ptr, s.k.ptr, 0, bf)?;
-        self.linear(st, &l.wv, t, s.h.ptr, s.v.ptr, 0, bf)?;
         let gate = l.attn_gate.as_ref().ok_or_else(|| {
             CudaError::Unsupported("muse_glimmer layer without an output gate".into())
         })?;
-        self.linear(st, gate, t, s.h.ptr, s.gate.ptr, 0, bf)?;
+        self.projections(
+            st,
+            &l.attn_in,
+            t,
+            s.h.ptr,
+            &[
+                (Proj::Q, &l.wq, s.q.ptr, 0),
+                (Proj::K, &l.wk, s.k.ptr, 0),
+                (Proj::V, &l.wv, s.v.ptr, 0),
+                (Proj::Gate, gate, s.gate.ptr, 0),
+            ],
+            bf,
+        )?;
         let rope = if l.kind.uses_rope() {
             ops::HEAD_ROPE
         } else {
@@ -552,8 +612,17 @@ impl GpuModel {
             muse,
             Some(a8),
         )?;
-        self.linear(st, &l.ffn_gate, t, s.h.ptr, s.fg.ptr, 0, bf)?;
-        self.linear(st, &l.ffn_up, t, s.h.ptr, s.fu.ptr, 0, bf)?;
+        self.projections(
+            st,
+            &l.ffn_in,
+            t,
+            s.h.ptr,
+            &[
+                (Proj::FfnGate, &l.ffn_gate, s.fg.ptr, 0),
+                (Proj::FfnUp, &l.ffn_up, s.fu.ptr, 0),
+            ],
+            bf,
+        )?;
         ops::glu_q8(
             g,
             s.fg.ptr,

@@ -103,8 +103,10 @@ pub fn run(g: &Gpu) -> Result<String> {
     let y = g.alloc(512 * 152064 * 4, "kernel bench")?;
     let xh = g.alloc(512 * kmax * 2, "kernel bench")?;
     out += "GEMV, one token (weights read once; GB/s = weight bytes / time):\n";
-    let cases: [(WeightKind, usize, usize); 5] = [
+    let cases: [(WeightKind, usize, usize); 7] = [
         (WeightKind::Q4K, 27648, 5120),
+        (WeightKind::Q4K, 6144, 5120),
+        (WeightKind::Q4K, 55296, 5120),
         (WeightKind::Q4K, 5120, 27648),
         (WeightKind::Q4K, 5120, 5120),
         (WeightKind::Q6K, 152064, 5120),
@@ -127,7 +129,21 @@ pub fn run(g: &Gpu) -> Result<String> {
                 bytes / (ms * 1e-3) / 1e9
             );
         }
-        for nt in [2usize, 4, 8] {
+        let xv = ops::gemv_x_variants(&m, g.info.sm_count as u32);
+        for &tune in &xv {
+            let ms = time_ms(g, reps, || {
+                ops::gemv_single(g, &m, tune, a8, y.ptr, rows, 0, 0)
+            })?;
+            out += &format!(
+                "  gemv x r{} blocks {:5}  {:?} {rows:6} x {cols:5}: {:8.1} us {:7.0} GB/s\n",
+                tune.r,
+                tune.blocks,
+                kind,
+                ms * 1e3,
+                bytes / (ms * 1e-3) / 1e9
+            );
+        }
+        for nt in [2usize, 4, 8, 16] {
             let ms = time_ms(g, reps, || ops::gemv(g, &m, a8, nt, y.ptr, rows, 0, 0))?;
             out += &format!(
                 "  gemv {nt} tokens       {:?} {rows:6} x {cols:5}: {:8.1} us {:7.0} GB/s\n",
@@ -135,6 +151,17 @@ pub fn run(g: &Gpu) -> Result<String> {
                 ms * 1e3,
                 bytes / (ms * 1e-3) / 1e9
             );
+            if let Some(&first) = xv.iter().find(|v| v.blocks == 0) {
+                let mut mx = m;
+                mx.tune = first;
+                let ms = time_ms(g, reps, || ops::gemv(g, &mx, a8, nt, y.ptr, rows, 0, 0))?;
+                out += &format!(
+                    "  gemv {nt} tokens x     {:?} {rows:6} x {cols:5}: {:8.1} us {:7.0} GB/s\n",
+                    kind,
+                    ms * 1e3,
+                    bytes / (ms * 1e-3) / 1e9
+                );
+            }
         }
         for t in [64usize, 512] {
             let ms = time_ms(g, 10, || {

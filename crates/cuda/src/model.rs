@@ -32,6 +32,31 @@ pub struct GpuLayer {
     pub ffn_up: GpuMatrix,
     pub ffn_down: GpuMatrix,
     pub post_ffn_norm: u64,
+    /// The attention's input projections of one type stored back to back
+    /// (q|k|gate, v too when it shares the type): one GEMV launch for all.
+    pub attn_in: Fused,
+    /// ffn_gate|ffn_up, when they share a type.
+    pub ffn_in: Fused,
+}
+
+/// Which projection a row range of a fused matrix is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proj {
+    Q,
+    K,
+    V,
+    Gate,
+    FfnGate,
+    FfnUp,
+}
+
+/// Matrices of one type and width stored back to back, viewed as one matrix
+/// whose rows are the members' rows in `parts` order. With fewer than two
+/// parts there is nothing to fuse.
+#[derive(Clone, Debug)]
+pub struct Fused {
+    pub m: GpuMatrix,
+    pub parts: Vec<Proj>,
 }
 
 /// A model whose weights live on the GPU. Shared by every session (`GpuState`).
@@ -52,6 +77,9 @@ pub struct GpuModel {
 }
 
 const ALIGN: usize = 256;
+
+/// A matrix placement in the arena: type, rows, cols, body offset, scales offset (MAX = none).
+type Mat = (WeightKind, usize, usize, usize, usize);
 
 enum Piece<'a> {
     Mat {
@@ -82,19 +110,8 @@ impl<'a> Layout<'a> {
         &mut self,
         m: &'a Model,
         l: &Linear,
-    ) -> Result<(WeightKind, usize, usize, usize, usize)> {
-        let kind = WeightKind::of(l.ty).ok_or_else(|| CudaError::UnsupportedType {
-            name: l.name.clone(),
-            ty: l.ty,
-        })?;
-        if l.cols % kind.k_multiple() != 0 {
-            return Err(CudaError::Unsupported(format!(
-                "'{}': {} columns, not a multiple of {}",
-                l.name,
-                l.cols,
-                kind.k_multiple()
-            )));
-        }
+    ) -> Result<Mat> {
+        let (kind,) = self.check(l)?;
         let data = m.mat(l).data;
         let n_blocks = l.rows * l.cols / kind.block().0;
         let (nb, ns) = split_sizes(kind, n_blocks);
@@ -109,6 +126,68 @@ impl<'a> Layout<'a> {
         Ok((kind, l.rows, l.cols, body, scales))
     }
 
+    /// Reserves the members of `list` that share the first one's type and
+    /// width back to back (bodies together, scales together); the others
+    /// alone. Returns each member's placement and the fused group's.
+    fn group(&mut self, m: &'a Model, list: &[(Proj, &Linear)]) -> Result<(Vec<(Proj, Mat)>, (Vec<Proj>, Mat))> {
+        let kind_of = |l: &Linear| WeightKind::of(l.ty);
+        let first = list[0].1;
+        let together: Vec<&(Proj, &Linear)> = list
+            .iter()
+            .filter(|(_, l)| kind_of(l).is_some() && kind_of(l) == kind_of(first) && l.cols == first.cols)
+            .collect();
+        let mut out = Vec::new();
+        for (p, l) in list {
+            if !together.iter().any(|(q, _)| q == p) {
+                out.push((*p, self.matrix(m, l)?));
+            }
+        }
+        // Validate the members and size the shared reservation.
+        let mut sizes = Vec::new();
+        for (_, l) in &together {
+            let (kind, ..) = self.check(l)?;
+            sizes.push(split_sizes(kind, l.rows * l.cols / kind.block().0));
+        }
+        let kind = kind_of(first).expect("checked");
+        let body = self.reserve(sizes.iter().map(|s| s.0).sum());
+        let total_s: usize = sizes.iter().map(|s| s.1).sum();
+        let scales = if total_s > 0 { self.reserve(total_s) } else { usize::MAX };
+        let (mut ob, mut os) = (0, 0);
+        let mut rows = 0;
+        for ((p, l), (nb, ns)) in together.iter().zip(&sizes) {
+            let at_s = if scales == usize::MAX { usize::MAX } else { scales + os };
+            self.pieces.push(Piece::Mat {
+                kind,
+                data: m.mat(l).data,
+                body: body + ob,
+                scales: at_s,
+            });
+            out.push((*p, (kind, l.rows, l.cols, body + ob, at_s)));
+            ob += nb;
+            os += ns;
+            rows += l.rows;
+        }
+        let parts = together.iter().map(|(p, _)| *p).collect();
+        Ok((out, (parts, (kind, rows, first.cols, body, scales))))
+    }
+
+    /// The kernel type of `l`, checked against the kernels' width rule.
+    fn check(&self, l: &Linear) -> Result<(WeightKind,)> {
+        let kind = WeightKind::of(l.ty).ok_or_else(|| CudaError::UnsupportedType {
+            name: l.name.clone(),
+            ty: l.ty,
+        })?;
+        if l.cols % kind.k_multiple() != 0 {
+            return Err(CudaError::Unsupported(format!(
+                "'{}': {} columns, not a multiple of {}",
+                l.name,
+                l.cols,
+                kind.k_multiple()
+            )));
+        }
+        Ok((kind,))
+    }
+
     fn vector(&mut self, v: &'a [f32]) -> usize {
         let at = self.reserve(v.len() * 4);
         self.pieces.push(Piece::Vector { data: v, at });
@@ -120,10 +199,7 @@ impl<'a> Layout<'a> {
 struct Resolve(u64);
 
 impl Resolve {
-    fn mat(
-        &self,
-        (kind, rows, cols, body, scales): (WeightKind, usize, usize, usize, usize),
-    ) -> GpuMatrix {
+    fn mat(&self, (kind, rows, cols, body, scales): Mat) -> GpuMatrix {
         GpuMatrix {
             kind,
             rows,
@@ -169,42 +245,52 @@ impl GpuModel {
             size: 0,
             pieces: Vec::new(),
         };
-        type Mat = (WeightKind, usize, usize, usize, usize);
         struct L {
             attn_norm: usize,
-            wq: Mat,
-            wk: Mat,
-            wv: Mat,
+            attn: Vec<(Proj, Mat)>,
+            attn_fused: (Vec<Proj>, Mat),
             wo: Mat,
             bq: Option<usize>,
             bk: Option<usize>,
             bv: Option<usize>,
-            gate: Option<Mat>,
             post_attn: Option<usize>,
             ffn_norm: usize,
-            fg: Mat,
-            fu: Mat,
+            ffn: Vec<(Proj, Mat)>,
+            ffn_fused: (Vec<Proj>, Mat),
             fd: Mat,
             post_ffn: Option<usize>,
         }
         let mut ls = Vec::new();
         for l in &m.layers {
+            let attn_norm = lay.vector(&l.attn_norm);
+            let mut list = vec![(Proj::Q, &l.wq), (Proj::K, &l.wk), (Proj::V, &l.wv)];
+            if let Some(g) = &l.attn_gate {
+                list.push((Proj::Gate, g));
+            }
+            let (attn, attn_fused) = lay.group(m, &list)?;
+            let wo = lay.matrix(m, &l.wo)?;
+            let bq = l.bq.as_deref().map(|b| lay.vector(b));
+            let bk = l.bk.as_deref().map(|b| lay.vector(b));
+            let bv = l.bv.as_deref().map(|b| lay.vector(b));
+            let post_attn = l.post_attn_norm.as_deref().map(|v| lay.vector(v));
+            let ffn_norm = lay.vector(&l.ffn_norm);
+            let (ffn, ffn_fused) = lay.group(m, &[(Proj::FfnGate, &l.ffn_gate), (Proj::FfnUp, &l.ffn_up)])?;
+            let fd = lay.matrix(m, &l.ffn_down)?;
+            let post_ffn = l.post_ffn_norm.as_deref().map(|v| lay.vector(v));
             ls.push(L {
-                attn_norm: lay.vector(&l.attn_norm),
-                wq: lay.matrix(m, &l.wq)?,
-                wk: lay.matrix(m, &l.wk)?,
-                wv: lay.matrix(m, &l.wv)?,
-                wo: lay.matrix(m, &l.wo)?,
-                bq: l.bq.as_deref().map(|b| lay.vector(b)),
-                bk: l.bk.as_deref().map(|b| lay.vector(b)),
-                bv: l.bv.as_deref().map(|b| lay.vector(b)),
-                gate: l.attn_gate.as_ref().map(|g| lay.matrix(m, g)).transpose()?,
-                post_attn: l.post_attn_norm.as_deref().map(|v| lay.vector(v)),
-                ffn_norm: lay.vector(&l.ffn_norm),
-                fg: lay.matrix(m, &l.ffn_gate)?,
-                fu: lay.matrix(m, &l.ffn_up)?,
-                fd: lay.matrix(m, &l.ffn_down)?,
-                post_ffn: l.post_ffn_norm.as_deref().map(|v| lay.vector(v)),
+                attn_norm,
+                attn,
+                attn_fused,
+                wo,
+                bq,
+                bk,
+                bv,
+                post_attn,
+                ffn_norm,
+                ffn,
+                ffn_fused,
+                fd,
+                post_ffn,
             });
         }
         let out = lay.matrix(m, &m.output)?;
@@ -264,23 +350,29 @@ impl GpuModel {
         let layers = ls
             .into_iter()
             .zip(&c.layers)
-            .map(|(l, &kind)| GpuLayer {
-                kind,
-                attn_norm: r.at(Some(l.attn_norm)),
-                wq: r.mat(l.wq),
-                wk: r.mat(l.wk),
-                wv: r.mat(l.wv),
-                wo: r.mat(l.wo),
-                bq: r.at(l.bq),
-                bk: r.at(l.bk),
-                bv: r.at(l.bv),
-                attn_gate: l.gate.map(|g| r.mat(g)),
-                post_attn_norm: r.at(l.post_attn),
-                ffn_norm: r.at(Some(l.ffn_norm)),
-                ffn_gate: r.mat(l.fg),
-                ffn_up: r.mat(l.fu),
-                ffn_down: r.mat(l.fd),
-                post_ffn_norm: r.at(l.post_ffn),
+            .map(|(l, &kind)| {
+                let get = |list: &[(Proj, Mat)], p: Proj| list.iter().find(|(q, _)| *q == p).map(|(_, m)| r.mat(*m));
+                let fused = |(parts, m): (Vec<Proj>, Mat)| Fused { m: r.mat(m), parts };
+                GpuLayer {
+                    kind,
+                    attn_norm: r.at(Some(l.attn_norm)),
+                    wq: get(&l.attn, Proj::Q).expect("q"),
+                    wk: get(&l.attn, Proj::K).expect("k"),
+                    wv: get(&l.attn, Proj::V).expect("v"),
+                    wo: r.mat(l.wo),
+                    bq: r.at(l.bq),
+                    bk: r.at(l.bk),
+                    bv: r.at(l.bv),
+                    attn_gate: get(&l.attn, Proj::Gate),
+                    post_attn_norm: r.at(l.post_attn),
+                    ffn_norm: r.at(Some(l.ffn_norm)),
+                    ffn_gate: get(&l.ffn, Proj::FfnGate).expect("ffn gate"),
+                    ffn_up: get(&l.ffn, Proj::FfnUp).expect("ffn up"),
+                    ffn_down: r.mat(l.fd),
+                    post_ffn_norm: r.at(l.post_ffn),
+                    attn_in: fused(l.attn_fused),
+                    ffn_in: fused(l.ffn_fused),
+                }
             })
             .collect();
         let mut output = r.mat(out);

@@ -21,11 +21,19 @@ pub const KERNEL_NAMES: &[&str] = &[
     "gemv_q4_k_1_u4",
     "gemv_q6_k_1_r4",
     "gemv_q6_k_8",
+    "gemv_q4_k_x1_r4_i1",
+    "gemv_q8_0_x4_r1_i2",
     "gemm_q4_k_f16",
     "gemm_q6_k_bf16",
     "fill_random_kv",
     "to_half",
 ];
+
+/// Whether a kernel is written for programmatic dependent launch (it calls
+/// PDL_WAIT before touching memory other kernels write; common.cuh).
+pub fn uses_pdl(name: &str) -> bool {
+    name.starts_with("gemv_") || matches!(name, "quantize_q8" | "rmsnorm" | "prepare_heads" | "glu_q8" | "fill_random_kv")
+}
 
 // Flags shared with the kernels (kernels/common.cuh, gemv.cu, layer_ops.cu).
 pub const OUT_BF16: i32 = 1;
@@ -56,13 +64,16 @@ pub struct GpuMatrix {
 
 /// A variant of the single-token GEMV: `u` items' loads issued together per
 /// lane (1, 2 or 4), and the grid: one warp per row (`blocks` = 0) or at most
-/// `blocks` blocks of 8 warps that each stream several rows.
+/// `blocks` blocks of 8 warps that each stream several rows. With `x`, the
+/// register-activation kernels (`gemv_<t>_x*` in gemv.cu): `r` rows per tile,
+/// one thread per item of a row, `blocks` = 0 one block per tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemvTune {
     pub u: u8,
     pub blocks: u32,
     /// Rows per warp (1, or 2 / 4: activations loaded once for all of them; then `u` is 1).
     pub r: u8,
+    pub x: bool,
 }
 
 impl Default for GemvTune {
@@ -71,6 +82,7 @@ impl Default for GemvTune {
             u: 1,
             blocks: 0,
             r: 1,
+            x: false,
         }
     }
 }
@@ -164,6 +176,10 @@ pub fn gemv_single(
     bias: u64,
     flags: i32,
 ) -> Result<()> {
+    if tune.x {
+        let seg = [Segment { y, bias, rows: w.rows }];
+        return gemv_x(g, w, tune, x, 1, &seg, flags);
+    }
     g.launch(
         gemv_name(w.kind, 1, tune.u, tune.r),
         gemv_grid(w.rows, tune),
@@ -196,6 +212,10 @@ pub fn gemv(
     bias: u64,
     flags: i32,
 ) -> Result<()> {
+    if w.tune.x && y_stride == w.rows {
+        let seg = [Segment { y, bias, rows: w.rows }];
+        return gemv_segments(g, w, x, n_tokens, &seg, flags);
+    }
     let mut t0 = 0;
     while t0 < n_tokens {
         let nt = match n_tokens - t0 {
@@ -446,6 +466,7 @@ pub fn gemv_variants(sm_count: u32) -> Vec<GemvTune> {
                 u,
                 blocks: per_sm * sm_count,
                 r: 1,
+                x: false,
             });
         }
     }
@@ -455,8 +476,181 @@ pub fn gemv_variants(sm_count: u32) -> Vec<GemvTune> {
                 u: 1,
                 blocks: per_sm * sm_count,
                 r,
+                x: false,
             });
         }
     }
     v
+}
+
+/// The register-activation variants for `w` (empty when its type or width has none).
+pub fn gemv_x_variants(w: &GpuMatrix, sm_count: u32) -> Vec<GemvTune> {
+    let Some((_, ipt)) = x_geometry(w.kind, w.cols) else {
+        return Vec::new();
+    };
+    let rs: &[u8] = match (w.kind.is_k_quant(), ipt) {
+        (true, _) => &[1, 2, 4],
+        (false, 1) => &[1, 2, 4, 8],
+        (false, _) => &[2, 4],
+    };
+    let mut v = Vec::new();
+    for &r in rs {
+        for per_sm in [0u32, 2, 4, 8, 16] {
+            v.push(GemvTune {
+                u: 1,
+                blocks: per_sm * sm_count,
+                r,
+                x: true,
+            });
+        }
+    }
+    v
+}
+
+/// One output range of a (possibly fused) matrix: `rows` consecutive rows
+/// written densely to `y` ([n_tokens, rows]), with an optional bias.
+#[derive(Clone, Copy, Debug)]
+pub struct Segment {
+    pub y: u64,
+    pub bias: u64,
+    pub rows: usize,
+}
+
+/// Threads per block and items per thread of the register-activation GEMV
+/// for rows of `cols` values, if it takes them (blocks of at most 512 threads).
+fn x_geometry(kind: WeightKind, cols: usize) -> Option<(u32, usize)> {
+    let per_item = match kind {
+        WeightKind::Q4K | WeightKind::Q5K | WeightKind::Q6K => 64,
+        WeightKind::Q8_0 | WeightKind::Q4_0 | WeightKind::Q5_0 => 32,
+        _ => return None,
+    };
+    let items = cols / per_item;
+    let ipt = items.div_ceil(512);
+    if ipt > if kind.is_k_quant() { 1 } else { 2 } {
+        return None;
+    }
+    let threads = items.div_ceil(ipt).div_ceil(32) * 32;
+    Some((threads as u32, ipt))
+}
+
+fn gemv_x_name(kind: WeightKind, nt: usize, r: u8, ipt: usize) -> Option<&'static str> {
+    macro_rules! names {
+        ($($k:ident => $s:literal),*) => {
+            match (kind, nt, r, ipt) {
+                $( (WeightKind::$k, 1, 1, 1) => Some(concat!("gemv_", $s, "_x1_r1_i1")),
+                   (WeightKind::$k, 1, 2, 1) => Some(concat!("gemv_", $s, "_x1_r2_i1")),
+                   (WeightKind::$k, 1, 4, 1) => Some(concat!("gemv_", $s, "_x1_r4_i1")),
+                   (WeightKind::$k, 2, 2, 1) => Some(concat!("gemv_", $s, "_x2_r2_i1")),
+                   (WeightKind::$k, 4, 1, 1) => Some(concat!("gemv_", $s, "_x4_r1_i1")), )*
+                _ => None,
+            }
+        };
+    }
+    macro_rules! names32 {
+        ($($k:ident => $s:literal),*) => {
+            match (kind, nt, r, ipt) {
+                $( (WeightKind::$k, 1, 8, 1) => Some(concat!("gemv_", $s, "_x1_r8_i1")),
+                   (WeightKind::$k, 1, 2, 2) => Some(concat!("gemv_", $s, "_x1_r2_i2")),
+                   (WeightKind::$k, 1, 4, 2) => Some(concat!("gemv_", $s, "_x1_r4_i2")),
+                   (WeightKind::$k, 2, 2, 2) => Some(concat!("gemv_", $s, "_x2_r2_i2")),
+                   (WeightKind::$k, 4, 1, 2) => Some(concat!("gemv_", $s, "_x4_r1_i2")), )*
+                _ => None,
+            }
+        };
+    }
+    names!(Q8_0 => "q8_0", Q4_0 => "q4_0", Q5_0 => "q5_0", Q4K => "q4_k", Q5K => "q5_k", Q6K => "q6_k")
+        .or_else(|| names32!(Q8_0 => "q8_0", Q4_0 => "q4_0", Q5_0 => "q5_0"))
+}
+
+/// One register-activation GEMV launch for `nt` tokens (1, 2 or 4) into up to four segments.
+pub fn gemv_x(
+    g: &Gpu,
+    w: &GpuMatrix,
+    tune: GemvTune,
+    x: Q8,
+    nt: usize,
+    segs: &[Segment],
+    flags: i32,
+) -> Result<()> {
+    let (threads, ipt) = x_geometry(w.kind, w.cols).ok_or_else(|| {
+        CudaError::Unsupported(format!("register GEMV of {:?} with {} columns", w.kind, w.cols))
+    })?;
+    // Multi-token launches use the one tile height compiled for them.
+    let r = match nt {
+        1 => tune.r,
+        2 => 2,
+        _ => 1,
+    };
+    let name = gemv_x_name(w.kind, nt, r, ipt).ok_or_else(|| {
+        CudaError::Unsupported(format!("register GEMV {:?} nt {nt} r {r} ipt {ipt}", w.kind))
+    })?;
+    if segs.is_empty() || segs.len() > 4 || segs.iter().map(|s| s.rows).sum::<usize>() != w.rows {
+        return Err(CudaError::Unsupported(format!(
+            "GEMV segments {:?} for {} rows",
+            segs.iter().map(|s| s.rows).collect::<Vec<_>>(),
+            w.rows
+        )));
+    }
+    let mut bounds = [w.rows as i32; 3];
+    let mut acc = 0;
+    for (i, s) in segs.iter().take(3).enumerate() {
+        acc += s.rows;
+        bounds[i] = acc as i32;
+    }
+    let seg = |i: usize| segs.get(i).copied().unwrap_or(Segment { y: 0, bias: 0, rows: 0 });
+    let tiles = w.rows.div_ceil(r as usize) as u32;
+    let blocks = if tune.blocks > 0 && nt == 1 {
+        tiles.min(tune.blocks)
+    } else {
+        tiles
+    };
+    g.launch(
+        name,
+        (blocks, 1, 1),
+        threads,
+        &[
+            Arg::Ptr(w.body),
+            Arg::Ptr(w.scales),
+            Arg::I32(w.rows as i32),
+            Arg::I32(w.cols as i32),
+            Arg::Ptr(x.q),
+            Arg::Ptr(x.d),
+            Arg::Ptr(x.s),
+            Arg::I32(flags),
+            Arg::I32(bounds[0]),
+            Arg::I32(bounds[1]),
+            Arg::I32(bounds[2]),
+            Arg::Ptr(seg(0).y),
+            Arg::Ptr(seg(1).y),
+            Arg::Ptr(seg(2).y),
+            Arg::Ptr(seg(3).y),
+            Arg::Ptr(seg(0).bias),
+            Arg::Ptr(seg(1).bias),
+            Arg::Ptr(seg(2).bias),
+            Arg::Ptr(seg(3).bias),
+        ],
+    )
+}
+
+/// `n_tokens` tokens through the register-activation GEMV, in launches of
+/// 4, 2 and 1 tokens (each reads the weights once), into `segs`.
+pub fn gemv_segments(g: &Gpu, w: &GpuMatrix, x: Q8, n_tokens: usize, segs: &[Segment], flags: i32) -> Result<()> {
+    let mut t0 = 0;
+    while t0 < n_tokens {
+        let nt = match n_tokens - t0 {
+            n if n >= 4 => 4,
+            n if n >= 2 => 2,
+            _ => 1,
+        };
+        let moved: Vec<Segment> = segs
+            .iter()
+            .map(|s| Segment {
+                y: s.y + (t0 * s.rows * 4) as u64,
+                ..*s
+            })
+            .collect();
+        gemv_x(g, w, w.tune, x.offset(t0, w.cols), nt, &moved, flags)?;
+        t0 += nt;
+    }
+    Ok(())
 }

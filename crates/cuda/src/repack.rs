@@ -81,6 +81,11 @@ impl WeightKind {
         }
     }
 
+    /// Whether the type has 256-value super-blocks (items of 64 values in the GEMV).
+    pub fn is_k_quant(self) -> bool {
+        matches!(self, WeightKind::Q4K | WeightKind::Q5K | WeightKind::Q6K)
+    }
+
     /// Whether blocks are stored as separate bodies and scales.
     pub fn is_split(self) -> bool {
         self.split().is_some()

@@ -36,6 +36,12 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
     if std::env::var("HEARTH_CUDA_TUNE").is_ok_and(|v| v == "0") {
         return Ok(vec!["GEMV tuning off (HEARTH_CUDA_TUNE=0)".into()]);
     }
+    let fused: Vec<Shape> = layers
+        .iter()
+        .flat_map(|l| [&l.attn_in, &l.ffn_in])
+        .filter(|f| f.parts.len() > 1)
+        .map(|f| (f.m.kind, f.m.rows, f.m.cols))
+        .collect();
     let mut mats: Vec<&mut GpuMatrix> = Vec::new();
     for l in layers.iter_mut() {
         mats.extend([
@@ -49,6 +55,11 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
         ]);
         if let Some(gate) = l.attn_gate.as_mut() {
             mats.push(gate);
+        }
+        for f in [&mut l.attn_in, &mut l.ffn_in] {
+            if f.parts.len() > 1 {
+                mats.push(&mut f.m);
+            }
         }
     }
     mats.push(output);
@@ -87,7 +98,10 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
             continue;
         }
         let mut times = Vec::new();
-        for &v in &variants {
+        // Fused matrices have several outputs: only the register kernels write those.
+        let mut cands = if fused.contains(&key) { Vec::new() } else { variants.clone() };
+        cands.extend(ops::gemv_x_variants(m, g.info.sm_count as u32));
+        for &v in &cands {
             times.push((
                 time_us(g, 5, || ops::gemv_single(g, m, v, a8, y.ptr, m.rows, 0, 0))?,
                 v,
@@ -101,10 +115,11 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
         let default_us = times[0].0;
         let bytes = (m.rows * m.cols / m.kind.block().0 * m.kind.block().1) as f64;
         report.push(format!(
-            "{:?} {}x{}: r{} u{} blocks {} {:.1} us ({:.0} GB/s; default {:.1} us)",
+            "{:?} {}x{}: {} r{} u{} blocks {} {:.1} us ({:.0} GB/s; first variant {:.1} us)",
             m.kind,
             m.rows,
             m.cols,
+            if best.x { "x" } else { "warp" },
             best.r,
             best.u,
             best.blocks,

@@ -152,6 +152,7 @@ fn gemv_matches_cpu_reference() {
             (301, 1024, 3),
             (1000, 2560, 8),
             (33, 512, 13),
+            (45, 17408, 7),
         ] {
             let w = random_weights(ty, rows, k, &mut rng);
             let mut wf = vec![0.0f32; rows * k];
@@ -202,6 +203,54 @@ fn gemv_matches_cpu_reference() {
                     let ev = nrmse(&download_f32(&g, &yv, rows), &want);
                     assert!(ev < 1e-4, "{ty:?} {rows}x{k} variant {tune:?}: {ev}");
                 }
+            }
+            // The register-activation kernels: every tuned variant for one
+            // token, and the 4/2/1-token launches writing a matrix cut into
+            // three outputs with their own biases (a fused q|k|v).
+            let xv = ops::gemv_x_variants(&m, g.info.sm_count as u32);
+            let want = reference(&xq);
+            if t == 1 {
+                for &tune in &xv {
+                    let yv = upload_f32(&g, &vec![f32::NAN; rows]);
+                    ops::gemv_single(&g, &m, tune, a8, yv.ptr, rows, 0, 0).unwrap();
+                    let ev = nrmse(&download_f32(&g, &yv, rows), &want);
+                    assert!(ev < 1e-4, "{ty:?} {rows}x{k} variant {tune:?}: {ev}");
+                }
+            }
+            if let Some(&first) = xv.first() {
+                let mut mx = m;
+                mx.tune = first;
+                let cuts = [0, rows / 3, rows / 3 + rows / 4, rows];
+                let bias: Vec<f32> = (0..rows).map(|i| (i % 5) as f32 * 0.25 - 0.5).collect();
+                let mut bufs = Vec::new();
+                let mut segs = Vec::new();
+                for w in cuts.windows(2) {
+                    let n = w[1] - w[0];
+                    let yb = upload_f32(&g, &vec![f32::NAN; t * n]);
+                    let bb = upload_f32(&g, &bias[w[0]..w[1]]);
+                    segs.push(ops::Segment {
+                        y: yb.ptr,
+                        bias: bb.ptr,
+                        rows: n,
+                    });
+                    bufs.push((yb, bb, w[0], n));
+                }
+                ops::gemv_segments(&g, &mx, a8, t, &segs, 0).unwrap();
+                let mut got = vec![0.0f32; t * rows];
+                for (yb, _, lo, n) in &bufs {
+                    let part = download_f32(&g, yb, t * n);
+                    for ti in 0..t {
+                        got[ti * rows + lo..ti * rows + lo + n].copy_from_slice(&part[ti * n..(ti + 1) * n]);
+                    }
+                }
+                let want_b: Vec<f64> = want
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| v + bias[i % rows] as f64)
+                    .collect();
+                let ev = nrmse(&got, &want_b);
+                println!("{:6} {rows:5} {k:5} {t:3}  {ev:10.2e} (register kernels, 3 outputs)", ty.name());
+                assert!(ev < 1e-4, "{ty:?} {rows}x{k} T={t} register kernels, segments: {ev}");
             }
         }
     }
