@@ -1,21 +1,61 @@
-// Attention over the KV cache: split-K flash decoding ("Flash-Decoding",
-// Dao et al. 2023). The keys a query attends to are cut into S splits; each
-// block takes one (kv head, split, token), scores all the query heads that
-// share that kv head (GQA) against its keys, and keeps an online softmax
-// (running max m, sum l, unnormalised output). attn_combine merges the
-// splits. The same kernels serve one decode token (T = 1, many splits, so
-// that long contexts fill the GPU) and blocks of T tokens (speculative
-// verify, prefill) with fewer splits.
+// Attention over the KV cache on tensor cores: FlashAttention-2 (Dao 2023)
+// tiling with split-K over the keys ("Flash-Decoding", Dao et al. 2023).
 //
-// Caches are [n_kv, slots, hd] in f16 or bf16. A flat cache holds position p
-// in slot p; a ring holds it in slot p % slots and slots >= window + T - 1,
-// so that the T new keys, written before this kernel runs, never overwrite a
-// key that one of the T queries still needs.
-
-#define ATT_TILE 32     // keys per tile
-#define ATT_THREADS 128
-#define ATT_MAX_G 16    // query heads per kv head
-#define ATT_KPAD 32     // halves of padding per K row (conflict-free 16-byte reads by 4 threads per key)
+// Rows. For one kv head, the G = n_heads / n_kv query heads that share it and
+// the T tokens of the pass form R = G * T query rows, row r = t * G + g. These
+// rows are the M dimension of mma.sync.m16n8k16: a warp owns 16 rows (padded
+// with zero rows past R). One kernel thus serves decode (T = 1: G rows), a
+// speculative verify block (G * T rows) and a prefill block (many 16-row
+// warp tiles), all sharing each K/V tile loaded for the kv head.
+//
+// Grid (row blocks, n_kv, S). Block (x, y, z) takes rows [x * 16 WR, +16 WR)
+// of kv head y, and split z of the keys those rows can see (row blocks vary
+// fastest, so the blocks that share a K/V chunk run together and share it in
+// L2): the union [c_lo, c_hi]
+// of their spans, cut into S chunks of whole 32-key tiles. Each row is masked
+// to its own span: keys p with lo(t) <= p <= pos0 + t (causal), lo(t) =
+// pos0 + t - window + 1 for a sliding window (ring cache: slot = p % slots),
+// 0 for a flat cache (slot = p). Each (row, split) writes a partial result:
+// running max m (natural-log units), sum l and unnormalised o; a row that sees
+// no key in its split writes m = -inf, l = 0, o = 0, which attn_combine
+// weighs as 0. attn_combine merges the S splits (unchanged).
+//
+// Two shapes of block (WR row warps x WK key warps):
+//   _d (decode, R <= 16): 2 warps on the same 16 rows, each taking 16 of the
+//       32 keys of every tile; their (m, l, o) are merged through shared
+//       memory at the end. 64 threads, many splits: bandwidth bound.
+//   _b (blocks, R > 16): 4 warps on 64 rows, each taking all 32 keys of a
+//       tile. 128 threads; a warp whose rows cannot see a tile skips it
+//       (the causal diagonal of prefill).
+//
+// Per warp and 32-key tile (K and V [32][hd] 16-bit in shared memory):
+//   S = Q K^T: Q (16 x hd) A fragments live in registers for the whole kernel
+//     (q converted once from f32 to the cache's type: f16 or bf16); K B
+//     fragments by ldmatrix.x4 (non-transposed: a K row is a column of K^T).
+//   Online softmax in f32 on the accumulator fragments (each thread holds 2
+//     rows; row max/sum over the 4 threads of a quad by shuffles), in base 2
+//     with scale * log2(e) folded into the scores.
+//   O += P V: the S accumulator fragment is already laid out as the A fragment
+//     of P (FA2's register reuse); V B fragments by ldmatrix.x4.trans. P is
+//     split into hi = round16(p) and lo = round16(p - hi), two MMAs, so P V
+//     keeps ~22 (f16) / ~16 (bf16) bits of P. O accumulates in f32.
+//
+// Shared memory: STAGES buffers of K and V tiles filled with cp.async (3 for
+// hd 128: 48 KB static, 4 for hd 64: 32 KB), one __syncthreads per tile.
+// Keys past the split's end are zero-filled (cp.async src-size 0) so that P V
+// never meets stale or NaN bits. Rows of 16-byte chunks are XOR-swizzled
+// (chunk c of key row r lives at chunk c ^ (r & 7)): the 8 row addresses of
+// every ldmatrix phase, and every 8 consecutive cp.async writes, fall in 8
+// distinct 16-byte bank groups, so neither conflicts (no padding needed).
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 .f16/.bf16; g = lane / 4,
+// c = lane % 4): A regs a0: (row g, cols 2c..2c+1), a1: (g + 8, 2c..),
+// a2: (g, 2c + 8..), a3: (g + 8, 2c + 8..); B regs b0: (k rows 2c..2c+1,
+// col g), b1: (k rows 2c + 8.., col g); C: c0, c1: (g, 2c..2c+1), c2, c3:
+// (g + 8, 2c..). The lower-indexed element sits in the low 16 bits.
+// ldmatrix.x4: lane l gives the address of row l % 8 of matrix l / 8, and
+// receives from matrix i the pair (row l / 4, cols 2 (l % 4)..+1), or with
+// .trans the pair (rows 2 (l % 4)..+1, col l / 4).
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 a;
@@ -32,186 +72,343 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
-// Tiles of keys and values are copied to shared memory with cp.async, two
-// buffers deep. Scores: four threads per key, each taking every fourth
-// 8-dimension chunk, with the queries of all G heads from shared memory.
-// Values: thread pair-of-dimensions dp of every head, over pairs of keys.
-template <int HD, bool BF16>
-__device__ __forceinline__ void attn_split(const float* __restrict__ q, const u16* __restrict__ kc,
-                                           const u16* __restrict__ vc, const int* __restrict__ pos0, int n_heads,
-                                           int n_kv, int slots, int window, float scale, float* __restrict__ part_o,
-                                           float* __restrict__ part_ml) {
-    const int kvh = blockIdx.x, s = blockIdx.y, t = blockIdx.z, S = gridDim.y;
-    const int G = n_heads / n_kv;
-    const int tid = threadIdx.x;
-    const int qpos = pos0[0] + t;
-    const int lo = window > 0 ? max(0, qpos - window + 1) : 0;
-    const int n = qpos - lo + 1;
-    // At least a few tiles per split: short spans use fewer splits (the rest exit).
-    const int chunk = max((n + S - 1) / S, 2 * ATT_TILE);
-    const int start = lo + s * chunk, end = min(start + chunk, qpos + 1);
 
-    __shared__ __align__(16) u16 Ks[2][ATT_TILE][HD + ATT_KPAD];
-    __shared__ __align__(16) u16 Vs[2][ATT_TILE][HD];
-    __shared__ __align__(16) float qs[ATT_MAX_G][HD];
-    __shared__ __align__(16) float sc[ATT_MAX_G][ATT_TILE];
-    __shared__ float alpha[ATT_MAX_G], m_run[ATT_MAX_G], l_run[ATT_MAX_G];
+#define FA_BK 32  // keys per shared-memory tile
+
+// cp.async of 16 bytes; with ok false nothing is read and the 16 bytes are zeroed.
+__device__ __forceinline__ void fa_cp16(u32 dst, const void* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+
+__device__ __forceinline__ void fa_ldsm4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void fa_ldsm4t(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+// c += a b (16 x 16 by 16 x 8, f32 accumulators).
+template <bool BF16>
+__device__ __forceinline__ void fa_mma(float* c, const u32* a, u32 b0, u32 b1) {
+    if (BF16)
+        asm(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f32 -> packed 16-bit pair, x0 in the low half (round to nearest even).
+template <bool BF16>
+__device__ __forceinline__ u32 fa_pack(float x0, float x1) {
+    u32 r;
+    if (BF16)
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));
+    else
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));
+    return r;
+}
+
+// p0, p1 -> hi (rounded) and lo (rounded remainder) packed pairs.
+template <bool BF16>
+__device__ __forceinline__ void fa_split(float p0, float p1, u32& hi, u32& lo) {
+    hi = fa_pack<BF16>(p0, p1);
+    float h0, h1;
+    if (BF16) {
+        h0 = __uint_as_float(hi << 16);
+        h1 = __uint_as_float(hi & 0xffff0000u);
+    } else {
+        h0 = f16_to_f32((u16)(hi & 0xffffu));
+        h1 = f16_to_f32((u16)(hi >> 16));
+    }
+    lo = fa_pack<BF16>(p0 - h0, p1 - h1);
+}
+
+__device__ __forceinline__ float fa_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// One (kv head, split, row block). WR warps of rows x WK warps of keys.
+template <int HD, bool BF16, int WR, int WK, int STAGES>
+__device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* __restrict__ kc,
+                                        const u16* __restrict__ vc, const int* __restrict__ pos0p, int n_tokens,
+                                        int n_heads, int n_kv, int slots, int window, float scale,
+                                        float* __restrict__ part_o, float* __restrict__ part_ml) {
+    constexpr int NT = WR * WK * WARP;  // threads
+    constexpr int KW = FA_BK / WK;      // keys per warp per tile
+    constexpr int NKT = KW / 8;         // S column tiles per warp
+    constexpr int KS = HD / 16;         // k steps of Q K^T
+    constexpr int DT = HD / 8;          // O column tiles
+    constexpr int CH = HD / 8;          // 16-byte chunks per key row
+    constexpr int TILE = FA_BK * HD;    // halves per K (or V) tile
+    static_assert(KW % 16 == 0, "a warp takes whole 16-key steps");
+    static_assert((WK - 1) * WR * (DT * 4 + 4) * WARP * 4 <= STAGES * 2 * TILE * 2, "merge buffer fits");
+    __shared__ __align__(128) u16 fa_smem[STAGES * 2 * TILE];
+
+    const int kvh = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    const int G = n_heads / n_kv, R = G * n_tokens;
+    const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int rt = warp % WR, kg = warp / WR;
+    const int pos0 = pos0p[0];
+    const int row0 = blockIdx.x * 16 * WR;
+
+    // This block's keys: the union of its rows' spans, split y of S.
+    const int t_first = row0 / G, t_last = (min(R, row0 + 16 * WR) - 1) / G;
+    const int c_hi = pos0 + t_last;
+    const int c_lo = window > 0 ? max(0, pos0 + t_first - window + 1) : 0;
+    int chunk = (c_hi - c_lo + S) / S;
+    chunk = (max(chunk, FA_BK) + FA_BK - 1) / FA_BK * FA_BK;
+    const int start = c_lo + s * chunk, end = min(start + chunk, c_hi + 1);
+    const int n_tiles = start < end ? (end - start + FA_BK - 1) / FA_BK : 0;
 
     const u16* kh = kc + (size_t)kvh * slots * HD;
     const u16* vh = vc + (size_t)kvh * slots * HD;
-    constexpr int CHUNKS = HD / 8;  // 16-byte pieces per row
-    auto issue = [&](int buf, int base) {
-        const int n_here = min(ATT_TILE, end - base);
-        for (int i = tid; i < n_here * CHUNKS; i += ATT_THREADS) {
-            const int r = i / CHUNKS, c = i % CHUNKS;
-            const size_t row = (size_t)((base + r) % slots) * HD;
-            cp_async16(&Ks[buf][r][c * 8], kh + row + c * 8);
-            cp_async16(&Vs[buf][r][c * 8], vh + row + c * 8);
+    auto issue = [&](int tile) {
+        if (tile < n_tiles) {
+            const int base = start + tile * FA_BK;
+            const u32 ks = smem_addr(fa_smem + (tile % STAGES) * 2 * TILE);
+            const u32 vs = ks + TILE * 2;
+            for (int i = tid; i < FA_BK * CH; i += NT) {
+                const int r = i / CH, c = i % CH;
+                const int p = base + r;
+                const bool ok = p < end;
+                int slot = ok ? p : start;
+                if (slot >= slots) slot %= slots;
+                const size_t off = (size_t)slot * HD + c * 8;
+                const u32 so = (u32)(r * HD + ((c ^ (r & 7)) * 8)) * 2;
+                fa_cp16(ks + so, kh + off, ok);
+                fa_cp16(vs + so, vh + off, ok);
+            }
         }
         cp_async_commit();
     };
-    if (start < end) issue(0, start);
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; i++) issue(i);
 
-    for (int i = tid; i < G * HD; i += ATT_THREADS) {
-        const int g = i / HD, d = i % HD;
-        qs[g][d] = q[((size_t)t * n_heads + kvh * G + g) * HD + d];
-    }
-    if (tid < G) {
-        m_run[tid] = -INFINITY;
-        l_run[tid] = 0.0f;
-    }
-    const int dp = tid % (HD / 2), kg = tid / (HD / 2), n_kg = ATT_THREADS / (HD / 2);
-    float acc[ATT_MAX_G][2];
+    // This thread's two rows (g and g + 8 of the warp tile): key bounds within
+    // the split (inclusive), output row, and Q fragments.
+    int rlo[2], rhi[2], orow[2];
+    bool rvalid[2];
 #pragma unroll
-    for (int g = 0; g < ATT_MAX_G; g++) acc[g][0] = acc[g][1] = 0.0f;
+    for (int h = 0; h < 2; h++) {
+        const int r = row0 + rt * 16 + gq + 8 * h;
+        rvalid[h] = r < R;
+        const int rc = min(r, R - 1), t = rc / G, g = rc % G;
+        const int qp = pos0 + t;
+        const int lo = window > 0 ? max(0, qp - window + 1) : 0;
+        rlo[h] = rvalid[h] ? max(lo, start) : (1 << 30);
+        rhi[h] = rvalid[h] ? min(qp, end - 1) : -(1 << 30);
+        orow[h] = t * n_heads + kvh * G + g;
+    }
+    u32 qa[KS][4];
+#pragma unroll
+    for (int k = 0; k < KS; k++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int h = i & 1, half = i >> 1;
+            float2 v = make_float2(0.0f, 0.0f);
+            if (rvalid[h]) v = *(const float2*)(q + (size_t)orow[h] * HD + k * 16 + half * 8 + 2 * tq);
+            qa[k][i] = fa_pack<BF16>(v.x, v.y);
+        }
+    // Warp-wide bounds: a tile outside [a_lo, a_hi] is skipped; one inside
+    // [f_lo, f_hi] needs no mask (rows past R do not constrain f).
+    int a_lo = min(rlo[0], rlo[1]), a_hi = max(rhi[0], rhi[1]);
+    int f_lo = max(rvalid[0] ? rlo[0] : -(1 << 30), rvalid[1] ? rlo[1] : -(1 << 30));
+    int f_hi = min(rvalid[0] ? rhi[0] : (1 << 30), rvalid[1] ? rhi[1] : (1 << 30));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a_lo = min(a_lo, __shfl_xor_sync(0xffffffffu, a_lo, o));
+        a_hi = max(a_hi, __shfl_xor_sync(0xffffffffu, a_hi, o));
+        f_lo = max(f_lo, __shfl_xor_sync(0xffffffffu, f_lo, o));
+        f_hi = min(f_hi, __shfl_xor_sync(0xffffffffu, f_hi, o));
+    }
 
-    int buf = 0;
-    for (int base = start; base < end; base += ATT_TILE, buf ^= 1) {
-        const int n_here = min(ATT_TILE, end - base);
-        if (base + ATT_TILE < end) {
-            issue(buf ^ 1, base + ATT_TILE);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        // Scores: key kk, chunks c = 4j + h.
-        {
-            const int kk = tid / 4, h = tid % 4;
-            float sg[ATT_MAX_G];
+    const float sl2 = scale * 1.4426950408889634f;  // scores in base-2 units
+    float o[DT][4];
 #pragma unroll
-            for (int g = 0; g < ATT_MAX_G; g++) sg[g] = 0.0f;
-            if (kk < n_here) {
+    for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (int j = 0; j < n_tiles; j++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // tile j visible to all; everyone is done with tile j - 1's buffer
+        issue(j + STAGES - 1);
+        const int kb = start + j * FA_BK + kg * KW;  // first key of this warp's slice
+        if (kb > a_hi || kb + KW - 1 < a_lo) continue;
+        const int kr = kg * KW;  // its first row in the tile
+        const u32 ks = smem_addr(fa_smem + (j % STAGES) * 2 * TILE);
+        const u32 vs = ks + TILE * 2;
+
+        // S = Q K^T.
+        float sc[NKT][4];
 #pragma unroll
-                for (int j = 0; j < CHUNKS / 4; j++) {
-                    const int c = 4 * j + h;
-                    const uint4 u = *(const uint4*)&Ks[buf][kk][c * 8];
-                    const u32 w[4] = {u.x, u.y, u.z, u.w};
-                    float kf[8];
+        for (int n = 0; n < NKT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        kf[2 * e] = BF16 ? bf16_to_f32(w[e] & 0xffff) : f16_to_f32(w[e] & 0xffff);
-                        kf[2 * e + 1] = BF16 ? bf16_to_f32(w[e] >> 16) : f16_to_f32(w[e] >> 16);
+        for (int k = 0; k < KS; k++)
+#pragma unroll
+            for (int np = 0; np < NKT / 2; np++) {
+                // matrices: (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8)
+                const int row = kr + np * 16 + ((lane >> 4) << 3) + (lane & 7);
+                const int c = k * 2 + ((lane >> 3) & 1);
+                u32 b0, b1, b2, b3;
+                fa_ldsm4(ks + (u32)(row * HD + ((c ^ (row & 7)) * 8)) * 2, b0, b1, b2, b3);
+                fa_mma<BF16>(sc[2 * np], qa[k], b0, b1);
+                fa_mma<BF16>(sc[2 * np + 1], qa[k], b2, b3);
+            }
+
+        // Online softmax per row (h: row g, g + 8), base 2.
+        const bool full = kb >= f_lo && kb + KW - 1 <= f_hi;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NKT; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float x = sc[n][2 * h + e] * sl2;
+                    if (!full) {
+                        const int p = kb + n * 8 + 2 * tq + e;
+                        if (p < rlo[h] || p > rhi[h]) x = -INFINITY;
                     }
-#pragma unroll
-                    for (int g = 0; g < ATT_MAX_G; g++) {
-                        if (g < G) {
-                            const float4 qa = *(const float4*)&qs[g][c * 8];
-                            const float4 qb = *(const float4*)&qs[g][c * 8 + 4];
-                            sg[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
-                                     qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
-                        }
-                    }
+                    sc[n][2 * h + e] = x;
+                    mx = fmaxf(mx, x);
                 }
-            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(m[h], mx);
+            const float base = mn == -INFINITY ? 0.0f : mn;
+            const float alpha = fa_exp2(m[h] - base);  // 0 while the row had no key
+            m[h] = mn;
+            float sum = 0.0f;
 #pragma unroll
-            for (int g = 0; g < ATT_MAX_G; g++) {
-                if (g < G) {
-                    float v = sg[g] + __shfl_xor_sync(0xffffffffu, sg[g], 1);
-                    v += __shfl_xor_sync(0xffffffffu, v, 2);
-                    if (h == 0) sc[g][kk] = kk < n_here ? v * scale : -INFINITY;
+            for (int n = 0; n < NKT; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float p = fa_exp2(sc[n][2 * h + e] - base);
+                    sc[n][2 * h + e] = p;
+                    sum += p;
                 }
+            l[h] = l[h] * alpha + sum;
+#pragma unroll
+            for (int d = 0; d < DT; d++) {
+                o[d][2 * h] *= alpha;
+                o[d][2 * h + 1] *= alpha;
             }
         }
-        __syncthreads();
-        // Online softmax per head: warp w takes heads w, w + 4, ...; one key per lane.
-        const int warp = tid / WARP, lane = tid % WARP;
-        for (int g = warp; g < G; g += ATT_THREADS / WARP) {
-            const float x = sc[g][lane];
-            const float m_new = fmaxf(m_run[g], warp_max(x));
-            const float e = x == -INFINITY ? 0.0f : expf(x - m_new);
-            sc[g][lane] = e;
-            const float sum = warp_sum(e);
-            if (lane == 0) {
-                const float a = m_run[g] == -INFINITY ? 0.0f : expf(m_run[g] - m_new);
-                alpha[g] = a;
-                l_run[g] = l_run[g] * a + sum;
-                m_run[g] = m_new;
+
+        // O += P V, P = hi + lo.
+#pragma unroll
+        for (int kk = 0; kk < KW / 16; kk++) {
+            u32 ah[4], al[4];
+            fa_split<BF16>(sc[2 * kk][0], sc[2 * kk][1], ah[0], al[0]);
+            fa_split<BF16>(sc[2 * kk][2], sc[2 * kk][3], ah[1], al[1]);
+            fa_split<BF16>(sc[2 * kk + 1][0], sc[2 * kk + 1][1], ah[2], al[2]);
+            fa_split<BF16>(sc[2 * kk + 1][2], sc[2 * kk + 1][3], ah[3], al[3]);
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; dp++) {
+                // matrices: (keys +0, d +0), (keys +8, d +0), (keys +0, d +8), (keys +8, d +8)
+                const int row = kr + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+                const int c = dp * 2 + (lane >> 4);
+                u32 b0, b1, b2, b3;
+                fa_ldsm4t(vs + (u32)(row * HD + ((c ^ (row & 7)) * 8)) * 2, b0, b1, b2, b3);
+                fa_mma<BF16>(o[2 * dp], ah, b0, b1);
+                fa_mma<BF16>(o[2 * dp], al, b0, b1);
+                fa_mma<BF16>(o[2 * dp + 1], ah, b2, b3);
+                fa_mma<BF16>(o[2 * dp + 1], al, b2, b3);
             }
         }
-        __syncthreads();
-#pragma unroll
-        for (int g = 0; g < ATT_MAX_G; g++)
-            if (g < G) {
-                acc[g][0] *= alpha[g];
-                acc[g][1] *= alpha[g];
-            }
-        for (int jj = kg; 2 * jj < n_here; jj += n_kg) {
-            const int j = 2 * jj;
-            const u32 r0 = *(const u32*)&Vs[buf][j][2 * dp];
-            const bool two = j + 1 < n_here;  // rows past n_here hold stale data
-            const u32 r1 = two ? *(const u32*)&Vs[buf][j + 1][2 * dp] : 0u;
-            const float v00 = BF16 ? bf16_to_f32(r0 & 0xffff) : f16_to_f32(r0 & 0xffff);
-            const float v01 = BF16 ? bf16_to_f32(r0 >> 16) : f16_to_f32(r0 >> 16);
-            const float v10 = BF16 ? bf16_to_f32(r1 & 0xffff) : f16_to_f32(r1 & 0xffff);
-            const float v11 = BF16 ? bf16_to_f32(r1 >> 16) : f16_to_f32(r1 >> 16);
-#pragma unroll
-            for (int g = 0; g < ATT_MAX_G; g++)
-                if (g < G) {
-                    const float2 p = *(const float2*)&sc[g][j];
-                    acc[g][0] += p.x * v00 + p.y * v10;
-                    acc[g][1] += p.x * v01 + p.y * v11;
-                }
-        }
-        __syncthreads();
     }
-    // Reduce the key groups through shared memory (reusing the K tiles), then
-    // write this split's partial result.
-    float* o_red = (float*)&Ks[0][0][0];  // [G][HD] floats fit in the K tiles
-    for (int r = 0; r < n_kg; r++) {
-        if (kg == r) {
+    cp_async_wait<0>();
+    __syncthreads();  // the tiles' shared memory is free from here
+
+    if (WK > 1) {
+        // Key warps 1.. hand their (m, l, o) to key warp 0 of the same rows,
+        // lane for lane (same fragment positions).
+        constexpr int PER = DT * 4 + 4;
+        float* red = (float*)fa_smem;
+        if (kg > 0) {
+            float* my = red + ((kg - 1) * WR + rt) * PER * WARP + lane;
 #pragma unroll
-            for (int g = 0; g < ATT_MAX_G; g++)
-                if (g < G) {
-                    o_red[g * HD + 2 * dp] = (r == 0 ? 0.0f : o_red[g * HD + 2 * dp]) + acc[g][0];
-                    o_red[g * HD + 2 * dp + 1] = (r == 0 ? 0.0f : o_red[g * HD + 2 * dp + 1]) + acc[g][1];
-                }
+            for (int d = 0; d < DT; d++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) my[(d * 4 + e) * WARP] = o[d][e];
+            my[(DT * 4) * WARP] = m[0];
+            my[(DT * 4 + 1) * WARP] = m[1];
+            my[(DT * 4 + 2) * WARP] = l[0];
+            my[(DT * 4 + 3) * WARP] = l[1];
         }
         __syncthreads();
+        if (kg == 0) {
+            for (int w = 1; w < WK; w++) {
+                const float* ot = red + ((w - 1) * WR + rt) * PER * WARP + lane;
+                float a0[2], a1[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const float m2 = ot[(DT * 4 + h) * WARP], l2 = ot[(DT * 4 + 2 + h) * WARP];
+                    const float mn = fmaxf(m[h], m2);
+                    const float base = mn == -INFINITY ? 0.0f : mn;
+                    a0[h] = fa_exp2(m[h] - base);
+                    a1[h] = fa_exp2(m2 - base);
+                    l[h] = l[h] * a0[h] + l2 * a1[h];
+                    m[h] = mn;
+                }
+#pragma unroll
+                for (int d = 0; d < DT; d++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[d][e] = o[d][e] * a0[e >> 1] + ot[(d * 4 + e) * WARP] * a1[e >> 1];
+            }
+        }
     }
-    for (int i = tid; i < G * HD; i += ATT_THREADS) {
-        const int g = i / HD, dd = i % HD;
-        const size_t idx = ((size_t)t * n_heads + kvh * G + g) * S + s;
-        part_o[idx * HD + dd] = o_red[g * HD + dd];
-        if (dd == 0) {
-            part_ml[idx * 2] = m_run[g];
-            part_ml[idx * 2 + 1] = l_run[g];
+    if (kg != 0) return;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float lt = l[h];
+        lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+        if (!rvalid[h]) continue;
+        const size_t idx = (size_t)orow[h] * S + s;
+        float* po = part_o + idx * HD + 2 * tq;
+#pragma unroll
+        for (int d = 0; d < DT; d++) *(float2*)(po + d * 8) = make_float2(o[d][2 * h], o[d][2 * h + 1]);
+        if (tq == 0) {
+            part_ml[idx * 2] = m[h] * 0.6931471805599453f;  // back to natural-log units
+            part_ml[idx * 2 + 1] = lt;
         }
     }
 }
 
-#define ATTN_KERNEL(name, HD, BF16)                                                                         \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) name(                                             \
-        const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                 \
-        const int* __restrict__ pos0, int n_heads, int n_kv, int slots, int window, float scale,             \
-        float* __restrict__ part_o, float* __restrict__ part_ml) {                                           \
-        attn_split<HD, BF16>(q, kc, vc, pos0, n_heads, n_kv, slots, window, scale, part_o, part_ml);          \
+// _d: decode (at most 16 rows), 2 key warps. _b: blocks of rows, 4 row warps.
+#define FA_KERNEL(name, HD, BF16, WR, WK, STAGES)                                                               \
+    extern "C" __global__ void __launch_bounds__(WR * WK * WARP) name(                                          \
+        const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                     \
+        const int* __restrict__ pos0, int n_tokens, int n_heads, int n_kv, int slots, int window, float scale,   \
+        float* __restrict__ part_o, float* __restrict__ part_ml) {                                               \
+        fa_attn<HD, BF16, WR, WK, STAGES>(q, kc, vc, pos0, n_tokens, n_heads, n_kv, slots, window, scale, part_o, \
+                                          part_ml);                                                              \
     }
 
-ATTN_KERNEL(attn_split_64_f16, 64, false)
-ATTN_KERNEL(attn_split_64_bf16, 64, true)
-ATTN_KERNEL(attn_split_128_f16, 128, false)
-ATTN_KERNEL(attn_split_128_bf16, 128, true)
+FA_KERNEL(fa_attn_64_f16_d, 64, false, 1, 2, 4)
+FA_KERNEL(fa_attn_64_bf16_d, 64, true, 1, 2, 4)
+FA_KERNEL(fa_attn_128_f16_d, 128, false, 1, 2, 3)
+FA_KERNEL(fa_attn_128_bf16_d, 128, true, 1, 2, 3)
+FA_KERNEL(fa_attn_64_f16_b, 64, false, 4, 1, 4)
+FA_KERNEL(fa_attn_64_bf16_b, 64, true, 4, 1, 4)
+FA_KERNEL(fa_attn_128_f16_b, 128, false, 4, 1, 3)
+FA_KERNEL(fa_attn_128_bf16_b, 128, true, 4, 1, 3)
 
 // Merges the S partial results of each (token, head): out = sum_s e^(m_s - M) o_s
 // / sum_s e^(m_s - M) l_s. One block of hd threads per (head, token): the

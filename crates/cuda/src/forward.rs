@@ -17,7 +17,7 @@ use crate::ops::{self, AttnArgs, HeadPrep, Segment, Q8};
 pub const GPU_CHUNK: usize = 512;
 /// Rows of logits computed per head launch.
 const LOGIT_ROWS: usize = 16;
-/// Keys per split at least (2 x ATT_TILE in attention.cu).
+/// Keys per decode split at least (two 32-key tiles of the attention kernel).
 const ATT_TILE: usize = 64;
 /// Muse Glimmer's post-norm epsilon (spec §1).
 const POST_NORM_EPS: f32 = 1e-8;
@@ -79,15 +79,25 @@ pub struct GpuState {
 }
 
 /// Splits for a single decode token over a span of `span` keys: enough blocks
-/// to fill the GPU at long contexts (about 512 over all kv heads; more
-/// measured slower on an H200: each split then has too few keys).
+/// to fill the GPU at long contexts (about 512 over all kv heads: the `_d`
+/// attention kernel fits 4 blocks per multiprocessor (48 KB of shared memory),
+/// so 512 blocks are one wave on an H200's 132; more splits measured slower
+/// with the old CUDA-core kernel: each split then has too few keys).
 fn decode_splits(span: usize, n_kv: usize) -> usize {
     span.div_ceil(ATT_TILE).clamp(1, (512 / n_kv).max(1))
 }
 
-/// Splits for a block of tokens whose keys reach `span` positions.
-fn block_splits(span: usize) -> usize {
-    span.div_ceil(1024).clamp(1, 8)
+/// Splits for a block of `t` tokens (t > 1) whose keys reach `span`
+/// positions: enough blocks for several waves on the GPU (2048 over all kv
+/// heads and row blocks; `_b` attention blocks fit 2 to 4 per multiprocessor),
+/// at least 256 keys per split, and within the partial buffers (GPU_CHUNK * 8
+/// rows per head).
+pub(crate) fn block_splits(span: usize, t: usize, blocks: usize) -> usize {
+    2048usize
+        .div_ceil(blocks.max(1))
+        .min(span.div_ceil(256))
+        .min(GPU_CHUNK * 8 / t.max(1))
+        .clamp(1, 1024)
 }
 
 impl GpuState {
@@ -391,19 +401,24 @@ impl GpuModel {
         quantize: bool,
     ) -> Result<()> {
         let kv = &st.caches[li];
+        let args = self.attn_args(kv, kv_bf16);
         let splits = if t == 1 {
             kv.decode_splits
         } else {
             let reach = st.pos + t;
-            block_splits(if kv.window > 0 {
-                reach.min(kv.window + t)
-            } else {
-                reach
-            })
+            block_splits(
+                if kv.window > 0 {
+                    reach.min(kv.window + t)
+                } else {
+                    reach
+                },
+                t,
+                args.n_kv * ops::attn_row_blocks(&args, t),
+            )
         };
         ops::attention(
             &self.gpu,
-            &self.attn_args(kv, kv_bf16),
+            &args,
             t,
             splits,
             st.s.q.ptr,

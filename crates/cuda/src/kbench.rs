@@ -178,11 +178,11 @@ pub fn run(g: &Gpu) -> Result<String> {
     }
     out += "Attention, one token, split-K over a flat f16 cache (GB/s = K+V bytes / time):\n";
     for &(nh, nkv, ctx, splits) in &[
-        (40usize, 8usize, 32768usize, 128usize),
-        (40, 8, 32768, 64),
-        (40, 8, 32768, 256),
-        (32, 2, 131072, 512),
+        (40usize, 8usize, 32768usize, 64usize),
+        (40, 8, 32768, 128),
+        (40, 8, 32768, 32),
         (32, 2, 131072, 256),
+        (32, 2, 131072, 128),
     ] {
         let hd = 128;
         let kvb = nkv * ctx * hd * 2;
@@ -235,6 +235,66 @@ pub fn run(g: &Gpu) -> Result<String> {
             "  heads {nh}/{nkv} ctx {ctx:6} splits {splits:3}: {:8.1} us {:7.0} GB/s\n",
             ms * 1e3,
             2.0 * kvb as f64 / (ms * 1e-3) / 1e9
+        );
+    }
+    out += "Attention, a prefill block of 512 tokens over a flat f16 cache, causal (TFLOP/s = 4 hd keys rows / time):\n";
+    for &(nh, nkv, depth) in &[(40usize, 8usize, 0usize), (40, 8, 32768)] {
+        let (hd, t) = (128, 512);
+        let ctx = depth + t;
+        let kvb = nkv * ctx * hd * 2;
+        let kc = g.alloc(kvb, "kernel bench")?;
+        let vc = g.alloc(kvb, "kernel bench")?;
+        for b in [&kc, &vc] {
+            g.launch(
+                "fill_random_kv",
+                (1024, 1, 1),
+                256,
+                &[
+                    Arg::Ptr(b.ptr),
+                    Arg::Ptr((kvb / 2) as u64),
+                    Arg::I32(3),
+                    Arg::I32(0),
+                ],
+            )?;
+        }
+        let pos = g.alloc(4, "kernel bench")?;
+        g.upload(pos.ptr, &[depth as i32])?;
+        let args = ops::AttnArgs {
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+            slots: ctx,
+            window: 0,
+            scale: 0.088,
+            kv_bf16: false,
+        };
+        // The split count the model would use (GpuModel::attention).
+        let splits = crate::forward::block_splits(ctx, t, nkv * ops::attn_row_blocks(&args, t));
+        let part_o = g.alloc(t * nh * splits * hd * 4, "kernel bench")?;
+        let part_ml = g.alloc(t * nh * splits * 2 * 4, "kernel bench")?;
+        let ms = time_ms(g, reps, || {
+            ops::attention(
+                g,
+                &args,
+                t,
+                splits,
+                x.ptr,
+                kc.ptr,
+                vc.ptr,
+                pos.ptr,
+                part_o.ptr,
+                part_ml.ptr,
+                y.ptr,
+                0,
+                None,
+            )
+        })?;
+        // Keys seen: token i sees depth + i + 1.
+        let keys = (t * depth + t * (t + 1) / 2) as f64;
+        out += &format!(
+            "  heads {nh}/{nkv} depth {depth:6} splits {splits:3}: {:8.1} us {:7.1} TFLOP/s\n",
+            ms * 1e3,
+            4.0 * (nh * hd) as f64 * keys / (ms * 1e-3) / 1e12
         );
     }
     for threads in [128u32, 256, 512, 1024] {

@@ -12,10 +12,14 @@ pub const KERNEL_NAMES: &[&str] = &[
     "rmsnorm",
     "prepare_heads",
     "glu_q8",
-    "attn_split_64_f16",
-    "attn_split_64_bf16",
-    "attn_split_128_f16",
-    "attn_split_128_bf16",
+    "fa_attn_64_f16_d",
+    "fa_attn_64_bf16_d",
+    "fa_attn_128_f16_d",
+    "fa_attn_128_bf16_d",
+    "fa_attn_64_f16_b",
+    "fa_attn_64_bf16_b",
+    "fa_attn_128_f16_b",
+    "fa_attn_128_bf16_b",
     "attn_combine",
     "gemv_q4_k_1_u1",
     "gemv_q4_k_1_u4",
@@ -394,8 +398,25 @@ pub fn check_attn_shape(n_heads: usize, n_kv: usize, head_dim: usize) -> Result<
     Ok(())
 }
 
+/// Query rows (token, head of the group) per block of the `_b` attention
+/// kernels (4 warps of 16); at most 16 rows go to the `_d` kernel (one 16-row
+/// tile, two warps splitting each key tile).
+pub const ATTN_BLOCK_ROWS: usize = 64;
+
+/// Blocks of the attention kernel per split for `n_tokens` tokens: one for a
+/// decode-sized group of rows (G * T <= 16), else one per 64 rows.
+pub fn attn_row_blocks(a: &AttnArgs, n_tokens: usize) -> usize {
+    let rows = a.n_heads / a.n_kv * n_tokens;
+    if rows <= 16 {
+        1
+    } else {
+        rows.div_ceil(ATTN_BLOCK_ROWS)
+    }
+}
+
 /// out [T, n_heads, hd] = attention of q [T, n_heads, hd] over the cache, in
-/// `splits` splits per (kv head, token), through the partial buffers.
+/// `splits` splits of the keys per (kv head, block of query rows), through the
+/// partial buffers ([T, n_heads, splits] rows) and `attn_combine`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     g: &Gpu,
@@ -413,21 +434,31 @@ pub fn attention(
     q8: Option<Q8>,
 ) -> Result<()> {
     let q8 = q8.unwrap_or(Q8 { q: 0, d: 0, s: 0 });
-    let name = match (a.head_dim, a.kv_bf16) {
-        (64, false) => "attn_split_64_f16",
-        (64, true) => "attn_split_64_bf16",
-        (128, false) => "attn_split_128_f16",
-        _ => "attn_split_128_bf16",
+    let decode = a.n_heads / a.n_kv * n_tokens <= 16;
+    let name = match (a.head_dim, a.kv_bf16, decode) {
+        (64, false, true) => "fa_attn_64_f16_d",
+        (64, true, true) => "fa_attn_64_bf16_d",
+        (128, false, true) => "fa_attn_128_f16_d",
+        (128, true, true) => "fa_attn_128_bf16_d",
+        (64, false, false) => "fa_attn_64_f16_b",
+        (64, true, false) => "fa_attn_64_bf16_b",
+        (128, false, false) => "fa_attn_128_f16_b",
+        _ => "fa_attn_128_bf16_b",
     };
     g.launch(
         name,
-        (a.n_kv as u32, splits as u32, n_tokens as u32),
-        128,
+        (
+            attn_row_blocks(a, n_tokens) as u32,
+            a.n_kv as u32,
+            splits as u32,
+        ),
+        if decode { 64 } else { 128 },
         &[
             Arg::Ptr(q),
             Arg::Ptr(k_cache),
             Arg::Ptr(v_cache),
             Arg::Ptr(pos),
+            Arg::I32(n_tokens as i32),
             Arg::I32(a.n_heads as i32),
             Arg::I32(a.n_kv as i32),
             Arg::I32(a.slots as i32),

@@ -404,6 +404,123 @@ fn attention_matches_cpu_reference() {
             splits: 1,
             bf: false,
         },
+        // Decode, G = 1, long context, many splits.
+        Case {
+            nh: 8,
+            nkv: 8,
+            hd: 128,
+            slots: 6100,
+            window: 0,
+            pos0: 6000,
+            t: 1,
+            splits: 96,
+            bf: false,
+        },
+        // Decode, G = 5, 64 splits (the 32K shape), hd 64, bf16.
+        Case {
+            nh: 40,
+            nkv: 8,
+            hd: 64,
+            slots: 5200,
+            window: 0,
+            pos0: 5100,
+            t: 1,
+            splits: 64,
+            bf: true,
+        },
+        // Verify blocks: T = 2 (10 rows: the decode kernel), 5 (25 rows), 8 with
+        // G = 16 (128 rows: two row blocks), 16 on a wrapped ring (G = 1: 16
+        // rows), 16 with G = 5 (80 rows).
+        Case {
+            nh: 40,
+            nkv: 8,
+            hd: 128,
+            slots: 4000,
+            window: 0,
+            pos0: 3000,
+            t: 2,
+            splits: 16,
+            bf: false,
+        },
+        Case {
+            nh: 40,
+            nkv: 8,
+            hd: 128,
+            slots: 5200,
+            window: 0,
+            pos0: 5000,
+            t: 5,
+            splits: 64,
+            bf: true,
+        },
+        Case {
+            nh: 32,
+            nkv: 2,
+            hd: 64,
+            slots: 2600,
+            window: 0,
+            pos0: 2500,
+            t: 8,
+            splits: 32,
+            bf: false,
+        },
+        Case {
+            nh: 8,
+            nkv: 8,
+            hd: 64,
+            slots: 512 + 512,
+            window: 512,
+            pos0: 1234,
+            t: 16,
+            splits: 4,
+            bf: true,
+        },
+        Case {
+            nh: 40,
+            nkv: 8,
+            hd: 128,
+            slots: 800,
+            window: 0,
+            pos0: 777,
+            t: 16,
+            splits: 8,
+            bf: false,
+        },
+        // Prefill blocks: 512 tokens from 0; 300 from 700 (G = 16); 512 on a
+        // wrapped ring (window 256).
+        Case {
+            nh: 40,
+            nkv: 8,
+            hd: 128,
+            slots: 600,
+            window: 0,
+            pos0: 0,
+            t: 512,
+            splits: 2,
+            bf: false,
+        },
+        Case {
+            nh: 16,
+            nkv: 1,
+            hd: 64,
+            slots: 1100,
+            window: 0,
+            pos0: 700,
+            t: 300,
+            splits: 3,
+            bf: true,
+        },
+        Case {
+            nh: 8,
+            nkv: 2,
+            hd: 128,
+            slots: 256 + 512,
+            window: 256,
+            pos0: 2000,
+            t: 512,
+            splits: 2,
+            bf: false,
+        },
     ];
     for c in &cases {
         let rows = c.nkv * c.slots * c.hd;
@@ -427,9 +544,13 @@ fn attention_matches_cpu_reference() {
         let vb = g.alloc(rows * 2, "t").unwrap();
         g.upload(kb.ptr, &kv_u[..rows]).unwrap();
         g.upload(vb.ptr, &kv_u[rows..]).unwrap();
+        // The kernel multiplies q in the cache's 16-bit type (as the CPU
+        // reference, ggml's flash attention, does for f16 caches; Muse
+        // Glimmer's q is bf16-rounded already): the test's q is representable.
         let q: Vec<f32> = (0..c.t * c.nh * c.hd)
-            .map(|_| rng.gen_range(-1.0f32..1.0))
+            .map(|_| dec(enc(rng.gen_range(-1.0f32..1.0))))
             .collect();
+        let kv_d: Vec<f32> = kv_u.iter().map(|&u| dec(u)).collect();
         let qb = upload_f32(&g, &q);
         let pos = g.alloc(4, "t").unwrap();
         g.upload(pos.ptr, &[c.pos0 as i32]).unwrap();
@@ -480,7 +601,7 @@ fn attention_matches_cpu_reference() {
                 let scores: Vec<f64> = (lo..=qp)
                     .map(|p| {
                         (0..c.hd)
-                            .map(|d| qh[d] as f64 * dec(kv_u[at(p, 0) + d]) as f64)
+                            .map(|d| qh[d] as f64 * kv_d[at(p, 0) + d] as f64)
                             .sum::<f64>()
                             * scale as f64
                     })
@@ -491,7 +612,7 @@ fn attention_matches_cpu_reference() {
                 for d in 0..c.hd {
                     want[(t * c.nh + h) * c.hd + d] = (lo..=qp)
                         .zip(&e)
-                        .map(|(p, w)| w * dec(kv_u[at(p, 1) + d]) as f64)
+                        .map(|(p, w)| w * kv_d[at(p, 1) + d] as f64)
                         .sum::<f64>()
                         / sum;
                 }
