@@ -226,6 +226,22 @@ mod tests {
     fn source_macro_defines(name: &str) -> bool {
         // gemv_<type>_<nt> come from GEMV_KERNELS(<type>, ...); attn kernels from ATTN_KERNEL(name, ...).
         if let Some(rest) = name.strip_prefix("gemv_") {
+            // gemv_<type>_x<NT>_r<R>_i<IPT> from GEMV_X_KERNEL(tname, WT, NT, R, IPT) lines.
+            let parts: Vec<&str> = rest.rsplitn(4, '_').collect();
+            if let [i, r, x, ty] = parts[..] {
+                if let (Some(nt), Some(r), Some(i)) = (x.strip_prefix('x'), r.strip_prefix('r'), i.strip_prefix('i')) {
+                    let variant = format!("GEMV_X_KERNEL(tname, WT, {nt}, {r}, {i})");
+                    let in_macro = |m: &str| {
+                        SOURCE
+                            .split(&format!("#define {m}(tname, WT)"))
+                            .nth(1)
+                            .is_some_and(|body| body.split("\n\n").next().unwrap_or("").contains(&variant))
+                    };
+                    return (SOURCE.contains(&format!("GEMV_X_KERNELS({ty},")) && in_macro("GEMV_X_KERNELS"))
+                        || (SOURCE.contains(&format!("GEMV_X_KERNELS32({ty},"))
+                            && (in_macro("GEMV_X_KERNELS32") || in_macro("GEMV_X_KERNELS")));
+                }
+            }
             let rest = rest
                 .strip_suffix("_u1")
                 .or_else(|| rest.strip_suffix("_u2"))
