@@ -11,7 +11,7 @@ use hearth_models::{blocks, Architecture, LayerKind, Logits, ModelError};
 use crate::driver::{Arg, DevBuf, Gpu, Graph};
 use crate::error::{CudaError, Result};
 use crate::model::{Fused, GpuLayer, GpuModel, Proj};
-use crate::ops::{self, AttnArgs, HeadPrep, Segment, Q8};
+use crate::ops::{self, ActIn, AttnArgs, HeadPrep, Segment, Q8};
 
 /// Tokens per pass through the layers (bounds scratch memory; rings get this much slack).
 pub const GPU_CHUNK: usize = 512;
@@ -75,6 +75,9 @@ pub struct GpuState {
     pub use_graph: bool,
     /// Prefill token-block threshold: blocks of more tokens use the tensor-core GEMM.
     pub gemm_min_tokens: usize,
+    /// Decode steps make each product's activations in its own prologue
+    /// (RMSNorm, GLU) instead of a separate kernel (HEARTH_CUDA_FUSE=0: off).
+    pub fuse_prologue: bool,
     host_x: Vec<f32>,
 }
 
@@ -196,6 +199,7 @@ impl GpuModel {
             graph: None,
             use_graph: true,
             gemm_min_tokens: 16,
+            fuse_prologue: std::env::var("HEARTH_CUDA_FUSE").map_or(true, |v| v != "0"),
             host_x: Vec::new(),
         })
     }
@@ -377,6 +381,104 @@ impl GpuModel {
         Ok(())
     }
 
+    /// Whether a single-token step can make the activations of all `items`
+    /// in the products' prologues (every launch is a register GEMV).
+    fn prologue_fits(&self, st: &GpuState, t: usize, fused: &Fused, items: &[(Proj, &ops::GpuMatrix, u64, u64)]) -> bool {
+        let together = fused.parts.len() > 1 && fused.m.tune.x;
+        st.fuse_prologue
+            && t == 1
+            && (!together || ops::prologue_ok(&fused.m))
+            && items
+                .iter()
+                .all(|(p, w, ..)| (together && fused.parts.contains(p)) || ops::prologue_ok(w))
+    }
+
+    /// `projections` for one token whose activations each launch makes from `act`.
+    fn projections_from(
+        &self,
+        fused: &Fused,
+        act: ActIn,
+        items: &[(Proj, &ops::GpuMatrix, u64, u64)],
+        flags: i32,
+    ) -> Result<()> {
+        let together = fused.parts.len() > 1 && fused.m.tune.x;
+        let mut segs = Vec::with_capacity(fused.parts.len());
+        for &(p, w, y, bias) in items {
+            let seg = Segment { y, bias, rows: w.rows };
+            if together && fused.parts.contains(&p) {
+                continue;
+            }
+            ops::gemv_x(&self.gpu, w, w.tune, act, 1, &[seg], flags)?;
+        }
+        if together {
+            for p in &fused.parts {
+                let &(_, w, y, bias) = items
+                    .iter()
+                    .find(|i| i.0 == *p)
+                    .ok_or_else(|| CudaError::Unsupported(format!("fused part {p:?} without an output")))?;
+                segs.push(Segment { y, bias, rows: w.rows });
+            }
+            ops::gemv_x(&self.gpu, &fused.m, fused.m.tune, act, 1, &segs, flags)?;
+        }
+        Ok(())
+    }
+
+    /// The input norm and the products of `items` from it: fused into the
+    /// products' prologues for a decode step when they allow it, else an
+    /// RMSNorm kernel (writing h and the 8-bit activations) and `projections`.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_and_project(
+        &self,
+        st: &GpuState,
+        fused: &Fused,
+        t: usize,
+        gain: u64,
+        norm_flags: i32,
+        items: &[(Proj, &ops::GpuMatrix, u64, u64)],
+        flags: i32,
+    ) -> Result<()> {
+        let c = &self.model.config;
+        let s = &st.s;
+        if self.prologue_fits(st, t, fused, items) {
+            let act = ActIn::Norm {
+                x: s.x.ptr,
+                gain,
+                eps: c.norm_eps,
+                flags: norm_flags,
+            };
+            return self.projections_from(fused, act, items, flags);
+        }
+        ops::rmsnorm(&self.gpu, s.x.ptr, s.h.ptr, gain, t, c.dim, c.norm_eps, norm_flags, Some(Self::q8(st)))?;
+        self.projections(st, fused, t, s.h.ptr, items, flags)
+    }
+
+    /// y (op)= W · glu(a, b): the GLU in the product's prologue for a decode
+    /// step when it allows it, else glu_q8 then the product.
+    #[allow(clippy::too_many_arguments)]
+    fn glu_and_project(
+        &self,
+        st: &GpuState,
+        t: usize,
+        (a, b, mode, glu_flags): (u64, u64, i32, i32),
+        n: usize,
+        w: &ops::GpuMatrix,
+        y: u64,
+        flags: i32,
+    ) -> Result<()> {
+        if st.fuse_prologue && t == 1 && ops::prologue_ok(w) {
+            let act = ActIn::Glu {
+                a,
+                b,
+                mode,
+                flags: glu_flags,
+            };
+            let seg = Segment { y, bias: 0, rows: w.rows };
+            return ops::gemv_x(&self.gpu, w, w.tune, act, 1, &[seg], flags);
+        }
+        ops::glu_q8(&self.gpu, a, b, t * n, mode, glu_flags, a, Self::q8(st))?;
+        self.linear(st, w, t, a, y, 0, flags)
+    }
+
     fn attn_args(&self, kv: &GpuKv, kv_bf16: bool) -> AttnArgs {
         let c = &self.model.config;
         AttnArgs {
@@ -438,24 +540,13 @@ impl GpuModel {
         let c = &self.model.config;
         let l: &GpuLayer = &self.layers[li];
         let (g, s) = (&*self.gpu, &st.s);
-        let a8 = Self::q8(st);
         // Attention block.
-        ops::rmsnorm(
-            g,
-            s.x.ptr,
-            s.h.ptr,
-            l.attn_norm,
-            t,
-            c.dim,
-            c.norm_eps,
-            0,
-            Some(a8),
-        )?;
-        self.projections(
+        self.norm_and_project(
             st,
             &l.attn_in,
             t,
-            s.h.ptr,
+            l.attn_norm,
+            0,
             &[
                 (Proj::Q, &l.wq, s.q.ptr, l.bq),
                 (Proj::K, &l.wk, s.k.ptr, l.bk),
@@ -494,39 +585,27 @@ impl GpuModel {
         self.attention(st, li, t, false, 0, true)?;
         self.linear(st, &l.wo, t, s.att.ptr, s.x.ptr, 0, ops::OUT_ADD)?;
         // MLP block.
-        ops::rmsnorm(
-            g,
-            s.x.ptr,
-            s.h.ptr,
-            l.ffn_norm,
-            t,
-            c.dim,
-            c.norm_eps,
-            0,
-            Some(a8),
-        )?;
-        self.projections(
+        self.norm_and_project(
             st,
             &l.ffn_in,
             t,
-            s.h.ptr,
+            l.ffn_norm,
+            0,
             &[
                 (Proj::FfnGate, &l.ffn_gate, s.fg.ptr, 0),
                 (Proj::FfnUp, &l.ffn_up, s.fu.ptr, 0),
             ],
             0,
         )?;
-        ops::glu_q8(
-            g,
-            s.fg.ptr,
-            s.fu.ptr,
-            t * c.ffn_dim,
-            ops::GLU_SWIGLU,
-            0,
-            s.fg.ptr,
-            a8,
-        )?;
-        self.linear(st, &l.ffn_down, t, s.fg.ptr, s.x.ptr, 0, ops::OUT_ADD)
+        self.glu_and_project(
+            st,
+            t,
+            (s.fg.ptr, s.fu.ptr, ops::GLU_SWIGLU, 0),
+            c.ffn_dim,
+            &l.ffn_down,
+            s.x.ptr,
+            ops::OUT_ADD,
+        )
     }
 
     /// Muse Glimmer layer (spec §3.3-3.5) with the spec's bf16 rounding points.
@@ -534,29 +613,18 @@ impl GpuModel {
         let c = &self.model.config;
         let l: &GpuLayer = &self.layers[li];
         let (g, s) = (&*self.gpu, &st.s);
-        let a8 = Self::q8(st);
         let bf = ops::OUT_BF16;
         let muse = ops::NORM_MUSE;
         // §3.4 attention.
-        ops::rmsnorm(
-            g,
-            s.x.ptr,
-            s.h.ptr,
-            l.attn_norm,
-            t,
-            c.dim,
-            c.norm_eps,
-            muse,
-            Some(a8),
-        )?;
         let gate = l.attn_gate.as_ref().ok_or_else(|| {
             CudaError::Unsupported("muse_glimmer layer without an output gate".into())
         })?;
-        self.projections(
+        self.norm_and_project(
             st,
             &l.attn_in,
             t,
-            s.h.ptr,
+            l.attn_norm,
+            muse,
             &[
                 (Proj::Q, &l.wq, s.q.ptr, 0),
                 (Proj::K, &l.wk, s.k.ptr, 0),
@@ -593,17 +661,15 @@ impl GpuModel {
             kv.slots,
         )?;
         self.attention(st, li, t, true, bf, false)?;
-        ops::glu_q8(
-            g,
-            s.att.ptr,
-            s.gate.ptr,
-            t * c.n_heads * c.head_dim,
-            ops::GLU_GATE,
+        self.glu_and_project(
+            st,
+            t,
+            (s.att.ptr, s.gate.ptr, ops::GLU_GATE, bf),
+            c.n_heads * c.head_dim,
+            &l.wo,
+            s.tmp.ptr,
             bf,
-            s.att.ptr,
-            a8,
         )?;
-        self.linear(st, &l.wo, t, s.att.ptr, s.tmp.ptr, 0, bf)?;
         ops::rmsnorm(
             g,
             s.tmp.ptr,
@@ -616,39 +682,27 @@ impl GpuModel {
             None,
         )?;
         // §3.5 MLP.
-        ops::rmsnorm(
-            g,
-            s.x.ptr,
-            s.h.ptr,
-            l.ffn_norm,
-            t,
-            c.dim,
-            c.norm_eps,
-            muse,
-            Some(a8),
-        )?;
-        self.projections(
+        self.norm_and_project(
             st,
             &l.ffn_in,
             t,
-            s.h.ptr,
+            l.ffn_norm,
+            muse,
             &[
                 (Proj::FfnGate, &l.ffn_gate, s.fg.ptr, 0),
                 (Proj::FfnUp, &l.ffn_up, s.fu.ptr, 0),
             ],
             bf,
         )?;
-        ops::glu_q8(
-            g,
-            s.fg.ptr,
-            s.fu.ptr,
-            t * c.ffn_dim,
-            ops::GLU_SWIGLU,
+        self.glu_and_project(
+            st,
+            t,
+            (s.fg.ptr, s.fu.ptr, ops::GLU_SWIGLU, bf),
+            c.ffn_dim,
+            &l.ffn_down,
+            s.tmp.ptr,
             bf,
-            s.fg.ptr,
-            a8,
         )?;
-        self.linear(st, &l.ffn_down, t, s.fg.ptr, s.tmp.ptr, 0, bf)?;
         ops::rmsnorm(
             g,
             s.tmp.ptr,

@@ -27,6 +27,8 @@ pub const KERNEL_NAMES: &[&str] = &[
     "gemv_q6_k_8",
     "gemv_q4_k_x1_r4_i1",
     "gemv_q8_0_x4_r1_i2",
+    "gemv_q4_k_n1_r2",
+    "gemv_q6_k_g1_r1",
     "gemm_q4_k_f16",
     "gemm_q6_k_bf16",
     "fill_random_kv",
@@ -182,7 +184,7 @@ pub fn gemv_single(
 ) -> Result<()> {
     if tune.x {
         let seg = [Segment { y, bias, rows: w.rows }];
-        return gemv_x(g, w, tune, x, 1, &seg, flags);
+        return gemv_x(g, w, tune, ActIn::Q8(x), 1, &seg, flags);
     }
     g.launch(
         gemv_name(w.kind, 1, tune.u, tune.r),
@@ -526,16 +528,33 @@ pub fn gemv_x_variants(w: &GpuMatrix, sm_count: u32) -> Vec<GemvTune> {
     };
     let mut v = Vec::new();
     for &r in rs {
-        for per_sm in [0u32, 2, 4, 8, 16] {
+        // One block per tile, about 2-16 blocks per SM, and grids that give
+        // every block the same number of tiles (no tail of half-idle SMs).
+        let tiles = w.rows.div_ceil(r as usize) as u32;
+        let mut grids: Vec<u32> = [0u32, 2, 4, 8, 16].iter().map(|k| k * sm_count).collect();
+        grids.extend([2u32, 3, 4, 6].iter().map(|k| tiles.div_ceil(*k)).filter(|&b| b >= sm_count));
+        grids.dedup();
+        for blocks in grids {
             v.push(GemvTune {
                 u: 1,
-                blocks: per_sm * sm_count,
+                blocks,
                 r,
                 x: true,
             });
         }
     }
     v
+}
+
+/// Where a register GEMV gets its activations: quantized by an earlier
+/// kernel, or made in its own prologue from f32 rows (single token): the
+/// RMSNorm of `x` (NORM_MUSE in `flags` for Muse Glimmer's rounding), or a
+/// GLU of two rows (`mode` GLU_SWIGLU / GLU_GATE, OUT_BF16 in `flags`).
+#[derive(Clone, Copy, Debug)]
+pub enum ActIn {
+    Q8(Q8),
+    Norm { x: u64, gain: u64, eps: f32, flags: i32 },
+    Glu { a: u64, b: u64, mode: i32, flags: i32 },
 }
 
 /// One output range of a (possibly fused) matrix: `rows` consecutive rows
@@ -598,7 +617,7 @@ pub fn gemv_x(
     g: &Gpu,
     w: &GpuMatrix,
     tune: GemvTune,
-    x: Q8,
+    x: ActIn,
     nt: usize,
     segs: &[Segment],
     flags: i32,
@@ -612,9 +631,13 @@ pub fn gemv_x(
         2 => 2,
         _ => 1,
     };
-    let name = gemv_x_name(w.kind, nt, r, ipt).ok_or_else(|| {
-        CudaError::Unsupported(format!("register GEMV {:?} nt {nt} r {r} ipt {ipt}", w.kind))
-    })?;
+    let r = if matches!(x, ActIn::Q8(_)) { r } else { r.min(2) };
+    let name = match x {
+        ActIn::Q8(_) => gemv_x_name(w.kind, nt, r, ipt),
+        _ if nt == 1 && ipt == 1 => gemv_p_name(w.kind, matches!(x, ActIn::Norm { .. }), r),
+        _ => None,
+    }
+    .ok_or_else(|| CudaError::Unsupported(format!("register GEMV {:?} nt {nt} r {r} ipt {ipt} {x:?}", w.kind)))?;
     if segs.is_empty() || segs.len() > 4 || segs.iter().map(|s| s.rows).sum::<usize>() != w.rows {
         return Err(CudaError::Unsupported(format!(
             "GEMV segments {:?} for {} rows",
@@ -635,18 +658,20 @@ pub fn gemv_x(
     } else {
         tiles
     };
-    g.launch(
-        name,
-        (blocks, 1, 1),
-        threads,
-        &[
-            Arg::Ptr(w.body),
-            Arg::Ptr(w.scales),
-            Arg::I32(w.rows as i32),
-            Arg::I32(w.cols as i32),
-            Arg::Ptr(x.q),
-            Arg::Ptr(x.d),
-            Arg::Ptr(x.s),
+    let head = [Arg::Ptr(w.body), Arg::Ptr(w.scales), Arg::I32(w.rows as i32), Arg::I32(w.cols as i32)];
+    let act = match x {
+        ActIn::Q8(q) => [Arg::Ptr(q.q), Arg::Ptr(q.d), Arg::Ptr(q.s)].to_vec(),
+        ActIn::Norm { x, gain, eps, flags } => [Arg::Ptr(x), Arg::Ptr(gain), Arg::F32(eps), Arg::I32(flags)].to_vec(),
+        ActIn::Glu { a, b, mode, flags } => [
+            Arg::Ptr(a),
+            Arg::Ptr(b),
+            Arg::F32(0.0),
+            Arg::I32((mode & 1) | if flags & OUT_BF16 != 0 { 2 } else { 0 }),
+        ]
+        .to_vec(),
+    };
+    let mut args: Vec<Arg> = head.into_iter().chain(act).collect();
+    args.extend([
             Arg::I32(flags),
             Arg::I32(bounds[0]),
             Arg::I32(bounds[1]),
@@ -659,8 +684,28 @@ pub fn gemv_x(
             Arg::Ptr(seg(1).bias),
             Arg::Ptr(seg(2).bias),
             Arg::Ptr(seg(3).bias),
-        ],
-    )
+    ]);
+    g.launch(name, (blocks, 1, 1), threads, &args)
+}
+
+fn gemv_p_name(kind: WeightKind, norm: bool, r: u8) -> Option<&'static str> {
+    macro_rules! names {
+        ($($k:ident => $s:literal),*) => {
+            match (kind, norm, r) {
+                $( (WeightKind::$k, true, 1) => Some(concat!("gemv_", $s, "_n1_r1")),
+                   (WeightKind::$k, true, 2) => Some(concat!("gemv_", $s, "_n1_r2")),
+                   (WeightKind::$k, false, 1) => Some(concat!("gemv_", $s, "_g1_r1")),
+                   (WeightKind::$k, false, 2) => Some(concat!("gemv_", $s, "_g1_r2")), )*
+                _ => None,
+            }
+        };
+    }
+    names!(Q8_0 => "q8_0", Q4_0 => "q4_0", Q5_0 => "q5_0", Q4K => "q4_k", Q5K => "q5_k", Q6K => "q6_k")
+}
+
+/// Whether `w` can take its activations from a prologue (single token).
+pub fn prologue_ok(w: &GpuMatrix) -> bool {
+    w.tune.x && matches!(x_geometry(w.kind, w.cols), Some((_, 1)))
 }
 
 /// `n_tokens` tokens through the register-activation GEMV, in launches of
@@ -680,7 +725,7 @@ pub fn gemv_segments(g: &Gpu, w: &GpuMatrix, x: Q8, n_tokens: usize, segs: &[Seg
                 ..*s
             })
             .collect();
-        gemv_x(g, w, w.tune, x.offset(t0, w.cols), nt, &moved, flags)?;
+        gemv_x(g, w, w.tune, ActIn::Q8(x.offset(t0, w.cols)), nt, &moved, flags)?;
         t0 += nt;
     }
     Ok(())

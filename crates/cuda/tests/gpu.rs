@@ -251,6 +251,36 @@ fn gemv_matches_cpu_reference() {
                 let ev = nrmse(&got, &want_b);
                 println!("{:6} {rows:5} {k:5} {t:3}  {ev:10.2e} (register kernels, 3 outputs)", ty.name());
                 assert!(ev < 1e-4, "{ty:?} {rows}x{k} T={t} register kernels, segments: {ev}");
+                // Activations made in the prologue (decode): RMSNorm of a row
+                // with a gain, and SwiGLU / sigmoid gate of two rows, against
+                // the same functions computed here then quantized like q8.
+                if t == 1 && ops::prologue_ok(&mx) {
+                    let gain: Vec<f32> = (0..k).map(|_| rng.gen_range(0.5f32..1.5)).collect();
+                    let b: Vec<f32> = (0..k).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+                    let (gb, bb) = (upload_f32(&g, &gain), upload_f32(&g, &b));
+                    let eps = 1e-6f32;
+                    let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+                    let scale = (1.0 / (ss / k as f64 + eps as f64).sqrt()) as f32;
+                    let normed: Vec<f32> = x.iter().zip(&gain).map(|(&v, &gg)| v * scale * gg).collect();
+                    let silu: Vec<f32> = x.iter().zip(&b).map(|(&a, &bv)| a / (1.0 + (-a).exp()) * bv).collect();
+                    let gated: Vec<f32> = x.iter().zip(&b).map(|(&a, &bv)| a * (1.0 / (1.0 + (-bv).exp()))).collect();
+                    let cases = [
+                        ("norm", ops::ActIn::Norm { x: xb.ptr, gain: gb.ptr, eps, flags: 0 }, normed),
+                        ("swiglu", ops::ActIn::Glu { a: xb.ptr, b: bb.ptr, mode: ops::GLU_SWIGLU, flags: 0 }, silu),
+                        ("gate", ops::ActIn::Glu { a: xb.ptr, b: bb.ptr, mode: ops::GLU_GATE, flags: 0 }, gated),
+                    ];
+                    for (what, act, vals) in cases {
+                        for &tune in xv.iter().filter(|v| v.r <= 2) {
+                            let yv = upload_f32(&g, &vec![f32::NAN; rows]);
+                            let seg = [ops::Segment { y: yv.ptr, bias: 0, rows }];
+                            ops::gemv_x(&g, &mx, tune, act, 1, &seg, 0).unwrap();
+                            let want = reference(&q8_reference(&vals));
+                            let ev = nrmse(&download_f32(&g, &yv, rows), &want);
+                            assert!(ev < 1e-4, "{ty:?} {rows}x{k} prologue {what} {tune:?}: {ev}");
+                        }
+                    }
+                    println!("{:6} {rows:5} {k:5} {t:3}  prologue norm / swiglu / gate: ok", ty.name());
+                }
             }
         }
     }
