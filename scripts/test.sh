@@ -12,6 +12,9 @@ qwen=$(python3 scripts/fetch_models.py qwen2.5-coder-0.5b | tail -n 1)
 python3 tests/reference/test_muse_glimmer_ref.py
 python3 tests/reference/test_dflash_ref.py
 cargo test --workspace --release "$@"
+# The CUDA kernels compile for Hopper (sm_90) with NVRTC from the pip wheel (no GPU needed).
+nvrtc_lib=$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))')
+LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --release -p hearth-cuda --lib -- --ignored nvrtc_compiles_kernels_for_sm90
 # The NEON kernels, cross-compiled for aarch64 and run under qemu.
 scripts/test-aarch64.sh
 # The agent server end to end: the real binary, the official openai SDK.
