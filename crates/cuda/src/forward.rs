@@ -76,7 +76,9 @@ pub struct GpuState {
     /// Prefill token-block threshold: blocks of more tokens use the tensor-core GEMM.
     pub gemm_min_tokens: usize,
     /// Decode steps make each product's activations in its own prologue
-    /// (RMSNorm, GLU) instead of a separate kernel (HEARTH_CUDA_FUSE=0: off).
+    /// (RMSNorm, GLU) instead of a separate kernel. Off unless
+    /// HEARTH_CUDA_FUSE=1: measured 2.9x slower on an H200 (every one of the
+    /// ~1000-2000 blocks re-reads the f32 rows, uncoalesced; BENCHMARKS.md).
     pub fuse_prologue: bool,
     host_x: Vec<f32>,
 }
@@ -199,7 +201,7 @@ impl GpuModel {
             graph: None,
             use_graph: true,
             gemm_min_tokens: 16,
-            fuse_prologue: std::env::var("HEARTH_CUDA_FUSE").map_or(true, |v| v != "0"),
+            fuse_prologue: std::env::var("HEARTH_CUDA_FUSE").is_ok_and(|v| v == "1"),
             host_x: Vec::new(),
         })
     }
