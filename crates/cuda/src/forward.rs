@@ -83,13 +83,14 @@ pub struct GpuState {
     host_x: Vec<f32>,
 }
 
-/// Splits for a single decode token over a span of `span` keys: enough blocks
-/// to fill the GPU at long contexts (about 512 over all kv heads: the `_d`
-/// attention kernel fits 4 blocks per multiprocessor (48 KB of shared memory),
-/// so 512 blocks are one wave on an H200's 132; more splits measured slower
-/// with the old CUDA-core kernel: each split then has too few keys).
+/// Splits for a single decode token over a span of `span` keys: about 256
+/// blocks over all kv heads. With the tensor-core kernel (two warps per block,
+/// 48 KB of shared memory) half a wave of longer splits measured faster than
+/// a full wave of short ones on an H200: 40/8 heads at 32K, 48.5 us with 32
+/// splits against 50.9 with 64; 32/2 heads at 128K, 56.9 us with 128 against
+/// 64.6 with 256 (`hearth bench --device cuda --kernels`).
 fn decode_splits(span: usize, n_kv: usize) -> usize {
-    span.div_ceil(ATT_TILE).clamp(1, (512 / n_kv).max(1))
+    span.div_ceil(ATT_TILE).clamp(1, (256 / n_kv).max(1))
 }
 
 /// Splits for a block of `t` tokens (t > 1) whose keys reach `span`
