@@ -5,7 +5,10 @@
 use std::process::{Command, Output};
 
 fn hearth(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn stderr(out: &Output) -> String {
@@ -16,9 +19,23 @@ fn stderr(out: &Output) -> String {
 /// refused before anything loads, naming the alternative.
 #[test]
 fn dflash_on_cuda_is_refused_before_loading() {
-    let want = if cfg!(feature = "cuda") { "--spec dflash needs the target's hidden states" } else { "built without CUDA support" };
+    let want = if cfg!(feature = "cuda") {
+        "--spec dflash needs the target's hidden states"
+    } else {
+        "built without CUDA support"
+    };
     for cmd in ["run", "serve"] {
-        let mut args = vec![cmd, "-m", "smollm2-135m", "--device", "cuda", "--spec", "dflash", "--draft-model", "/nonexistent/draft.gguf"];
+        let mut args = vec![
+            cmd,
+            "-m",
+            "smollm2-135m",
+            "--device",
+            "cuda",
+            "--spec",
+            "dflash",
+            "--draft-model",
+            "/nonexistent/draft.gguf",
+        ];
         if cmd == "run" {
             args.extend(["-p", "hello"]);
         } else {
@@ -29,7 +46,10 @@ fn dflash_on_cuda_is_refused_before_loading() {
         let err = stderr(&out);
         assert!(err.contains(want), "{cmd}: {err}");
         if cfg!(feature = "cuda") {
-            assert!(err.contains("--spec ngram|draft with --device cuda"), "{cmd}: {err}");
+            assert!(
+                err.contains("--spec ngram|draft with --device cuda"),
+                "{cmd}: {err}"
+            );
         }
     }
 }
@@ -40,18 +60,47 @@ fn dflash_on_cuda_is_refused_before_loading() {
 #[test]
 fn cuda_serve_and_spec_reach_the_backend() {
     let runs: [&[&str]; 2] = [
-        &["serve", "-m", "gemma3-270m", "--device", "cuda", "--port", "0"],
-        &["run", "-m", "gemma3-270m", "--device", "cuda", "--spec", "ngram", "-p", "hello", "-n", "4"],
+        &[
+            "serve",
+            "-m",
+            "gemma3-270m",
+            "--device",
+            "cuda",
+            "--port",
+            "0",
+        ],
+        &[
+            "run",
+            "-m",
+            "gemma3-270m",
+            "--device",
+            "cuda",
+            "--spec",
+            "ngram",
+            "-p",
+            "hello",
+            "-n",
+            "4",
+        ],
     ];
     for args in runs {
         let out = hearth(args);
         assert!(!out.status.success(), "{args:?}");
         let err = stderr(&out);
-        assert!(!err.contains("not supported yet") && !err.contains("CPU backend only"), "{args:?}: {err}");
+        assert!(
+            !err.contains("not supported yet") && !err.contains("CPU backend only"),
+            "{args:?}: {err}"
+        );
         if cfg!(feature = "cuda") {
-            assert!(err.contains("CUDA is not available") || err.contains("gemma3"), "{args:?}: {err}");
+            assert!(
+                err.contains("CUDA is not available") || err.contains("gemma3"),
+                "{args:?}: {err}"
+            );
         } else {
-            assert!(err.contains("built without CUDA support"), "{args:?}: {err}");
+            assert!(
+                err.contains("built without CUDA support"),
+                "{args:?}: {err}"
+            );
         }
     }
 }

@@ -77,13 +77,20 @@ impl Backend for GpuModel {
         if ring_slack > GPU_CHUNK {
             return Err(ModelError::Unsupported {
                 backend: "CUDA",
-                what: format!("rolling back {ring_slack} positions (at most {GPU_CHUNK}: lower --n-draft)"),
+                what: format!(
+                    "rolling back {ring_slack} positions (at most {GPU_CHUNK}: lower --n-draft)"
+                ),
             });
         }
         GpuModel::new_state(self, max_ctx).map_err(model_error)
     }
 
-    fn forward(&self, state: &mut GpuState, tokens: &[u32], want: Logits) -> Result<Vec<f32>, ModelError> {
+    fn forward(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
         GpuModel::forward(self, state, tokens, want).map_err(model_error)
     }
 

@@ -14,7 +14,9 @@ use hearth_engine::sampler::{Sampler, SamplerConfig};
 use hearth_engine::spec::draft_model::DraftModelDrafter;
 use hearth_engine::spec::ngram::NgramDrafter;
 use hearth_engine::spec::{generate_speculative, Draft, Drafter, SpecError, SpecParams};
-use hearth_models::{Backend, BackendState, Logits, Model, ModelConfig, ModelError, Numerics, State};
+use hearth_models::{
+    Backend, BackendState, Logits, Model, ModelConfig, ModelError, Numerics, State,
+};
 use hearth_tokenizer::Tokenizer;
 
 /// The CPU model behind the CUDA backend's contract (see the module doc).
@@ -53,9 +55,17 @@ impl Backend for GpuLike {
         &self.model.config
     }
     fn new_state(&self, max_ctx: usize, ring_slack: usize) -> Result<GpuLikeState, ModelError> {
-        Ok(GpuLikeState { inner: State::with_ring_slack(&self.model, max_ctx, ring_slack), forwards: 0 })
+        Ok(GpuLikeState {
+            inner: State::with_ring_slack(&self.model, max_ctx, ring_slack),
+            forwards: 0,
+        })
     }
-    fn forward(&self, st: &mut GpuLikeState, tokens: &[u32], want: Logits) -> Result<Vec<f32>, ModelError> {
+    fn forward(
+        &self,
+        st: &mut GpuLikeState,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
         st.forwards += 1;
         self.model.forward(&mut st.inner, tokens, want)
     }
@@ -68,7 +78,10 @@ impl Backend for GpuLike {
         _hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>, ModelError> {
         if !taps.is_empty() {
-            return Err(ModelError::Unsupported { backend: "test", what: "hidden-state taps".into() });
+            return Err(ModelError::Unsupported {
+                backend: "test",
+                what: "hidden-state taps".into(),
+            });
         }
         self.forward(st, tokens, want)
     }
@@ -92,14 +105,21 @@ fn model_path(file: &str) -> PathBuf {
         _ => PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/hearth/models"),
     };
     let p = dir.join(file);
-    assert!(p.is_file(), "{} missing: run `python3 scripts/fetch_models.py all`", p.display());
+    assert!(
+        p.is_file(),
+        "{} missing: run `python3 scripts/fetch_models.py all`",
+        p.display()
+    );
     p
 }
 
 fn load(numerics: Numerics) -> (Arc<Model>, Tokenizer) {
     let mut m = Model::load(model_path(SMOLLM2)).unwrap();
     m.set_numerics(numerics);
-    (Arc::new(m), Tokenizer::from_gguf_path(model_path(SMOLLM2)).unwrap())
+    (
+        Arc::new(m),
+        Tokenizer::from_gguf_path(model_path(SMOLLM2)).unwrap(),
+    )
 }
 
 const PROMPTS: [&str; 4] = [
@@ -110,13 +130,26 @@ const PROMPTS: [&str; 4] = [
 ];
 
 fn params(n: usize) -> GenerateParams {
-    GenerateParams { max_tokens: n, stop: Vec::new(), ignore_eos: true }
+    GenerateParams {
+        max_tokens: n,
+        stop: Vec::new(),
+        ignore_eos: true,
+    }
 }
 
-fn run_plain<B: Backend>(b: &B, tok: &Tokenizer, prompt: &[u32], n: usize, sampling: SamplerConfig) -> (Vec<u32>, B::State) {
+fn run_plain<B: Backend>(
+    b: &B,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    n: usize,
+    sampling: SamplerConfig,
+) -> (Vec<u32>, B::State) {
     let mut state = b.new_state(256, 0).unwrap();
     let mut sampler = Sampler::new(sampling).unwrap();
-    let g = generate(b, &mut state, tok, &mut sampler, prompt, &params(n), |_| Flow::Continue).unwrap();
+    let g = generate(b, &mut state, tok, &mut sampler, prompt, &params(n), |_| {
+        Flow::Continue
+    })
+    .unwrap();
     (g.tokens, state)
 }
 
@@ -125,8 +158,14 @@ fn run_plain<B: Backend>(b: &B, tok: &Tokenizer, prompt: &[u32], n: usize, sampl
 #[test]
 fn generation_on_a_second_backend_equals_the_cpu_model() {
     let (model, tok) = load(Numerics::Reference);
-    let gpu_like = GpuLike { model: model.clone() };
-    let sampled = SamplerConfig { temperature: 0.8, seed: 42, ..SamplerConfig::greedy() };
+    let gpu_like = GpuLike {
+        model: model.clone(),
+    };
+    let sampled = SamplerConfig {
+        temperature: 0.8,
+        seed: 42,
+        ..SamplerConfig::greedy()
+    };
     for p in PROMPTS {
         let ids = tok.encode(p, true, false);
         for sampling in [SamplerConfig::greedy(), sampled] {
@@ -147,7 +186,9 @@ fn generation_on_a_second_backend_equals_the_cpu_model() {
 #[test]
 fn speculation_on_a_second_backend_equals_plain_greedy() {
     let (model, tok) = load(Numerics::F32);
-    let gpu_like = Arc::new(GpuLike { model: model.clone() });
+    let gpu_like = Arc::new(GpuLike {
+        model: model.clone(),
+    });
     let greedy = SamplerConfig::greedy();
     let vocab = model.config.vocab_size;
     let mut ngram = NgramDrafter::default();
@@ -155,17 +196,31 @@ fn speculation_on_a_second_backend_equals_plain_greedy() {
     for p in &PROMPTS[..3] {
         let ids = tok.encode(p, true, false);
         let (want, _) = run_plain(&*model, &tok, &ids, 24, greedy);
-        let drafters: [(&str, &mut dyn Drafter, usize); 2] = [("ngram", &mut ngram, 4), ("draft", &mut draft, 3)];
+        let drafters: [(&str, &mut dyn Drafter, usize); 2] =
+            [("ngram", &mut ngram, 4), ("draft", &mut draft, 3)];
         for (name, drafter, k) in drafters {
             drafter.reset();
             let mut state = gpu_like.new_state(256, k).unwrap();
             let mut sampler = Sampler::new(greedy).unwrap();
             let spec = SpecParams { n_draft: k };
-            let (g, stats) =
-                generate_speculative(&*gpu_like, &mut state, &tok, &mut sampler, drafter, &ids, &params(24), spec, |_| Flow::Continue)
-                    .unwrap();
+            let (g, stats) = generate_speculative(
+                &*gpu_like,
+                &mut state,
+                &tok,
+                &mut sampler,
+                drafter,
+                &ids,
+                &params(24),
+                spec,
+                |_| Flow::Continue,
+            )
+            .unwrap();
             assert_eq!(g.tokens, want, "prompt {p:?}, {name}");
-            assert_eq!(state.forwards as u64, stats.target_forwards + 1, "{name}: prefill + one verify pass per cycle");
+            assert_eq!(
+                state.forwards as u64,
+                stats.target_forwards + 1,
+                "{name}: prefill + one verify pass per cycle"
+            );
             if name == "draft" {
                 // A model drafting for itself agrees with every draft.
                 assert!(stats.accepted > 0, "{name}: nothing accepted: {stats:?}");
@@ -201,12 +256,25 @@ fn tapping_drafter_on_a_backend_without_taps_is_a_clear_error() {
     let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
     let ids = tok.encode("Hello", true, false);
     let mut text = String::new();
-    let err = generate_speculative(&gpu_like, &mut state, &tok, &mut sampler, &mut TapDrafter, &ids, &params(8), SpecParams { n_draft: 3 }, |t| {
-        text.push_str(t);
-        Flow::Continue
-    })
+    let err = generate_speculative(
+        &gpu_like,
+        &mut state,
+        &tok,
+        &mut sampler,
+        &mut TapDrafter,
+        &ids,
+        &params(8),
+        SpecParams { n_draft: 3 },
+        |t| {
+            text.push_str(t);
+            Flow::Continue
+        },
+    )
     .err()
     .expect("taps must be refused");
-    assert_eq!(err.to_string(), "the test backend does not support hidden-state taps");
+    assert_eq!(
+        err.to_string(),
+        "the test backend does not support hidden-state taps"
+    );
     assert!(text.is_empty());
 }

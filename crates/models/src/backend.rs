@@ -40,7 +40,12 @@ pub trait Backend: Send + Sync {
 
     /// Runs `tokens` at positions `state.pos()..`, advancing the position.
     /// Returns [vocab] for `Last`, [n, vocab] for `All`, nothing for `None`.
-    fn forward(&self, state: &mut Self::State, tokens: &[u32], want: Logits) -> Result<Vec<f32>, ModelError>;
+    fn forward(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError>;
 
     /// [`Backend::forward`] that also appends, for every token, the residual
     /// stream entering each layer in `taps` to `hidden` ([T, taps.len() * dim];
@@ -104,7 +109,12 @@ impl Backend for Model {
     }
 
     #[inline]
-    fn forward(&self, state: &mut State, tokens: &[u32], want: Logits) -> Result<Vec<f32>, ModelError> {
+    fn forward(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
         Model::forward(self, state, tokens, want)
     }
 

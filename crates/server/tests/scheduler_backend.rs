@@ -14,7 +14,9 @@ use hearth_engine::sampler::SamplerConfig;
 use hearth_engine::session::SessionStore;
 use hearth_engine::spec::ngram::NgramDrafter;
 use hearth_engine::spec::Drafter;
-use hearth_models::{Backend, BackendState, Logits, Model, ModelConfig, ModelError, Numerics, State};
+use hearth_models::{
+    Backend, BackendState, Logits, Model, ModelConfig, ModelError, Numerics, State,
+};
 use hearth_server::metrics::Metrics;
 use hearth_server::scheduler::{self, Event, Job, MakeDrafter, SpecRuntime};
 use hearth_tokenizer::Tokenizer;
@@ -52,9 +54,18 @@ impl Backend for GpuLike {
         &self.model.config
     }
     fn new_state(&self, max_ctx: usize, ring_slack: usize) -> Result<GpuLikeState, ModelError> {
-        Ok(GpuLikeState(State::with_ring_slack(&self.model, max_ctx, ring_slack)))
+        Ok(GpuLikeState(State::with_ring_slack(
+            &self.model,
+            max_ctx,
+            ring_slack,
+        )))
     }
-    fn forward(&self, st: &mut GpuLikeState, tokens: &[u32], want: Logits) -> Result<Vec<f32>, ModelError> {
+    fn forward(
+        &self,
+        st: &mut GpuLikeState,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
         self.model.forward(&mut st.0, tokens, want)
     }
     fn forward_tapped(
@@ -66,7 +77,10 @@ impl Backend for GpuLike {
         _hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>, ModelError> {
         if !taps.is_empty() {
-            return Err(ModelError::Unsupported { backend: "test", what: "hidden-state taps".into() });
+            return Err(ModelError::Unsupported {
+                backend: "test",
+                what: "hidden-state taps".into(),
+            });
         }
         self.forward(st, tokens, want)
     }
@@ -88,14 +102,22 @@ fn model_path(file: &str) -> PathBuf {
         _ => PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/hearth/models"),
     };
     let p = dir.join(file);
-    assert!(p.is_file(), "{} missing: run `python3 scripts/fetch_models.py all`", p.display());
+    assert!(
+        p.is_file(),
+        "{} missing: run `python3 scripts/fetch_models.py all`",
+        p.display()
+    );
     p
 }
 
 /// What a request streamed: (cached prompt tokens, text, completion tokens).
 type Turn = (usize, String, usize);
 
-fn job(session: Option<&str>, prompt: Vec<u32>, max_tokens: usize) -> (Job, mpsc::UnboundedReceiver<Event>) {
+fn job(
+    session: Option<&str>,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+) -> (Job, mpsc::UnboundedReceiver<Event>) {
     let (events, rx) = mpsc::unbounded_channel();
     let job = Job {
         session: session.map(str::to_string),
@@ -122,16 +144,31 @@ fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Turn {
 }
 
 /// The turns of the scenario on one backend; `ngram` turns speculation on.
-fn serve_turns<B: Backend + 'static>(backend: Arc<B>, tok: &Arc<Tokenizer>, ngram: bool) -> Vec<Turn> {
+fn serve_turns<B: Backend + 'static>(
+    backend: Arc<B>,
+    tok: &Arc<Tokenizer>,
+    ngram: bool,
+) -> Vec<Turn> {
     let max_ctx = 256;
     let state_bytes = backend.new_state(max_ctx, 0).unwrap().kv_bytes();
     let mut store = SessionStore::new(4, None, state_bytes, max_ctx);
     let spec = ngram.then(|| {
         store.set_ring_slack(3);
-        let make: MakeDrafter = Arc::new(|_, _| Ok(Box::new(NgramDrafter::default()) as Box<dyn Drafter + Send>));
-        SpecRuntime { kind: "ngram".into(), n_draft: 3, make }
+        let make: MakeDrafter =
+            Arc::new(|_, _| Ok(Box::new(NgramDrafter::default()) as Box<dyn Drafter + Send>));
+        SpecRuntime {
+            kind: "ngram".into(),
+            n_draft: 3,
+            make,
+        }
     });
-    let (engine, thread) = scheduler::spawn(backend, tok.clone(), store, Arc::new(Metrics::default()), spec);
+    let (engine, thread) = scheduler::spawn(
+        backend,
+        tok.clone(),
+        store,
+        Arc::new(Metrics::default()),
+        spec,
+    );
     let enc = |s: &str| tok.encode(s, true, false);
     let first = enc("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n");
     let mut turns = Vec::new();
@@ -167,14 +204,31 @@ fn scheduler_on_a_second_backend_streams_what_the_cpu_model_streams() {
     model.set_numerics(Numerics::F32);
     let model = Arc::new(model);
     let tok = Arc::new(Tokenizer::from_gguf_path(model_path(file)).unwrap());
-    let gpu_like = Arc::new(GpuLike { model: model.clone() });
+    let gpu_like = Arc::new(GpuLike {
+        model: model.clone(),
+    });
 
     let want = serve_turns(model.clone(), &tok, false);
     assert_eq!(want.len(), 4);
     assert_eq!(want[0].0, 0, "a new session reuses nothing");
-    assert!(want[1].0 > 0, "turn 2 resumes from the resident prefix: {want:?}");
+    assert!(
+        want[1].0 > 0,
+        "turn 2 resumes from the resident prefix: {want:?}"
+    );
     assert!(want.iter().all(|t| t.2 > 0 && !t.1.is_empty()), "{want:?}");
-    assert_eq!(serve_turns(gpu_like.clone(), &tok, false), want, "plain decoding");
-    assert_eq!(serve_turns(model, &tok, true), want, "speculation on the CPU model");
-    assert_eq!(serve_turns(gpu_like, &tok, true), want, "speculation on the second backend");
+    assert_eq!(
+        serve_turns(gpu_like.clone(), &tok, false),
+        want,
+        "plain decoding"
+    );
+    assert_eq!(
+        serve_turns(model, &tok, true),
+        want,
+        "speculation on the CPU model"
+    );
+    assert_eq!(
+        serve_turns(gpu_like, &tok, true),
+        want,
+        "speculation on the second backend"
+    );
 }
