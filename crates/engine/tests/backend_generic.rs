@@ -270,8 +270,7 @@ fn tapping_drafter_on_a_backend_without_taps_is_a_clear_error() {
             Flow::Continue
         },
     )
-    .err()
-    .expect("taps must be refused");
+    .expect_err("taps must be refused");
     assert_eq!(
         err.to_string(),
         "the test backend does not support hidden-state taps"

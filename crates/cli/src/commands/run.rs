@@ -103,14 +103,23 @@ pub fn run(args: Args) -> Result<()> {
             let draft = Model::load_unpacked(p)?;
             crate::cuda::upload(gpu, Arc::new(draft))
         })?;
-        let (state, stats, spec_stats) = job.generate(&gm, factory)?;
-        let mib = state.kv_bytes() as f64 / (1u64 << 20) as f64;
+        let g = job.generate(&gm, factory)?;
+        let bytes = g.state.kv_bytes();
+        let mib = bytes as f64 / (1u64 << 20) as f64;
         let kv = format!("KV cache: {mib:.1} MiB on the GPU (device: cuda; rings of window + {} slots)", hearth_cuda::GPU_CHUNK);
-        return job.report(&path, &stats, spec_stats.as_ref(), &kv, state.kv_bytes());
+        return job.report(&path, &g.stats, g.spec.as_ref(), &kv, bytes);
     }
     let factory = args.spec.factory(&model, |p| Ok(Model::load(p)?))?;
-    let (state, stats, spec_stats) = job.generate(&*model, factory)?;
-    job.report(&path, &stats, spec_stats.as_ref(), &kv_summary(&model, &state), state.kv_bytes())
+    let g = job.generate(&*model, factory)?;
+    job.report(&path, &g.stats, g.spec.as_ref(), &kv_summary(&model, &g.state), g.state.kv_bytes())
+}
+
+/// What a generation left: the state, its statistics and, when speculating,
+/// K and the acceptance statistics.
+struct Generated<S> {
+    state: S,
+    stats: GenerationStats,
+    spec: Option<(usize, SpecStats)>,
 }
 
 /// One `run` invocation, on whichever backend.
@@ -129,7 +138,7 @@ impl Job<'_> {
         &self,
         backend: &B,
         factory: Option<DrafterFactory<B>>,
-    ) -> Result<(B::State, GenerationStats, Option<(usize, SpecStats)>)> {
+    ) -> Result<Generated<B::State>> {
         let args = self.args;
         let config = SamplerConfig {
             temperature: args.temp,
@@ -153,7 +162,7 @@ impl Job<'_> {
             None => {
                 let mut state = backend.new_state(args.ctx, 0)?;
                 let stats = generate(backend, &mut state, self.tokenizer, &mut sampler, self.ids, &params, on_text)?;
-                (state, stats, None)
+                Generated { state, stats, spec: None }
             }
             Some(f) => {
                 let mut setup = f.make(&args.spec, self.model, args.ctx, &config)?;
@@ -161,7 +170,7 @@ impl Job<'_> {
                 let mut state = backend.new_state(args.ctx, setup.n_draft)?;
                 let spec = SpecParams { n_draft: setup.n_draft };
                 let (stats, sp) = generate_speculative(backend, &mut state, self.tokenizer, &mut sampler, setup.drafter.as_mut(), self.ids, &params, spec, on_text)?;
-                (state, stats, Some((setup.n_draft, sp)))
+                Generated { state, stats, spec: Some((setup.n_draft, sp)) }
             }
         })
     }
