@@ -1,18 +1,22 @@
 //! The CLI's CUDA paths (feature `cuda`): opening the GPU and uploading a
-//! model, `bench --device cuda`, and the `run --device cuda` generation loop.
+//! model (for `run`, `serve` and a draft model), and `bench --device cuda`.
+//! Generation runs through the engine's backend-generic loops.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use hearth_cuda::{Gpu, GpuModel, GpuState};
-use hearth_engine::generate::{FinishReason, Flow, GenerateParams, GenerationStats, StopMatcher};
-use hearth_engine::sampler::Sampler;
 use hearth_models::{LayerKind, Logits, Model};
-use hearth_tokenizer::Tokenizer;
 
 /// Opens the GPU and copies the model's weights to it (progress bar on stderr).
 pub fn load(model: Arc<Model>) -> Result<GpuModel> {
+    let gpu = open()?;
+    upload(gpu, model)
+}
+
+/// Opens the GPU (compiling the kernels on first use); prints what it found.
+pub fn open() -> Result<Arc<Gpu>> {
     let t0 = Instant::now();
     let gpu = Arc::new(Gpu::open().context("--device cuda")?);
     let i = &gpu.info;
@@ -32,6 +36,11 @@ pub fn load(model: Arc<Model>) -> Result<GpuModel> {
         },
         t0.elapsed().as_secs_f64()
     );
+    Ok(gpu)
+}
+
+/// Copies `model`'s weights to `gpu` (progress bar and tuning report on stderr).
+pub fn upload(gpu: Arc<Gpu>, model: Arc<Model>) -> Result<GpuModel> {
     let t1 = Instant::now();
     let gm = GpuModel::upload(gpu, model, true).context("uploading the weights")?;
     eprintln!(
@@ -224,61 +233,4 @@ pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// `run --device cuda`: the engine's generation loop (generate.rs) over the
-/// GPU forward pass.
-pub fn generate(
-    gm: &GpuModel,
-    st: &mut GpuState,
-    tokenizer: &Tokenizer,
-    sampler: &mut Sampler,
-    prompt: &[u32],
-    params: &GenerateParams,
-    mut on_text: impl FnMut(&str) -> Flow,
-) -> Result<GenerationStats> {
-    let t0 = Instant::now();
-    let mut logits = gm.forward(st, prompt, Logits::Last)?;
-    let prefill_time = t0.elapsed();
-    let mut decoder = tokenizer.stream_decoder(false);
-    let mut stops = StopMatcher::new(params.stop.clone());
-    let mut tokens = Vec::new();
-    let mut finish = FinishReason::Length;
-    let t1 = Instant::now();
-    while tokens.len() < params.max_tokens {
-        let next = sampler.sample(&logits);
-        sampler.accept(next);
-        if tokenizer.is_eog(next) && !params.ignore_eos {
-            finish = FinishReason::Stop;
-            break;
-        }
-        tokens.push(next);
-        let (text, hit) = stops.push(&decoder.push(next));
-        if !text.is_empty() && on_text(&text) == Flow::Stop {
-            finish = FinishReason::Cancelled;
-            break;
-        }
-        if hit {
-            finish = FinishReason::Stop;
-            break;
-        }
-        if tokens.len() == params.max_tokens || st.pos >= st.max_ctx {
-            break;
-        }
-        logits = gm.forward(st, &[next], Logits::Last)?;
-    }
-    if finish != FinishReason::Stop {
-        let rest = stops.push(&decoder.finish()).0 + &stops.finish();
-        if !rest.is_empty() {
-            on_text(&rest);
-        }
-    }
-    Ok(GenerationStats {
-        prompt_tokens: prompt.len(),
-        prefill_time,
-        generated_tokens: tokens.len(),
-        decode_time: t1.elapsed(),
-        finish,
-        tokens,
-    })
 }

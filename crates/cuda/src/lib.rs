@@ -9,7 +9,9 @@
 //! - `model`: weights resident on the GPU (`GpuModel::upload`).
 //! - `forward`: KV caches and the forward pass (`GpuModel::forward`), decode graphs.
 //! - `ops`, `gemm`: typed kernel launches.
+//! - `backend`: `GpuModel` as the engine's `Backend` (sessions, server, speculation).
 
+mod backend;
 pub mod compile;
 pub mod driver;
 pub mod error;

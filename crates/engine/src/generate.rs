@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use hearth_models::{Logits, Model, ModelError, State};
+use hearth_models::{Backend, BackendState, Logits, ModelError};
 use hearth_tokenizer::Tokenizer;
 
 use crate::sampler::Sampler;
@@ -109,10 +109,10 @@ impl StopMatcher {
 }
 
 /// Prefills `prompt` at the state's current position and generates. `on_text`
-/// receives text as it is produced.
-pub fn generate(
-    model: &Model,
-    state: &mut State,
+/// receives text as it is produced. Any backend (the CPU `Model`, the GPU one).
+pub fn generate<B: Backend>(
+    model: &B,
+    state: &mut B::State,
     tokenizer: &Tokenizer,
     sampler: &mut Sampler,
     prompt: &[u32],
@@ -147,7 +147,7 @@ pub fn generate(
         if tokens.len() == params.max_tokens {
             break;
         }
-        if state.pos >= state.max_ctx {
+        if state.pos() >= state.max_ctx() {
             break;
         }
         logits = model.forward(state, &[next], Logits::Last)?;

@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use hearth_models::{Model, State};
+use hearth_models::{Backend, BackendState, ModelError};
 
 use crate::spec::Drafter;
 
@@ -53,20 +53,20 @@ pub struct Resume {
     pub reason: ResumeReason,
 }
 
-/// One conversation: its KV state and the ids in it.
-pub struct Session {
-    pub state: State,
+/// One conversation: its KV state (any backend's) and the ids in it.
+pub struct Session<S> {
+    pub state: S,
     /// The session's speculative drafter, kept in step with `resident`
     /// (reset and rolled back with it); `None` without speculation.
     pub drafter: Option<Box<dyn Drafter + Send>>,
     /// The ids whose keys and values are in `state`, in order. Invariant:
-    /// `resident.len() == state.pos`.
+    /// `resident.len() == state.pos()`.
     resident: Vec<u32>,
     last_used: u64,
 }
 
-impl Session {
-    pub fn new(state: State) -> Session {
+impl<S: BackendState> Session<S> {
+    pub fn new(state: S) -> Session<S> {
         let mut state = state;
         state.reset();
         Session {
@@ -95,7 +95,7 @@ impl Session {
     /// (the last prompt token must be fed to produce logits).
     pub fn prepare(&mut self, prompt: &[u32]) -> Resume {
         assert!(!prompt.is_empty(), "prepare: empty prompt");
-        debug_assert_eq!(self.resident.len(), self.state.pos);
+        debug_assert_eq!(self.resident.len(), self.state.pos());
         if self.resident.is_empty() {
             self.reset();
             return Resume {
@@ -140,7 +140,7 @@ impl Session {
     /// Records ids just fed through the model (the state advanced past them).
     pub fn push_fed(&mut self, ids: &[u32]) {
         self.resident.extend_from_slice(ids);
-        debug_assert_eq!(self.resident.len(), self.state.pos);
+        debug_assert_eq!(self.resident.len(), self.state.pos());
     }
 }
 
@@ -154,13 +154,16 @@ pub enum SessionError {
     /// Every state is held by a running generation: nothing can be evicted.
     #[error("Session capacity exhausted ({capacity} sessions, all generating); retry later.")]
     CapacityExhausted { capacity: usize },
+    /// The backend could not allocate a session state (e.g. out of GPU memory).
+    #[error("allocating a session state: {0}")]
+    Allocation(String),
 }
 
 /// A session checked out of the store for one generation.
-pub struct Lease {
+pub struct Lease<S> {
     /// `None`: the scratch session (or a transient one).
     pub id: Option<String>,
-    pub session: Session,
+    pub session: Session<S>,
     /// A one-request session (the scratch session was busy): dropped on release.
     transient: bool,
     /// Whether the session was created (or re-created after eviction) for this lease.
@@ -168,8 +171,8 @@ pub struct Lease {
 }
 
 /// What [`SessionStore::acquire`] found.
-pub enum Acquire {
-    Ready(Lease),
+pub enum Acquire<S> {
+    Ready(Lease<S>),
     /// The session is generating for another request; try again later.
     Busy,
 }
@@ -186,8 +189,8 @@ enum Pending {
 /// share one scratch session, or get a transient one while it is busy. The
 /// number of live states is bounded by `capacity` (a session count and a KV
 /// byte budget, whichever is smaller).
-pub struct SessionStore {
-    idle: HashMap<Option<String>, Session>,
+pub struct SessionStore<S> {
+    idle: HashMap<Option<String>, Session<S>>,
     busy: HashSet<Option<String>>,
     pending: HashMap<Option<String>, Pending>,
     /// States allocated: idle + checked out.
@@ -201,7 +204,7 @@ pub struct SessionStore {
     ring_slack: usize,
 }
 
-impl SessionStore {
+impl<S: BackendState> SessionStore<S> {
     /// `max_sessions` counts every state, the scratch one included;
     /// `kv_budget` (bytes) further bounds it by `state_bytes` per state.
     pub fn new(
@@ -209,7 +212,7 @@ impl SessionStore {
         kv_budget: Option<usize>,
         state_bytes: usize,
         max_ctx: usize,
-    ) -> SessionStore {
+    ) -> SessionStore<S> {
         let by_budget = kv_budget.map_or(usize::MAX, |b| b / state_bytes.max(1));
         SessionStore {
             idle: HashMap::new(),
@@ -241,7 +244,7 @@ impl SessionStore {
 
     /// Checks out session `id` (`None` = scratch), creating it if needed and
     /// evicting the least recently used idle session when the store is full.
-    pub fn acquire(&mut self, model: &Model, id: Option<&str>) -> Result<Acquire, SessionError> {
+    pub fn acquire<B: Backend<State = S>>(&mut self, model: &B, id: Option<&str>) -> Result<Acquire<S>, SessionError> {
         let key = id.map(str::to_string);
         if self.busy.contains(&key) {
             if key.is_some() {
@@ -270,7 +273,7 @@ impl SessionStore {
     }
 
     /// Returns a lease; applies a reset or close requested while it was out.
-    pub fn release(&mut self, lease: Lease) {
+    pub fn release(&mut self, lease: Lease<S>) {
         let Lease {
             id,
             mut session,
@@ -317,10 +320,13 @@ impl SessionStore {
 
     /// A fresh state: a new allocation while under capacity, else the state of
     /// the least recently used idle session.
-    fn allocate(&mut self, model: &Model) -> Result<Session, SessionError> {
+    fn allocate<B: Backend<State = S>>(&mut self, model: &B) -> Result<Session<S>, SessionError> {
         if self.live < self.capacity {
+            let state = model
+                .new_state(self.max_ctx, self.ring_slack)
+                .map_err(|e: ModelError| SessionError::Allocation(e.to_string()))?;
             self.live += 1;
-            return Ok(Session::new(State::with_ring_slack(model, self.max_ctx, self.ring_slack)));
+            return Ok(Session::new(state));
         }
         let victim = self
             .idle

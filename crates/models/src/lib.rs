@@ -2,6 +2,7 @@
 //! metadata, immutable weights, per-session state with the hybrid KV cache,
 //! and one forward function per architecture built from shared blocks.
 
+pub mod backend;
 pub mod blocks;
 pub mod config;
 pub mod dflash;
@@ -16,6 +17,7 @@ pub mod synth;
 pub mod synth_dflash;
 mod weights;
 
+pub use backend::{Backend, BackendState};
 pub use config::{Architecture, ConfigError, LayerKind, ModelConfig, RopeLayout};
 pub use forward::{Logits, MAX_CHUNK};
 pub use kv_cache::{CacheLayout, KvData, KvDtype, LayerKvCache};

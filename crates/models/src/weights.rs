@@ -38,6 +38,12 @@ pub enum ModelError {
     RolledBackTooFar { pos: usize },
     #[error("empty token list")]
     Empty,
+    /// A backend cannot do what was asked (e.g. hidden-state taps on the GPU).
+    #[error("the {backend} backend does not support {what}")]
+    Unsupported { backend: &'static str, what: String },
+    /// A device error from a non-CPU backend (its own typed error inside).
+    #[error(transparent)]
+    Backend(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// A weight matrix of logical shape [rows, cols] (GGUF `ne` = [cols, rows]),

@@ -17,12 +17,12 @@ pub mod routes;
 pub mod scheduler;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use hearth_engine::session::SessionStore;
-use hearth_models::Model;
+use hearth_models::{Backend, BackendState, Model};
 use hearth_tokenizer::Tokenizer;
 
 use crate::metrics::Metrics;
@@ -82,15 +82,29 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
 }
 
-/// Loads the model once, starts the engine thread and serves until SIGINT or
-/// SIGTERM; then stops every generation and returns.
+/// Loads the model once on the CPU, starts the engine thread and serves until
+/// SIGINT or SIGTERM; then stops every generation and returns.
 pub fn run(opts: ServerOptions) -> Result<(), ServerError> {
+    run_on(opts, |path| {
+        let model = Arc::new(Model::load(path).map_err(|e| e.to_string())?);
+        Ok((model.clone(), model))
+    })
+}
+
+/// [`run`] on any backend. `load` opens the model file and returns the host
+/// model (metadata, tokenizer, chat template; a speculative drafter's target)
+/// and the backend whose forward passes serve the sessions: the host model
+/// itself, or its copy on a GPU.
+pub fn run_on<B: Backend + 'static>(
+    opts: ServerOptions,
+    load: impl FnOnce(&Path) -> Result<(Arc<Model>, Arc<B>), String>,
+) -> Result<(), ServerError> {
     let t0 = Instant::now();
     let load_err = |message: String| ServerError::Load {
         path: opts.model_path.display().to_string(),
         message,
     };
-    let model = Arc::new(Model::load(&opts.model_path).map_err(|e| load_err(e.to_string()))?);
+    let (model, backend) = load(&opts.model_path).map_err(load_err)?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(model.file().metadata()).map_err(|e| load_err(e.to_string()))?,
     );
@@ -101,7 +115,10 @@ pub fn run(opts: ServerOptions) -> Result<(), ServerError> {
             "the context size must be at least 2 tokens".into(),
         ));
     }
-    let state_bytes = model.new_state(opts.max_ctx).kv_bytes();
+    let state_bytes = backend
+        .new_state(opts.max_ctx, 0)
+        .map_err(|e| load_err(e.to_string()))?
+        .kv_bytes();
     let store = SessionStore::new(
         opts.max_sessions.max(1),
         opts.kv_budget_bytes,
@@ -121,7 +138,7 @@ pub fn run(opts: ServerOptions) -> Result<(), ServerError> {
         }
     };
     let capacity = store.capacity();
-    let (engine, engine_thread) = scheduler::spawn(model, tokenizer, store, metrics.clone(), spec);
+    let (engine, engine_thread) = scheduler::spawn(backend, tokenizer, store, metrics.clone(), spec);
     eprintln!(
         "hearth serve: model '{}' loaded in {:.1} s ({}); context {} tokens; up to {capacity} sessions x {:.1} MiB KV",
         opts.model_id,

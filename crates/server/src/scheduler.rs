@@ -1,5 +1,5 @@
-//! The engine thread: the only owner of the model and of every session's KV
-//! state. It round-robins one step per active request (a prefill chunk or one
+//! The engine thread: the only owner of the model (any [`Backend`]: the CPU
+//! model or the GPU one) and of every session's KV state. It round-robins one step per active request (a prefill chunk or one
 //! decode token), so generations of different sessions interleave at token
 //! granularity; a step is also the unit a batched backend would widen later.
 //!
@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 use hearth_engine::generate::{FinishReason, StopMatcher};
 use hearth_engine::sampler::{Sampler, SamplerConfig};
-use hearth_engine::session::{Acquire, Lease, Resume, SessionStore};
+use hearth_engine::session::{Acquire, Lease, Resume, Session, SessionError, SessionStore};
 use hearth_engine::spec::verify::verify_block;
 use hearth_engine::spec::{Drafter, SpecStats};
-use hearth_models::{Logits, Model};
+use hearth_models::{Backend, BackendState, Logits};
 use hearth_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
@@ -117,10 +117,10 @@ pub struct SpecRuntime {
 }
 
 /// Starts the engine thread.
-pub fn spawn(
-    model: Arc<Model>,
+pub fn spawn<B: Backend + 'static>(
+    model: Arc<B>,
     tokenizer: Arc<Tokenizer>,
-    store: SessionStore,
+    store: SessionStore<B::State>,
     metrics: Arc<Metrics>,
     spec: Option<SpecRuntime>,
 ) -> (EngineHandle, JoinHandle<()>) {
@@ -129,7 +129,7 @@ pub fn spawn(
         .name("hearth-engine".into())
         .spawn(move || {
             Engine {
-                model: &model,
+                model: &*model,
                 tokenizer: &tokenizer,
                 store,
                 metrics,
@@ -142,19 +142,19 @@ pub fn spawn(
     (EngineHandle { tx }, thread)
 }
 
-struct Engine<'a> {
-    model: &'a Model,
+struct Engine<'a, B: Backend> {
+    model: &'a B,
     tokenizer: &'a Tokenizer,
-    store: SessionStore,
+    store: SessionStore<B::State>,
     metrics: Arc<Metrics>,
     spec: Option<SpecRuntime>,
     rx: mpsc::Receiver<Command>,
 }
 
 /// One admitted request.
-struct Active<'t> {
+struct Active<'t, S> {
     job: Job,
-    lease: Lease,
+    lease: Lease<S>,
     resume: Resume,
     sampler: Sampler,
     /// Next prompt index to prefill; `prompt.len()` once prefill is done.
@@ -179,12 +179,12 @@ enum Step {
     Failed(String),
 }
 
-impl<'a> Engine<'a> {
+impl<'a, B: Backend> Engine<'a, B> {
     fn run(mut self) {
         self.metrics
             .session_capacity
             .store(self.store.capacity() as u64, Ordering::Relaxed);
-        let mut active: Vec<Active<'a>> = Vec::new();
+        let mut active: Vec<Active<'a, B::State>> = Vec::new();
         let mut waiting: Vec<Job> = Vec::new();
         loop {
             // Block only when there is nothing to step.
@@ -262,7 +262,7 @@ impl<'a> Engine<'a> {
     }
 
     /// Admits waiting jobs whose session is free, in arrival order.
-    fn admit(&mut self, waiting: &mut Vec<Job>, active: &mut Vec<Active<'a>>) {
+    fn admit(&mut self, waiting: &mut Vec<Job>, active: &mut Vec<Active<'a, B::State>>) {
         let mut still = Vec::new();
         for job in waiting.drain(..) {
             if job.events.is_closed() {
@@ -270,10 +270,13 @@ impl<'a> Engine<'a> {
             }
             match self.store.acquire(self.model, job.session.as_deref()) {
                 Ok(Acquire::Busy) => still.push(job),
-                Err(e) => {
+                Err(e @ SessionError::CapacityExhausted { .. }) => {
                     let _ = job
                         .events
                         .send(Event::Failed(ApiError::capacity(e.to_string())));
+                }
+                Err(e) => {
+                    let _ = job.events.send(Event::Failed(ApiError::server(e.to_string())));
                 }
                 Ok(Acquire::Ready(mut lease)) => {
                     if let Err(e) = self.attach_drafter(&mut lease, &job.sampling) {
@@ -325,13 +328,13 @@ impl<'a> Engine<'a> {
 
     /// With speculation on: gives the session a drafter if it has none (a
     /// new session: nothing resident yet) and tells it the request's sampling.
-    fn attach_drafter(&self, lease: &mut Lease, sampling: &SamplerConfig) -> Result<(), String> {
+    fn attach_drafter(&self, lease: &mut Lease<B::State>, sampling: &SamplerConfig) -> Result<(), String> {
         let Some(spec) = &self.spec else { return Ok(()) };
         let session = &mut lease.session;
         if session.drafter.is_none() {
             // A drafter must have seen every resident position.
             session.reset();
-            session.drafter = Some((spec.make)(session.state.max_ctx, sampling)?);
+            session.drafter = Some((spec.make)(session.state.max_ctx(), sampling)?);
         }
         let drafter = session.drafter.as_mut().expect("attached above");
         drafter.set_sampling(sampling).map_err(|e| e.to_string())
@@ -339,7 +342,7 @@ impl<'a> Engine<'a> {
 
     /// Emits one generated token: end of generation, text, stop strings and
     /// the token budget. `Some` ends the request.
-    fn emit(&self, a: &mut Active<'a>, token: u32) -> Option<Step> {
+    fn emit(&self, a: &mut Active<'a, B::State>, token: u32) -> Option<Step> {
         a.generated += 1;
         if self.tokenizer.is_eog(token) {
             return Some(Step::Finished(FinishReason::Stop));
@@ -360,7 +363,7 @@ impl<'a> Engine<'a> {
     /// One speculative cycle (spec::generate has the same loop for `run`):
     /// emit the pending token, draft K, verify `[pending, drafts]` in one
     /// pass, roll the state back to what was accepted, emit the accepted drafts.
-    fn step_spec(&self, a: &mut Active<'a>, n_draft: usize) -> Step {
+    fn step_spec(&self, a: &mut Active<'a, B::State>, n_draft: usize) -> Step {
         let pending = match a.pending.take() {
             Some(t) => t,
             None => {
@@ -374,7 +377,7 @@ impl<'a> Engine<'a> {
             return step;
         }
         let session = &mut a.lease.session;
-        let (pos, max_ctx) = (session.state.pos, session.state.max_ctx);
+        let (pos, max_ctx) = (session.state.pos(), session.state.max_ctx());
         if pos >= max_ctx {
             return Step::Finished(FinishReason::Length);
         }
@@ -405,7 +408,7 @@ impl<'a> Engine<'a> {
     /// one pass, roll back to what was kept and record it in the session.
     fn cycle(
         &self,
-        session: &mut hearth_engine::session::Session,
+        session: &mut Session<B::State>,
         drafter: &mut dyn Drafter,
         sampler: &mut Sampler,
         pending: u32,
@@ -421,16 +424,16 @@ impl<'a> Engine<'a> {
             Default::default()
         };
         let taps = drafter.taps().to_vec();
-        let width = taps.len() * self.model.config.dim;
+        let width = taps.len() * self.model.config().dim;
         let mut block = vec![pending];
         block.extend_from_slice(&draft.tokens);
         let mut hidden = Vec::new();
-        let pos = session.state.pos;
+        let pos = session.state.pos();
         let rows = self
             .model
             .forward_verify(&mut session.state, &block, Logits::All, &taps, &mut hidden)
             .map_err(|e| e.to_string())?;
-        let vocab = self.model.config.vocab_size;
+        let vocab = self.model.config().vocab_size;
         let out = verify_block(sampler, &rows, vocab, &draft.tokens, draft.probs.as_deref());
         let kept = out.accepted + 1;
         session.state.rollback(pos + kept).map_err(|e| e.to_string())?;
@@ -440,7 +443,7 @@ impl<'a> Engine<'a> {
     }
 
     /// One prefill chunk or one decode token (or speculative cycle).
-    fn step(&self, a: &mut Active<'a>, slice: usize) -> Step {
+    fn step(&self, a: &mut Active<'a, B::State>, slice: usize) -> Step {
         if a.job.events.is_closed() {
             return Step::Cancelled;
         }
@@ -490,7 +493,7 @@ impl<'a> Engine<'a> {
         if hit {
             return Step::Finished(FinishReason::Stop);
         }
-        if a.generated >= a.job.max_tokens || session.state.pos >= session.state.max_ctx {
+        if a.generated >= a.job.max_tokens || session.state.pos() >= session.state.max_ctx() {
             return Step::Finished(FinishReason::Length);
         }
         let t = Instant::now();
@@ -506,7 +509,7 @@ impl<'a> Engine<'a> {
         Step::Continue
     }
 
-    fn finish(&mut self, mut a: Active<'a>, outcome: Step) {
+    fn finish(&mut self, mut a: Active<'a, B::State>, outcome: Step) {
         let prompt_tokens = a.job.prompt.len();
         let finish = match outcome {
             Step::Finished(f) => {

@@ -1,16 +1,17 @@
 //! `hearth run`: generate text from a prompt, streaming it to stdout.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use hearth_engine::generate::{generate, Flow, GenerateParams};
+use hearth_engine::generate::{generate, Flow, GenerateParams, GenerationStats};
 use hearth_engine::sampler::{Sampler, SamplerConfig};
 use hearth_engine::spec::{generate_speculative, SpecParams, SpecStats};
-use hearth_models::{LayerKind, Model, State};
+use hearth_models::{Backend, LayerKind, Model};
 
-use super::spec::SpecArgs;
+use super::spec::{DrafterFactory, SpecArgs};
+use crate::device::Device;
 use hearth_tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
@@ -80,13 +81,10 @@ pub fn run(args: Args) -> Result<()> {
         (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
     };
     let path = crate::registry::resolve_model(args.model.as_deref())?;
-    if args.device == crate::device::Device::Cuda && args.spec.spec != hearth_engine::spec::SpecKind::None {
-        bail!("--spec runs on the CPU backend only for now (use --device cpu)");
-    }
+    args.spec.check(args.device)?;
     // The GPU copies the file's blocks itself: no CPU repacking for it.
-    let load = if args.device == crate::device::Device::Cuda { Model::load_unpacked } else { Model::load };
+    let load = if args.device == Device::Cuda { Model::load_unpacked } else { Model::load };
     let model = Arc::new(load(&path).with_context(|| format!("loading {}", path.display()))?);
-    let factory = args.spec.factory(&model)?;
     let tokenizer = Tokenizer::from_gguf(model.file().metadata()).context("building the tokenizer")?;
     let text = if args.chat { chat_prompt(&tokenizer, &prompt)? } else { prompt };
     let ids = tokenizer.encode(&text, true, args.chat);
@@ -96,109 +94,137 @@ pub fn run(args: Args) -> Result<()> {
     if ids.len() >= args.ctx {
         bail!("prompt of {} tokens does not fit the context of {} (raise -c)", ids.len(), args.ctx);
     }
-    let config = SamplerConfig {
-        temperature: args.temp,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        repeat_last_n: 64,
-        presence_penalty: args.presence_penalty,
-        frequency_penalty: args.frequency_penalty,
-        seed: args.seed,
-    };
-    let mut sampler = Sampler::new(config)?;
-    let params = GenerateParams { max_tokens: args.n_predict.min(args.ctx - ids.len()), stop: args.stop.clone(), ignore_eos: false };
+    let job = Job { args: &args, model: &model, tokenizer: &tokenizer, ids: &ids };
     #[cfg(feature = "cuda")]
-    if args.device == crate::device::Device::Cuda {
+    if args.device == Device::Cuda {
         let gm = crate::cuda::load(model.clone())?;
-        let mut state = gm.new_state(args.ctx)?;
+        let gpu = gm.gpu.clone();
+        let factory = args.spec.factory(&model, |p| {
+            let draft = Model::load_unpacked(p)?;
+            crate::cuda::upload(gpu, Arc::new(draft))
+        })?;
+        let g = job.generate(&gm, factory)?;
+        let bytes = g.state.kv_bytes();
+        let mib = bytes as f64 / (1u64 << 20) as f64;
+        let kv = format!("KV cache: {mib:.1} MiB on the GPU (device: cuda; rings of window + {} slots)", hearth_cuda::GPU_CHUNK);
+        return job.report(&path, &g.stats, g.spec.as_ref(), &kv, bytes);
+    }
+    let factory = args.spec.factory(&model, |p| Ok(Model::load(p)?))?;
+    let g = job.generate(&*model, factory)?;
+    job.report(&path, &g.stats, g.spec.as_ref(), &kv_summary(&model, &g.state), g.state.kv_bytes())
+}
+
+/// What a generation left: the state, its statistics and, when speculating,
+/// K and the acceptance statistics.
+struct Generated<S> {
+    state: S,
+    stats: GenerationStats,
+    spec: Option<(usize, SpecStats)>,
+}
+
+/// One `run` invocation, on whichever backend.
+struct Job<'a> {
+    args: &'a Args,
+    /// The host model (tokenizer, config; DFlash's target).
+    model: &'a Arc<Model>,
+    tokenizer: &'a Tokenizer,
+    ids: &'a [u32],
+}
+
+impl Job<'_> {
+    /// Generates on `backend` (speculatively when `factory` is set), streaming
+    /// the text to stdout; returns the final state and the statistics.
+    fn generate<B: Backend + 'static>(
+        &self,
+        backend: &B,
+        factory: Option<DrafterFactory<B>>,
+    ) -> Result<Generated<B::State>> {
+        let args = self.args;
+        let config = SamplerConfig {
+            temperature: args.temp,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repeat_penalty: args.repeat_penalty,
+            repeat_last_n: 64,
+            presence_penalty: args.presence_penalty,
+            frequency_penalty: args.frequency_penalty,
+            seed: args.seed,
+        };
+        let mut sampler = Sampler::new(config)?;
+        let params = GenerateParams { max_tokens: args.n_predict.min(args.ctx - self.ids.len()), stop: args.stop.clone(), ignore_eos: false };
         let mut out = std::io::stdout().lock();
-        let stats = crate::cuda::generate(&gm, &mut state, &tokenizer, &mut sampler, &ids, &params, |t| {
+        let on_text = |t: &str| {
             let ok = out.write_all(t.as_bytes()).and_then(|_| out.flush());
             if ok.is_ok() { Flow::Continue } else { Flow::Stop }
-        })?;
-        drop(out);
+        };
+        Ok(match &factory {
+            None => {
+                let mut state = backend.new_state(args.ctx, 0)?;
+                let stats = generate(backend, &mut state, self.tokenizer, &mut sampler, self.ids, &params, on_text)?;
+                Generated { state, stats, spec: None }
+            }
+            Some(f) => {
+                let mut setup = f.make(&args.spec, self.model, args.ctx, &config)?;
+                // Rings keep K extra slots so rejected positions can be rolled back.
+                let mut state = backend.new_state(args.ctx, setup.n_draft)?;
+                let spec = SpecParams { n_draft: setup.n_draft };
+                let (stats, sp) = generate_speculative(backend, &mut state, self.tokenizer, &mut sampler, setup.drafter.as_mut(), self.ids, &params, spec, on_text)?;
+                Generated { state, stats, spec: Some((setup.n_draft, sp)) }
+            }
+        })
+    }
+
+    /// The stderr summary and `--stats-json`.
+    fn report(&self, path: &Path, stats: &GenerationStats, spec_stats: Option<&(usize, SpecStats)>, kv: &str, kv_bytes: usize) -> Result<()> {
+        let args = self.args;
         eprintln!();
         eprintln!(
-            "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | finish: {} | device: cuda, KV cache {:.1} MiB",
+            "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | finish: {}",
             stats.prompt_tokens,
             stats.prefill_tok_s(),
             stats.generated_tokens,
             stats.decode_tok_s(),
-            stats.finish.as_str(),
-            state.kv_bytes() as f64 / (1u64 << 20) as f64
+            stats.finish.as_str()
         );
-        return Ok(());
-    }
-    let mut out = std::io::stdout().lock();
-    let on_text = |t: &str| {
-        let ok = out.write_all(t.as_bytes()).and_then(|_| out.flush());
-        if ok.is_ok() { Flow::Continue } else { Flow::Stop }
-    };
-    let (state, stats, spec_stats) = match &factory {
-        None => {
-            let mut state = model.new_state(args.ctx);
-            let stats = generate(&model, &mut state, &tokenizer, &mut sampler, &ids, &params, on_text)?;
-            (state, stats, None)
+        eprintln!("{kv}");
+        if let Some((k, sp)) = spec_stats {
+            eprintln!("{}", spec_summary(args.spec.spec.as_str(), *k, sp));
         }
-        Some(f) => {
-            let mut setup = f.make(&args.spec, &model, args.ctx, &config)?;
-            // Rings keep K extra slots so rejected positions can be rolled back.
-            let mut state = State::with_ring_slack(&model, args.ctx, setup.n_draft);
-            let spec = SpecParams { n_draft: setup.n_draft };
-            let (stats, sp) = generate_speculative(&model, &mut state, &tokenizer, &mut sampler, setup.drafter.as_mut(), &ids, &params, spec, on_text)?;
-            (state, stats, Some((setup.n_draft, sp)))
-        }
-    };
-    drop(out);
-
-    let kv = kv_summary(&model, &state);
-    eprintln!();
-    eprintln!(
-        "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | finish: {}",
-        stats.prompt_tokens,
-        stats.prefill_tok_s(),
-        stats.generated_tokens,
-        stats.decode_tok_s(),
-        stats.finish.as_str()
-    );
-    eprintln!("{kv}");
-    if let Some((k, sp)) = &spec_stats {
-        eprintln!("{}", spec_summary(args.spec.spec.as_str(), *k, sp));
-    }
-    if let Some(p) = &args.stats_json {
-        let mut json = serde_json::json!({
-            "model": path,
-            "prompt_tokens": stats.prompt_tokens,
-            "prefill_tok_s": stats.prefill_tok_s(),
-            "generated_tokens": stats.generated_tokens,
-            "decode_tok_s": stats.decode_tok_s(),
-            "finish_reason": stats.finish.as_str(),
-            "kv_bytes": state.kv_bytes(),
-            "spec": args.spec.spec.as_str(),
-        });
-        if let Some((k, sp)) = &spec_stats {
-            let extra = serde_json::json!({
-                "n_draft": k,
-                "block_length": args.spec.block_length,
-                "mean_accepted": sp.mean_accepted(),
-                "tokens_per_target_forward": sp.tokens_per_forward(),
-                "acceptance_rate": sp.acceptance_rate(),
-                "acceptance_by_position": sp.acceptance_by_position(),
-                "target_forwards": sp.target_forwards,
-                "drafted_at": sp.drafted_at,
-                "accepted_at": sp.accepted_at,
-                "draft_s": sp.draft_secs,
-                "verify_s": sp.verify_secs,
+        if let Some(p) = &args.stats_json {
+            let mut json = serde_json::json!({
+                "model": path,
+                "device": if args.device == Device::Cuda { "cuda" } else { "cpu" },
+                "prompt_tokens": stats.prompt_tokens,
+                "prefill_tok_s": stats.prefill_tok_s(),
+                "generated_tokens": stats.generated_tokens,
+                "decode_tok_s": stats.decode_tok_s(),
+                "finish_reason": stats.finish.as_str(),
+                "kv_bytes": kv_bytes,
+                "spec": args.spec.spec.as_str(),
             });
-            if let (Some(o), serde_json::Value::Object(e)) = (json.as_object_mut(), extra) {
-                o.extend(e);
+            if let Some((k, sp)) = spec_stats {
+                let extra = serde_json::json!({
+                    "n_draft": k,
+                    "block_length": args.spec.block_length,
+                    "mean_accepted": sp.mean_accepted(),
+                    "tokens_per_target_forward": sp.tokens_per_forward(),
+                    "acceptance_rate": sp.acceptance_rate(),
+                    "acceptance_by_position": sp.acceptance_by_position(),
+                    "target_forwards": sp.target_forwards,
+                    "drafted_at": sp.drafted_at,
+                    "accepted_at": sp.accepted_at,
+                    "draft_s": sp.draft_secs,
+                    "verify_s": sp.verify_secs,
+                });
+                if let (Some(o), serde_json::Value::Object(e)) = (json.as_object_mut(), extra) {
+                    o.extend(e);
+                }
             }
+            std::fs::write(p, serde_json::to_string_pretty(&json)? + "\n").with_context(|| format!("writing {}", p.display()))?;
         }
-        std::fs::write(p, serde_json::to_string_pretty(&json)? + "\n").with_context(|| format!("writing {}", p.display()))?;
+        Ok(())
     }
-    Ok(())
 }
 
 /// "spec: …" line: how much speculation bought.

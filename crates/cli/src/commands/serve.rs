@@ -2,13 +2,15 @@
 //! sessions). Loopback only unless told otherwise.
 
 use std::path::Path;
+#[cfg(feature = "cuda")]
+use std::sync::OnceLock;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use std::sync::Arc;
 
 use hearth_engine::sampler::SamplerConfig;
 use hearth_engine::spec::SpecKind;
-use hearth_models::Model;
+use hearth_models::{Backend, Model};
 use hearth_server::scheduler::MakeDrafter;
 use hearth_server::{ServerOptions, SpecOptions};
 
@@ -58,7 +60,7 @@ pub struct Args {
     /// Worker threads [default: all cores].
     #[arg(short, long)]
     pub threads: Option<usize>,
-    /// Backend: cpu (cuda is not yet wired into the server's session store).
+    /// Backend: cpu or cuda (weights and every session's KV cache on the GPU).
     #[arg(long, value_enum, default_value_t = crate::device::Device::Cpu)]
     pub device: crate::device::Device,
     #[command(flatten)]
@@ -67,19 +69,14 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     crate::device::check(args.device)?;
-    if args.device == crate::device::Device::Cuda {
-        anyhow::bail!(
-            "serve --device cuda is not supported yet: the server's sessions hold CPU KV states; \
-             use `hearth run --device cuda` or `hearth bench --device cuda`"
-        );
-    }
+    args.spec.check(args.device)?;
     crate::init_threads(args.threads)?;
     let path = crate::registry::resolve_model(args.model.as_deref())?;
     let model_id = args
         .model_id
         .clone()
         .unwrap_or_else(|| default_model_id(args.model.as_deref(), &path));
-    let options = ServerOptions {
+    let mut options = ServerOptions {
         model_path: path,
         model_id,
         host: args.host,
@@ -91,21 +88,48 @@ pub fn run(args: Args) -> Result<()> {
         tool_parser: args.tool_parser,
         max_body_bytes: args.max_body_mib.saturating_mul(1024 * 1024),
         strict_context: args.strict_context,
-        spec: spec_options(&args.spec),
+        spec: None,
     };
+    #[cfg(feature = "cuda")]
+    if args.device == crate::device::Device::Cuda {
+        // The draft model (--spec draft) goes on the target's GPU, which
+        // opens when the server loads the target.
+        let gpu: Arc<OnceLock<Arc<hearth_cuda::Gpu>>> = Arc::default();
+        let draft_gpu = gpu.clone();
+        options.spec = spec_options(&args.spec, move |p| {
+            let gpu = draft_gpu.get().context("the GPU is opened with the target")?.clone();
+            crate::cuda::upload(gpu, Arc::new(Model::load_unpacked(p)?))
+        });
+        let load = move |path: &Path| {
+            // The GPU copies the file's blocks itself: no CPU repacking for it.
+            let model = Arc::new(Model::load_unpacked(path).map_err(|e| e.to_string())?);
+            let gm = crate::cuda::load(model.clone()).map_err(|e| format!("{e:#}"))?;
+            let _ = gpu.set(gm.gpu.clone());
+            Ok((model, Arc::new(gm)))
+        };
+        return hearth_server::run_on(options, load).context("hearth serve");
+    }
+    options.spec = spec_options(&args.spec, |p| Ok(Model::load(p)?));
     hearth_server::run(options).context("hearth serve")
 }
 
 /// The server's speculation: the drafter's models load once the target is
-/// loaded; each session then gets its own drafter.
-fn spec_options(args: &SpecArgs) -> Option<SpecOptions> {
+/// loaded (a draft model through `load_draft`, onto the target's backend);
+/// each session then gets its own drafter.
+fn spec_options<B: Backend + 'static>(
+    args: &SpecArgs,
+    load_draft: impl Fn(&Path) -> Result<B> + Send + Sync + 'static,
+) -> Option<SpecOptions> {
     if args.spec == SpecKind::None && args.draft_model.is_none() && args.block_length.is_none() && args.n_draft.is_none() {
         return None;
     }
     let args = args.clone();
     let kind = args.spec.as_str().to_string();
     let prepare = move |target: &Arc<Model>| -> Result<(MakeDrafter, usize), String> {
-        let factory = args.factory(target).map_err(|e| format!("{e:#}"))?.ok_or("speculation is off")?;
+        let factory = args
+            .factory(target, &load_draft)
+            .map_err(|e| format!("{e:#}"))?
+            .ok_or("speculation is off")?;
         let n_draft = args.n_draft(&factory);
         let target = target.clone();
         let args = args.clone();

@@ -1,6 +1,7 @@
 //! Speculative-decoding flags shared by `hearth run` and `hearth serve`, and
 //! building the chosen drafter.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -10,7 +11,9 @@ use hearth_engine::spec::draft_model::DraftModelDrafter;
 use hearth_engine::spec::ngram::NgramDrafter;
 use hearth_engine::spec::{Drafter, SpecKind};
 use hearth_models::dflash::DflashModel;
-use hearth_models::Model;
+use hearth_models::{Backend, Model};
+
+use crate::device::Device;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SpecArgs {
@@ -40,21 +43,35 @@ pub struct SpecSetup {
     pub n_draft: usize,
 }
 
-/// Loaded once per process; `make` builds a drafter per session.
-pub enum DrafterFactory {
+/// Loaded once per process; `make` builds a drafter per session. A draft
+/// model runs on the target's backend `B`.
+pub enum DrafterFactory<B: Backend> {
     Ngram,
-    Draft(Arc<Model>),
+    Draft(Arc<B>),
     Dflash(Arc<DflashModel>),
 }
 
 impl SpecArgs {
-    /// Loads whatever the drafter needs, checks the flags; `None` for `--spec none`.
-    pub fn factory(&self, target: &Model) -> Result<Option<DrafterFactory>> {
+    /// Checks the flags before anything loads, and refuses drafters the
+    /// device cannot serve: DFlash reads the target's hidden states, which
+    /// only the CPU backend taps.
+    pub fn check(&self, device: Device) -> Result<()> {
+        self.check_flags()?;
+        if device == Device::Cuda && self.spec == SpecKind::Dflash {
+            bail!(
+                "--spec dflash needs the target's hidden states, which the CUDA backend does not expose: \
+                 use --device cpu, or --spec ngram|draft with --device cuda"
+            );
+        }
+        Ok(())
+    }
+
+    fn check_flags(&self) -> Result<()> {
         if self.spec == SpecKind::None {
             if self.draft_model.is_some() || self.block_length.is_some() || self.n_draft.is_some() {
                 bail!("--draft-model, --block-length and --n-draft need --spec dflash|draft|ngram");
             }
-            return Ok(None);
+            return Ok(());
         }
         if self.spec != SpecKind::Dflash && self.block_length.is_some() {
             bail!("--block-length is for --spec dflash (use --n-draft for {})", self.spec.as_str());
@@ -62,23 +79,35 @@ impl SpecArgs {
         if self.n_draft == Some(0) {
             bail!("--n-draft must be at least 1");
         }
+        if self.spec == SpecKind::Ngram && self.draft_model.is_some() {
+            bail!("--spec ngram uses no draft model");
+        }
+        Ok(())
+    }
+
+    /// Loads whatever the drafter needs, checks the flags; `None` for `--spec
+    /// none`. `load_draft` puts a draft model (`--spec draft`) on the target's backend.
+    pub fn factory<B: Backend>(
+        &self,
+        target: &Model,
+        load_draft: impl FnOnce(&Path) -> Result<B>,
+    ) -> Result<Option<DrafterFactory<B>>> {
+        self.check_flags()?;
+        if self.spec == SpecKind::None {
+            return Ok(None);
+        }
         Ok(Some(match self.spec {
             SpecKind::None => unreachable!(),
-            SpecKind::Ngram => {
-                if self.draft_model.is_some() {
-                    bail!("--spec ngram uses no draft model");
-                }
-                DrafterFactory::Ngram
-            }
+            SpecKind::Ngram => DrafterFactory::Ngram,
             SpecKind::Draft => {
                 let name = self.draft_model.as_deref().context("--spec draft needs --draft-model M (a small model with the target's vocabulary)")?;
                 let path = crate::registry::resolve_model(Some(name))?;
-                let m = Model::load(&path).with_context(|| format!("loading the draft model {}", path.display()))?;
-                if m.config.vocab_size != target.config.vocab_size {
+                let m = load_draft(&path).with_context(|| format!("loading the draft model {}", path.display()))?;
+                if m.config().vocab_size != target.config.vocab_size {
                     bail!(
                         "draft model {} has a vocabulary of {}, the target {}: they must match",
                         path.display(),
-                        m.config.vocab_size,
+                        m.config().vocab_size,
                         target.config.vocab_size
                     );
                 }
@@ -105,7 +134,7 @@ impl SpecArgs {
     }
 
     /// K for this configuration.
-    pub fn n_draft(&self, factory: &DrafterFactory) -> usize {
+    pub fn n_draft<B: Backend>(&self, factory: &DrafterFactory<B>) -> usize {
         match factory {
             DrafterFactory::Ngram => self.n_draft.unwrap_or(3),
             DrafterFactory::Draft(_) => self.n_draft.unwrap_or(3),
@@ -114,8 +143,9 @@ impl SpecArgs {
     }
 }
 
-impl DrafterFactory {
-    /// A drafter for one session of `target` with context `max_ctx`.
+impl<B: Backend + 'static> DrafterFactory<B> {
+    /// A drafter for one session of `target` (the host model: vocabulary,
+    /// DFlash's embeddings and head) with context `max_ctx`.
     pub fn make(&self, args: &SpecArgs, target: &Arc<Model>, max_ctx: usize, sampling: &SamplerConfig) -> Result<SpecSetup> {
         let n_draft = args.n_draft(self);
         let drafter: Box<dyn Drafter + Send> = match self {

@@ -8,41 +8,44 @@
 //! top-k, top-p and min-p (no penalties), and q is returned for the
 //! min(1, p/q) test; the drafter's RNG is its own, so the target's stream is
 //! only used by verification.
+//!
+//! The draft model runs on any backend: the CPU model by default, or the
+//! target's GPU.
 
 use std::sync::Arc;
 
-use hearth_models::{Logits, Model, State};
+use hearth_models::{Backend, BackendState, Logits, Model};
 
 use super::{Draft, Drafter, SpecError};
 use crate::sampler::{argmax, Sampler, SamplerConfig};
 use crate::session::common_prefix;
 
-pub struct DraftModelDrafter {
-    model: Arc<Model>,
-    state: State,
-    /// Ids whose K/V are in `state` (`fed.len() == state.pos`).
+pub struct DraftModelDrafter<B: Backend = Model> {
+    model: Arc<B>,
+    state: B::State,
+    /// Ids whose K/V are in `state` (`fed.len() == state.pos()`).
     fed: Vec<u32>,
     /// `None`: argmax drafting.
     sampler: Option<Sampler>,
 }
 
-impl DraftModelDrafter {
+impl<B: Backend> DraftModelDrafter<B> {
     /// `target_vocab`: the target's vocabulary size (must match). `max_ctx` as
     /// the target's; `n_draft`: the most tokens proposed per cycle (ring slack).
     pub fn new(
-        model: Arc<Model>,
+        model: Arc<B>,
         target_vocab: usize,
         max_ctx: usize,
         n_draft: usize,
         target_sampling: &SamplerConfig,
     ) -> Result<Self, SpecError> {
-        if model.config.vocab_size != target_vocab {
+        if model.config().vocab_size != target_vocab {
             return Err(SpecError::Config(format!(
                 "the draft model's vocabulary ({}) differs from the target's ({target_vocab})",
-                model.config.vocab_size
+                model.config().vocab_size
             )));
         }
-        let state = State::with_ring_slack(&model, max_ctx, n_draft + 1);
+        let state = model.new_state(max_ctx, n_draft + 1).map_err(SpecError::Draft)?;
         let sampler = draft_sampler(target_sampling)?;
         Ok(DraftModelDrafter { model, state, fed: Vec::new(), sampler })
     }
@@ -66,9 +69,9 @@ impl DraftModelDrafter {
     }
 }
 
-impl Drafter for DraftModelDrafter {
+impl<B: Backend> Drafter for DraftModelDrafter<B> {
     fn propose(&mut self, context: &[u32], k: usize) -> Result<Draft, SpecError> {
-        let room = self.state.max_ctx.saturating_sub(context.len());
+        let room = self.state.max_ctx().saturating_sub(context.len());
         let k = k.min(room);
         let mut logits = self.sync(context)?;
         let mut tokens = Vec::with_capacity(k);

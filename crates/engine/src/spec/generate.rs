@@ -10,11 +10,11 @@
 //! 4. the target state rolls back to F+k+1: the K−k rejected positions are
 //!    stale and overwritten by the next pass (flat caches hide them behind the
 //!    causal mask; rings keep `slack ≥ K` extra slots so nothing still inside
-//!    the window was overwritten, see `State::with_ring_slack`).
+//!    the window was overwritten, see `Backend::new_state`).
 
 use std::time::Instant;
 
-use hearth_models::{Logits, Model, State};
+use hearth_models::{Backend, BackendState, Logits};
 use hearth_tokenizer::Tokenizer;
 
 use super::verify::verify_block;
@@ -34,9 +34,9 @@ pub struct SpecParams {
 /// committed context) and generates speculatively. Returns the usual stats and
 /// the acceptance statistics of this generation.
 #[allow(clippy::too_many_arguments)]
-pub fn generate_speculative(
-    model: &Model,
-    state: &mut State,
+pub fn generate_speculative<B: Backend>(
+    model: &B,
+    state: &mut B::State,
     tokenizer: &Tokenizer,
     sampler: &mut Sampler,
     drafter: &mut dyn Drafter,
@@ -45,9 +45,9 @@ pub fn generate_speculative(
     spec: SpecParams,
     mut on_text: impl FnMut(&str) -> Flow,
 ) -> Result<(GenerationStats, SpecStats), SpecError> {
-    let vocab = model.config.vocab_size;
+    let vocab = model.config().vocab_size;
     let taps = drafter.taps().to_vec();
-    let width = taps.len() * model.config.dim;
+    let width = taps.len() * model.config().dim;
     let t0 = Instant::now();
     let mut hidden = Vec::new();
     let logits = model.forward_tapped(state, prompt, Logits::Last, &taps, &mut hidden)?;
@@ -87,7 +87,7 @@ pub fn generate_speculative(
                 break;
             }
             let remaining = params.max_tokens - tokens.len();
-            let room = state.max_ctx - state.pos;
+            let room = state.max_ctx() - state.pos();
             if remaining == 0 || room == 0 {
                 break;
             }
@@ -107,7 +107,7 @@ pub fn generate_speculative(
             stats.draft_secs += td.elapsed().as_secs_f64();
 
             let tv = Instant::now();
-            let f = state.pos;
+            let f = state.pos();
             let mut block = Vec::with_capacity(draft.tokens.len() + 1);
             block.push(pending);
             block.extend_from_slice(&draft.tokens);

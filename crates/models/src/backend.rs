@@ -1,0 +1,144 @@
+//! The narrow interface the engine and the server run a model through, so the
+//! same generation, session and speculation code drives the CPU model and the
+//! GPU one (hearth-cuda implements it for its `GpuModel`).
+//!
+//! A backend is shared read-only by every session (`Send + Sync`); each
+//! session owns a [`Backend::State`] (KV caches, position, scratch), which
+//! moves to the engine thread that runs it (`Send`).
+
+use crate::config::ModelConfig;
+use crate::forward::Logits;
+use crate::state::State;
+use crate::weights::{Model, ModelError};
+
+/// Per-session state of a backend: the position and the KV caches behind it.
+pub trait BackendState: Send {
+    /// Positions written (the next token goes at `pos`).
+    fn pos(&self) -> usize;
+    /// The context this state was sized for.
+    fn max_ctx(&self) -> usize;
+    /// Moves the position back to `pos <= self.pos()`; an error when a
+    /// sliding-window ring has overwritten entries the position still needs.
+    fn rollback(&mut self, pos: usize) -> Result<(), ModelError>;
+    /// Forgets everything (keeps the allocation).
+    fn reset(&mut self);
+    /// Bytes held by the KV caches.
+    fn kv_bytes(&self) -> usize;
+}
+
+/// A loaded model on some device, computing forward passes for states it made.
+pub trait Backend: Send + Sync {
+    type State: BackendState;
+
+    /// The model's shape (vocabulary, width, layers).
+    fn config(&self) -> &ModelConfig;
+
+    /// A state for contexts up to `max_ctx` tokens whose sliding-window rings
+    /// keep `ring_slack` extra slots, so up to `ring_slack` positions roll
+    /// back (speculative verify passes).
+    fn new_state(&self, max_ctx: usize, ring_slack: usize) -> Result<Self::State, ModelError>;
+
+    /// Runs `tokens` at positions `state.pos()..`, advancing the position.
+    /// Returns [vocab] for `Last`, [n, vocab] for `All`, nothing for `None`.
+    fn forward(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError>;
+
+    /// [`Backend::forward`] that also appends, for every token, the residual
+    /// stream entering each layer in `taps` to `hidden` ([T, taps.len() * dim];
+    /// DFlash's target hidden states). A backend that cannot tap returns
+    /// [`ModelError::Unsupported`] for non-empty `taps`.
+    fn forward_tapped(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>, ModelError>;
+
+    /// A speculative verify pass over `[pending, drafts...]` (taps as in
+    /// [`Backend::forward_tapped`]). Where the backend can, every row is
+    /// computed as a one-token decode step would compute it, so greedy
+    /// speculative output equals plain greedy output.
+    fn forward_verify(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>, ModelError>;
+}
+
+impl BackendState for State {
+    fn pos(&self) -> usize {
+        self.pos
+    }
+
+    fn max_ctx(&self) -> usize {
+        self.max_ctx
+    }
+
+    fn rollback(&mut self, pos: usize) -> Result<(), ModelError> {
+        State::rollback(self, pos)
+    }
+
+    fn reset(&mut self) {
+        State::reset(self)
+    }
+
+    fn kv_bytes(&self) -> usize {
+        State::kv_bytes(self)
+    }
+}
+
+/// The CPU model: every method is the inherent one of the same name.
+impl Backend for Model {
+    type State = State;
+
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn new_state(&self, max_ctx: usize, ring_slack: usize) -> Result<State, ModelError> {
+        Ok(State::with_ring_slack(self, max_ctx, ring_slack))
+    }
+
+    #[inline]
+    fn forward(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        Model::forward(self, state, tokens, want)
+    }
+
+    #[inline]
+    fn forward_tapped(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>, ModelError> {
+        Model::forward_tapped(self, state, tokens, want, taps, hidden)
+    }
+
+    #[inline]
+    fn forward_verify(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>, ModelError> {
+        Model::forward_verify(self, state, tokens, want, taps, hidden)
+    }
+}

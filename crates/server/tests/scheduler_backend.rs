@@ -1,0 +1,234 @@
+//! The server's engine thread is generic over `hearth_models::Backend`; CI
+//! has no GPU, so this drives it through a second, test-only backend with the
+//! CUDA backend's contract (its own state type, plain multi-row verify
+//! passes, no hidden-state taps) that computes with the CPU model. The same
+//! turns (a session resumed from its resident prefix, a scratch request, two
+//! sessions interleaved, speculation on) must stream the same text as on the
+//! CPU model itself, in exact f32 numerics (where multi-row passes compute
+//! every row as a one-row pass would).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hearth_engine::sampler::SamplerConfig;
+use hearth_engine::session::SessionStore;
+use hearth_engine::spec::ngram::NgramDrafter;
+use hearth_engine::spec::Drafter;
+use hearth_models::{
+    Backend, BackendState, Logits, Model, ModelConfig, ModelError, Numerics, State,
+};
+use hearth_server::metrics::Metrics;
+use hearth_server::scheduler::{self, Event, Job, MakeDrafter, SpecRuntime};
+use hearth_tokenizer::Tokenizer;
+use tokio::sync::mpsc;
+
+/// The CPU model behind the CUDA backend's contract.
+struct GpuLike {
+    model: Arc<Model>,
+}
+
+struct GpuLikeState(State);
+
+impl BackendState for GpuLikeState {
+    fn pos(&self) -> usize {
+        self.0.pos
+    }
+    fn max_ctx(&self) -> usize {
+        self.0.max_ctx
+    }
+    fn rollback(&mut self, pos: usize) -> Result<(), ModelError> {
+        self.0.rollback(pos)
+    }
+    fn reset(&mut self) {
+        self.0.reset()
+    }
+    fn kv_bytes(&self) -> usize {
+        self.0.kv_bytes()
+    }
+}
+
+impl Backend for GpuLike {
+    type State = GpuLikeState;
+
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+    fn new_state(&self, max_ctx: usize, ring_slack: usize) -> Result<GpuLikeState, ModelError> {
+        Ok(GpuLikeState(State::with_ring_slack(
+            &self.model,
+            max_ctx,
+            ring_slack,
+        )))
+    }
+    fn forward(
+        &self,
+        st: &mut GpuLikeState,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.model.forward(&mut st.0, tokens, want)
+    }
+    fn forward_tapped(
+        &self,
+        st: &mut GpuLikeState,
+        tokens: &[u32],
+        want: Logits,
+        taps: &[usize],
+        _hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>, ModelError> {
+        if !taps.is_empty() {
+            return Err(ModelError::Unsupported {
+                backend: "test",
+                what: "hidden-state taps".into(),
+            });
+        }
+        self.forward(st, tokens, want)
+    }
+    fn forward_verify(
+        &self,
+        st: &mut GpuLikeState,
+        tokens: &[u32],
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.forward_tapped(st, tokens, want, taps, hidden)
+    }
+}
+
+fn model_path(file: &str) -> PathBuf {
+    let dir = match std::env::var_os("HEARTH_HOME") {
+        Some(h) if !h.is_empty() => PathBuf::from(h).join("models"),
+        _ => PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/hearth/models"),
+    };
+    let p = dir.join(file);
+    assert!(
+        p.is_file(),
+        "{} missing: run `python3 scripts/fetch_models.py all`",
+        p.display()
+    );
+    p
+}
+
+/// What a request streamed: (cached prompt tokens, text, completion tokens).
+type Turn = (usize, String, usize);
+
+fn job(
+    session: Option<&str>,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+) -> (Job, mpsc::UnboundedReceiver<Event>) {
+    let (events, rx) = mpsc::unbounded_channel();
+    let job = Job {
+        session: session.map(str::to_string),
+        prompt,
+        sampling: SamplerConfig::greedy(),
+        max_tokens,
+        stop: Vec::new(),
+        events,
+    };
+    (job, rx)
+}
+
+fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Turn {
+    let (mut cached, mut text) = (usize::MAX, String::new());
+    while let Some(e) = rx.blocking_recv() {
+        match e {
+            Event::Admitted { cached_tokens } => cached = cached_tokens,
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(s) => return (cached, text, s.completion_tokens),
+            Event::Failed(e) => panic!("request failed: {e:?}"),
+        }
+    }
+    panic!("the engine dropped a request");
+}
+
+/// The turns of the scenario on one backend; `ngram` turns speculation on.
+fn serve_turns<B: Backend + 'static>(
+    backend: Arc<B>,
+    tok: &Arc<Tokenizer>,
+    ngram: bool,
+) -> Vec<Turn> {
+    let max_ctx = 256;
+    let state_bytes = backend.new_state(max_ctx, 0).unwrap().kv_bytes();
+    let mut store = SessionStore::new(4, None, state_bytes, max_ctx);
+    let spec = ngram.then(|| {
+        store.set_ring_slack(3);
+        let make: MakeDrafter =
+            Arc::new(|_, _| Ok(Box::new(NgramDrafter::default()) as Box<dyn Drafter + Send>));
+        SpecRuntime {
+            kind: "ngram".into(),
+            n_draft: 3,
+            make,
+        }
+    });
+    let (engine, thread) = scheduler::spawn(
+        backend,
+        tok.clone(),
+        store,
+        Arc::new(Metrics::default()),
+        spec,
+    );
+    let enc = |s: &str| tok.encode(s, true, false);
+    let first = enc("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n");
+    let mut turns = Vec::new();
+
+    // Session "a", turn 1, then turn 2 extending what it holds.
+    let (j, rx) = job(Some("a"), first.clone(), 20);
+    engine.submit(j).unwrap();
+    turns.push(collect(rx));
+    let mut second = first.clone();
+    second.extend(tok.encode(&turns[0].1, false, false));
+    second.extend(tok.encode("\n# Now iteratively:\n", false, false));
+    let (j, rx) = job(Some("a"), second, 16);
+    engine.submit(j).unwrap();
+    turns.push(collect(rx));
+
+    // A scratch request and session "b" submitted together: interleaved steps.
+    let (j1, rx1) = job(None, enc("fn gcd(a: u64, b: u64) -> u64 {\n"), 16);
+    let (j2, rx2) = job(Some("b"), enc("SELECT name, COUNT(*) FROM orders\n"), 16);
+    engine.submit(j1).unwrap();
+    engine.submit(j2).unwrap();
+    turns.push(collect(rx1));
+    turns.push(collect(rx2));
+
+    engine.shutdown();
+    thread.join().unwrap();
+    turns
+}
+
+#[test]
+fn scheduler_on_a_second_backend_streams_what_the_cpu_model_streams() {
+    let file = "SmolLM2-135M-Instruct.Q4_1.gguf";
+    let mut model = Model::load(model_path(file)).unwrap();
+    model.set_numerics(Numerics::F32);
+    let model = Arc::new(model);
+    let tok = Arc::new(Tokenizer::from_gguf_path(model_path(file)).unwrap());
+    let gpu_like = Arc::new(GpuLike {
+        model: model.clone(),
+    });
+
+    let want = serve_turns(model.clone(), &tok, false);
+    assert_eq!(want.len(), 4);
+    assert_eq!(want[0].0, 0, "a new session reuses nothing");
+    assert!(
+        want[1].0 > 0,
+        "turn 2 resumes from the resident prefix: {want:?}"
+    );
+    assert!(want.iter().all(|t| t.2 > 0 && !t.1.is_empty()), "{want:?}");
+    assert_eq!(
+        serve_turns(gpu_like.clone(), &tok, false),
+        want,
+        "plain decoding"
+    );
+    assert_eq!(
+        serve_turns(model, &tok, true),
+        want,
+        "speculation on the CPU model"
+    );
+    assert_eq!(
+        serve_turns(gpu_like, &tok, true),
+        want,
+        "speculation on the second backend"
+    );
+}
