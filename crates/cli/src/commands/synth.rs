@@ -69,6 +69,11 @@ pub struct Args {
     /// dflash: the target GGUF the draft is matched to (width, layers, vocabulary).
     #[arg(long)]
     pub target: Option<PathBuf>,
+    /// Copy the tokenizer (every `tokenizer.*` key, chat template included)
+    /// from this GGUF; the vocabulary size follows it. Makes a small model
+    /// that `run`/`serve` can talk to with real text (random weights).
+    #[arg(long)]
+    pub tokenizer_from: Option<PathBuf>,
     /// dflash: trained block size B_max [default: 16].
     #[arg(long)]
     pub block_size: Option<usize>,
@@ -184,8 +189,31 @@ pub fn run(args: Args) -> Result<()> {
     if args.target.is_some() || args.block_size.is_some() || args.target_layers.is_some() {
         bail!("--target, --block-size and --target-layers are for --arch dflash");
     }
-    let shape = shape(&args)?;
-    let plan = SynthPlan::new(&shape)?;
+    let mut shape = shape(&args)?;
+    let tokenizer = match &args.tokenizer_from {
+        Some(path) => {
+            let f = hearth_gguf::GgufFile::open(path).with_context(|| format!("--tokenizer-from {}", path.display()))?;
+            let keys: Vec<(String, hearth_gguf::Value)> = f
+                .metadata()
+                .iter()
+                .filter(|(k, _)| k.starts_with("tokenizer."))
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect();
+            let n = f
+                .metadata()
+                .get_array("tokenizer.ggml.tokens")
+                .map(|t| t.len())
+                .ok_or_else(|| anyhow::anyhow!("--tokenizer-from {}: no tokenizer.ggml.tokens", path.display()))?;
+            shape.vocab_size = n;
+            Some(keys)
+        }
+        None => None,
+    };
+    let mut plan = SynthPlan::new(&shape)?;
+    if let Some(keys) = tokenizer {
+        plan.metadata.retain(|(k, _)| !k.starts_with("tokenizer."));
+        plan.metadata.extend(keys);
+    }
     let total = plan.data_bytes();
     let s = &shape;
     eprintln!(
