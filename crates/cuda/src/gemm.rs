@@ -1,6 +1,7 @@
 //! Launches of the tensor-core GEMM (kernels/gemm.cu) for blocks of many
-//! tokens (prefill): weights are dequantized per tile into shared memory, so
-//! the weight bytes are read once per 64 tokens instead of once per 8.
+//! tokens (prefill): weights are dequantized per 128 x 64 tile into shared
+//! memory and multiplied with 128 tokens at once, so the weight bytes are read
+//! once per 128 tokens instead of once per 8.
 
 use crate::driver::{Arg, Gpu};
 use crate::error::Result;
@@ -41,6 +42,8 @@ pub fn gemm(
     bf16: bool,
 ) -> Result<()> {
     let n = n_tokens * w.cols;
+    // The kernel indexes the activations with 32-bit offsets.
+    debug_assert!(n < 1 << 32, "gemm: {n_tokens} tokens x {} too large", w.cols);
     g.launch(
         "to_half",
         ((n.div_ceil(256)).min(4096) as u32, 1, 1),
@@ -54,7 +57,8 @@ pub fn gemm(
     )?;
     g.launch(
         name(w.kind, bf16),
-        (w.rows.div_ceil(64) as u32, n_tokens.div_ceil(128) as u32, 1),
+        // x: 128-token tiles, y: 128-row tiles (blocks sharing a weight tile run together).
+        (n_tokens.div_ceil(128) as u32, w.rows.div_ceil(128) as u32, 1),
         256,
         &[
             Arg::Ptr(w.body),
