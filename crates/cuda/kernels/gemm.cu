@@ -40,6 +40,9 @@
 #define GM_BN 128
 #define GM_BK 64
 #define GM_THREADS 256
+#ifndef GM_PREFETCH
+#define GM_PREFETCH 4  // weight bytes are prefetched into L2 this many k steps ahead (0: off)
+#endif
 
 // 8 consecutive weights W[r, k..k+8] (k % 8 == 0) as floats.
 template <int WT>
@@ -282,12 +285,36 @@ __device__ __forceinline__ void gm_dequant(const GmRaw& r, int s, int h, u16* As
 }
 
 // y[t * y_stride + r] (op)= f(sum_k W[r, k] x[t, k] + bias[r]) for r < rows, t < T; K % 64 == 0.
-template <int WT, bool BF>
+// Thread-block clusters (split-K variants): rank in the cluster, cluster-wide barrier, and a
+// load from the same shared-memory offset in another block of the cluster.
+__device__ __forceinline__ u32 gm_cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void gm_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float gm_ld_remote(u32 local_addr, u32 rank) {
+    u32 ra;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(local_addr), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+    return v;
+}
+
+// SPLIT = 1: one block per (token tile, row tile). SPLIT = 2: a cluster of two
+// blocks (blockIdx.z = 0, 1) per tile, each taking half of the k steps; block 1
+// hands its accumulators to block 0 through distributed shared memory, and
+// block 0 adds them (in a fixed order, so results are deterministic) and
+// writes the tile. Used when there are too few tiles to fill the GPU.
+template <int WT, bool BF, int SPLIT>
 __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K,
                                         const u16* __restrict__ x, int T, float* __restrict__ y, int y_stride,
                                         const float* __restrict__ bias, int flags) {
-    __shared__ __align__(128) u16 As[GM_BM * GM_BK];
-    __shared__ __align__(128) u16 Bs[2][GM_BN * GM_BK];
+    __shared__ __align__(128) u16 smem[(GM_BM + 2 * GM_BN) * GM_BK];
+    u16* As = smem;
+    u16(*Bs)[GM_BN * GM_BK] = (u16(*)[GM_BN * GM_BK])(smem + GM_BM * GM_BK);
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     const int t0 = blockIdx.x * GM_BN, r0 = blockIdx.y * GM_BM;
     const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;  // this warp's 64 x 32 sub-tile
@@ -295,6 +322,9 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
     int row_bytes, n_items, bpr;
     row_geometry<WT>(K, row_bytes, n_items, bpr);
     const int n_steps = K / GM_BK;
+    // k steps [s_begin, s_end) of this block.
+    const int s_begin = SPLIT == 1 ? 0 : (int)blockIdx.z * n_steps / SPLIT;
+    const int s_end = SPLIT == 1 ? n_steps : ((int)blockIdx.z + 1) * n_steps / SPLIT;
 
     // This thread's weight row (tile row rr, half h) and whether it exists.
     const int rr = tid >> 1, h = tid & 1;
@@ -335,6 +365,14 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
             }
         }
     };
+    // Bytes of a row per k step (all types store a row in k order), and an L2 prefetch
+    // GM_PREFETCH steps ahead so that the register loads of step s + 1 hit L2, not DRAM.
+    const int step_bytes = row_bytes / n_steps;
+    auto prefetch_w = [&](int s) {
+        const int sp = s + GM_PREFETCH;
+        if (GM_PREFETCH > 0 && gm_fast<WT>() && row_ok && sp < s_end)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(wrow + min(sp * step_bytes + 64 * h, row_bytes - 1)));
+    };
     auto load_raw = [&](GmRaw& raw, int s) {
         raw.q0 = raw.q1 = raw.q2 = make_uint4(0, 0, 0, 0);
         raw.s0 = raw.s1 = raw.s2 = raw.s3 = 0;  // a missing row decodes to zeros (d = 0)
@@ -350,9 +388,12 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
     GmRaw raw;
-    issue_b(0, 0);
-    load_raw(raw, 0);
-    fill_a(raw, 0);
+    if (s_begin < s_end) {
+        issue_b(s_begin, 0);
+        load_raw(raw, s_begin);
+        for (int sp = s_begin; sp < s_begin + GM_PREFETCH; sp++) prefetch_w(sp);
+        fill_a(raw, s_begin);
+    }
 
     // ldmatrix row addresses: A, lanes 0-7 / 8-15 / 16-23 / 24-31 give rows 0-7 / 8-15 / 0-7 / 8-15
     // of k chunks 0 / 0 / 1 / 1 (a0..a3); B, tokens 0-7 / 0-7 / 8-15 / 8-15 of chunks 0 / 1 / 0 / 1
@@ -361,17 +402,18 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
     const int a_row = wm + (lane & 7) + ((lane >> 3) & 1) * 8, a_ch = lane >> 4;
     const int b_tok = wn + (lane & 7) + (lane >> 4) * 8, b_ch = (lane >> 3) & 1;
 
-    for (int s = 0; s < n_steps; s++) {
-        const bool more = s + 1 < n_steps;
+    for (int s = s_begin; s < s_end; s++) {
+        const bool more = s + 1 < s_end;
         if (more) {
-            issue_b(s + 1, (s + 1) & 1);
+            issue_b(s + 1, (s + 1 - s_begin) & 1);
             load_raw(raw, s + 1);
+            prefetch_w(s + 1);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
-        const u32 bbuf = bs_base + (u32)((s & 1) * GM_BN * GM_BK) * 2u;
+        const u32 bbuf = bs_base + (u32)(((s - s_begin) & 1) * GM_BN * GM_BK) * 2u;
 #pragma unroll
         for (int ks = 0; ks < GM_BK / 16; ks++) {
             u32 bfr[4][2];
@@ -389,6 +431,38 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
         }
         __syncthreads();
         if (more) fill_a(raw, s + 1);
+    }
+
+    if (SPLIT == 2) {
+        // The main loop ended with __syncthreads, so shared memory is free: block 1
+        // stores half of its accumulators at a time (32 KB, [value][thread]),
+        // block 0 adds them from block 1's shared memory.
+        float* red = (float*)smem;
+        const u32 rank = gm_cluster_rank();
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            if (rank == 1) {
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) red[((i * 4 + j) * 4 + e) * GM_THREADS + tid] = acc[2 * half + i][j][e];
+            }
+            gm_cluster_sync();
+            if (rank == 0) {
+                const u32 base = smem_addr(red);
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            acc[2 * half + i][j][e] += gm_ld_remote(base + (u32)(((i * 4 + j) * 4 + e) * GM_THREADS + tid) * 4u, 1);
+            }
+            gm_cluster_sync();
+        }
+        if (rank != 0) return;
     }
 
     // Epilogue: c0, c1 at (row gid, tokens 2 tig, 2 tig + 1); c2, c3 at row gid + 8.
@@ -415,12 +489,24 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
     extern "C" __global__ void __launch_bounds__(GM_THREADS, 2) name(                                         \
         const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K, const u16* __restrict__ x,     \
         int T, float* __restrict__ y, int y_stride, const float* __restrict__ bias, int flags) {              \
-        gemm_tc<WT, BF>(w, wd, rows, K, x, T, y, y_stride, bias, flags);                                      \
+        gemm_tc<WT, BF, 1>(w, wd, rows, K, x, T, y, y_stride, bias, flags);                                   \
+    }
+
+// Split-K in clusters of two blocks along z (grid z = 2).
+#define GEMM_KERNEL_K2(name, WT, BF)                                                                         \
+    extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(GM_THREADS, 2) name(              \
+        const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K, const u16* __restrict__ x,     \
+        int T, float* __restrict__ y, int y_stride, const float* __restrict__ bias, int flags) {              \
+        gemm_tc<WT, BF, 2>(w, wd, rows, K, x, T, y, y_stride, bias, flags);                                   \
     }
 
 #define GEMM_KERNELS(tname, WT) \
     GEMM_KERNEL(gemm_##tname##_f16, WT, false) \
     GEMM_KERNEL(gemm_##tname##_bf16, WT, true)
+
+#define GEMM_KERNELS_K2(tname, WT) \
+    GEMM_KERNEL_K2(gemm_##tname##_f16_k2, WT, false) \
+    GEMM_KERNEL_K2(gemm_##tname##_bf16_k2, WT, true)
 
 GEMM_KERNELS(f32, WT_F32)
 GEMM_KERNELS(f16, WT_F16)
@@ -431,3 +517,7 @@ GEMM_KERNELS(q5_0, WT_Q5_0)
 GEMM_KERNELS(q4_k, WT_Q4_K)
 GEMM_KERNELS(q5_k, WT_Q5_K)
 GEMM_KERNELS(q6_k, WT_Q6_K)
+GEMM_KERNELS_K2(q8_0, WT_Q8_0)
+GEMM_KERNELS_K2(q4_k, WT_Q4_K)
+GEMM_KERNELS_K2(q5_k, WT_Q5_K)
+GEMM_KERNELS_K2(q6_k, WT_Q6_K)
