@@ -34,15 +34,20 @@
 //
 // Grid: x = token tile, y = row tile, so the blocks that share a weight tile
 // run together and the (quantized) weights are read from DRAM about once; the
-// activations (a few MB) stay in L2.
+// activations (a few MB) stay in L2. When there are too few tiles to fill the
+// GPU (e.g. 5120 rows x 512 tokens = 160 tiles on 132 multiprocessors), gemm.rs
+// launches the *_k2 variants: a cluster of two blocks per tile (grid z = 2),
+// each taking half of the k steps, reduced through distributed shared memory.
+//
+// Measured on an H200 (512 tokens, f16): Q4_K 27648x5120 ~530-570 us (~255-275
+// TFLOP/s), 5120x27648 ~670 us (k2), 5120x5120 ~142 us (k2); Q6_K about 10-20%
+// slower. An L2 prefetch of the weight bytes a few steps ahead did not help
+// (so DRAM latency is not the limit); what is left is mostly step 4 above.
 
 #define GM_BM 128
 #define GM_BN 128
 #define GM_BK 64
 #define GM_THREADS 256
-#ifndef GM_PREFETCH
-#define GM_PREFETCH 4  // weight bytes are prefetched into L2 this many k steps ahead (0: off)
-#endif
 
 // 8 consecutive weights W[r, k..k+8] (k % 8 == 0) as floats.
 template <int WT>
@@ -365,14 +370,6 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
             }
         }
     };
-    // Bytes of a row per k step (all types store a row in k order), and an L2 prefetch
-    // GM_PREFETCH steps ahead so that the register loads of step s + 1 hit L2, not DRAM.
-    const int step_bytes = row_bytes / n_steps;
-    auto prefetch_w = [&](int s) {
-        const int sp = s + GM_PREFETCH;
-        if (GM_PREFETCH > 0 && gm_fast<WT>() && row_ok && sp < s_end)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(wrow + min(sp * step_bytes + 64 * h, row_bytes - 1)));
-    };
     auto load_raw = [&](GmRaw& raw, int s) {
         raw.q0 = raw.q1 = raw.q2 = make_uint4(0, 0, 0, 0);
         raw.s0 = raw.s1 = raw.s2 = raw.s3 = 0;  // a missing row decodes to zeros (d = 0)
@@ -391,7 +388,6 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
     if (s_begin < s_end) {
         issue_b(s_begin, 0);
         load_raw(raw, s_begin);
-        for (int sp = s_begin; sp < s_begin + GM_PREFETCH; sp++) prefetch_w(sp);
         fill_a(raw, s_begin);
     }
 
@@ -407,7 +403,6 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
         if (more) {
             issue_b(s + 1, (s + 1 - s_begin) & 1);
             load_raw(raw, s + 1);
-            prefetch_w(s + 1);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();

@@ -80,7 +80,11 @@ pub fn gemm(
 ) -> Result<()> {
     let n = n_tokens * w.cols;
     // The kernel indexes the activations with 32-bit offsets.
-    debug_assert!(n < 1 << 32, "gemm: {n_tokens} tokens x {} too large", w.cols);
+    debug_assert!(
+        n < 1 << 32,
+        "gemm: {n_tokens} tokens x {} too large",
+        w.cols
+    );
     g.launch(
         "to_half",
         ((n.div_ceil(256)).min(4096) as u32, 1, 1),
@@ -97,7 +101,9 @@ pub fn gemm(
     // Split k in two (a cluster of two blocks per tile, reduced in shared memory)
     // where that shortens the estimated time: see `split_pays`.
     let k2 = match name_k2(w.kind, bf16) {
-        Some(n) if w.cols >= 128 && split_pays((tt * rt) as usize, g.info.sm_count as usize) => Some(n),
+        Some(n) if w.cols >= 128 && split_pays((tt * rt) as usize, g.info.sm_count as usize) => {
+            Some(n)
+        }
         _ => None,
     };
     g.launch(

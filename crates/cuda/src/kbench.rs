@@ -150,7 +150,10 @@ pub fn run(g: &Gpu) -> Result<String> {
         }
     }
     // Q6_K GEMM shapes of Q4_K_M models (attn_v / ffn_down), multiples of the 128 x 128 tile.
-    for (kind, rows, cols) in [(WeightKind::Q6K, 5120usize, 27648usize), (WeightKind::Q6K, 1024, 5120)] {
+    for (kind, rows, cols) in [
+        (WeightKind::Q6K, 5120usize, 27648usize),
+        (WeightKind::Q6K, 1024, 5120),
+    ] {
         let (m, _b, _s) = random_matrix(g, kind, rows, cols, 12)?;
         let t = 512usize;
         let ms = time_ms(g, 10, || {
