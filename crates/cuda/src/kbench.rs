@@ -176,6 +176,24 @@ pub fn run(g: &Gpu) -> Result<String> {
             );
         }
     }
+    // Q6_K GEMM shapes of Q4_K_M models (attn_v / ffn_down), multiples of the 128 x 128 tile.
+    for (kind, rows, cols) in [
+        (WeightKind::Q6K, 5120usize, 27648usize),
+        (WeightKind::Q6K, 1024, 5120),
+    ] {
+        let (m, _b, _s) = random_matrix(g, kind, rows, cols, 12)?;
+        let t = 512usize;
+        let ms = time_ms(g, 10, || {
+            gemm::gemm(g, &m, x.ptr, xh.ptr, t, y.ptr, rows, 0, 0, false)
+        })?;
+        let tflops = 2.0 * rows as f64 * cols as f64 * t as f64 / (ms * 1e-3) / 1e12;
+        out += &format!(
+            "  gemm {t:3} tokens     {:?} {rows:6} x {cols:5}: {:8.1} us {:7.1} TFLOP/s\n",
+            kind,
+            ms * 1e3,
+            tflops
+        );
+    }
     out += "Attention, one token, split-K over a flat f16 cache (GB/s = K+V bytes / time):\n";
     for &(nh, nkv, ctx, splits) in &[
         (40usize, 8usize, 32768usize, 64usize),

@@ -287,7 +287,8 @@ fn gemv_matches_cpu_reference() {
 }
 
 /// Tensor-core GEMM (prefill): every weight type, rows and tokens that are
-/// not multiples of the 64 x 64 tile. Reference: the same weights and
+/// not multiples of the 128 x 128 tile (odd token counts 17..512, rows from
+/// 77 to 300, several k steps), f16 and bf16. Reference: the same weights and
 /// activations rounded to f16 / bf16 (the kernel's operand precision), f64 sums.
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -303,6 +304,9 @@ fn gemm_matches_cpu_reference() {
             (77usize, 256usize, 100usize, false),
             (200, 512, 37, true),
             (130, 1024, 300, false),
+            (300, 768, 17, true),
+            (129, 512, 512, false),
+            (257, 256, 129, true),
         ] {
             let w = random_weights(ty, rows, k, &mut rng);
             let mut wf = vec![0.0f32; rows * k];
