@@ -200,7 +200,7 @@ impl GpuModel {
             caches,
             s,
             graph: None,
-            use_graph: true,
+            use_graph: std::env::var("HEARTH_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             gemm_min_tokens: 16,
             fuse_prologue: std::env::var("HEARTH_CUDA_FUSE").is_ok_and(|v| v == "1"),
             host_x: Vec::new(),
