@@ -364,7 +364,9 @@ impl GpuModel {
         items: &[(Proj, &ops::GpuMatrix, u64, u64)],
         flags: i32,
     ) -> Result<()> {
-        let together = fused.parts.len() > 1 && fused.m.tune.x && t < st.gemm_min_tokens;
+        // Fused launches only where the register kernels are the faster ones
+        // (one or two tokens; see ops::gemv).
+        let together = fused.parts.len() > 1 && fused.m.tune.x && t <= 2;
         for &(p, w, y, b) in items {
             if !(together && fused.parts.contains(&p)) {
                 self.linear(st, w, t, x, y, b, flags)?;

@@ -218,7 +218,10 @@ pub fn gemv(
     bias: u64,
     flags: i32,
 ) -> Result<()> {
-    if w.tune.x && y_stride == w.rows {
+    // The register kernels win at one and two tokens; from four the warp
+    // kernels' multi-token variants measured faster (27648 x 5120 Q4_K at 4
+    // tokens: 98 against 114 us, BENCHMARKS.md).
+    if w.tune.x && y_stride == w.rows && n_tokens <= 2 {
         let seg = [Segment { y, bias, rows: w.rows }];
         return gemv_segments(g, w, x, n_tokens, &seg, flags);
     }
