@@ -14,88 +14,10 @@ use hearth_engine::sampler::{Sampler, SamplerConfig};
 use hearth_engine::spec::draft_model::DraftModelDrafter;
 use hearth_engine::spec::ngram::NgramDrafter;
 use hearth_engine::spec::{generate_speculative, Draft, Drafter, SpecError, SpecParams};
-use hearth_models::{
-    Backend, BackendState, Logits, Model, ModelConfig, ModelError, Numerics, State,
-};
+use hearth_models::backend::testing::GpuLike;
+use hearth_models::{Backend, BackendState, Model, Numerics};
 use hearth_tokenizer::Tokenizer;
 
-/// The CPU model behind the CUDA backend's contract (see the module doc).
-struct GpuLike {
-    model: Arc<Model>,
-}
-
-struct GpuLikeState {
-    inner: State,
-    /// Forward passes run on this state (proves the wrapper was used).
-    forwards: usize,
-}
-
-impl BackendState for GpuLikeState {
-    fn pos(&self) -> usize {
-        self.inner.pos
-    }
-    fn max_ctx(&self) -> usize {
-        self.inner.max_ctx
-    }
-    fn rollback(&mut self, pos: usize) -> Result<(), ModelError> {
-        self.inner.rollback(pos)
-    }
-    fn reset(&mut self) {
-        self.inner.reset()
-    }
-    fn kv_bytes(&self) -> usize {
-        self.inner.kv_bytes()
-    }
-}
-
-impl Backend for GpuLike {
-    type State = GpuLikeState;
-
-    fn config(&self) -> &ModelConfig {
-        &self.model.config
-    }
-    fn new_state(&self, max_ctx: usize, ring_slack: usize) -> Result<GpuLikeState, ModelError> {
-        Ok(GpuLikeState {
-            inner: State::with_ring_slack(&self.model, max_ctx, ring_slack),
-            forwards: 0,
-        })
-    }
-    fn forward(
-        &self,
-        st: &mut GpuLikeState,
-        tokens: &[u32],
-        want: Logits,
-    ) -> Result<Vec<f32>, ModelError> {
-        st.forwards += 1;
-        self.model.forward(&mut st.inner, tokens, want)
-    }
-    fn forward_tapped(
-        &self,
-        st: &mut GpuLikeState,
-        tokens: &[u32],
-        want: Logits,
-        taps: &[usize],
-        _hidden: &mut Vec<f32>,
-    ) -> Result<Vec<f32>, ModelError> {
-        if !taps.is_empty() {
-            return Err(ModelError::Unsupported {
-                backend: "test",
-                what: "hidden-state taps".into(),
-            });
-        }
-        self.forward(st, tokens, want)
-    }
-    fn forward_verify(
-        &self,
-        st: &mut GpuLikeState,
-        tokens: &[u32],
-        want: Logits,
-        taps: &[usize],
-        hidden: &mut Vec<f32>,
-    ) -> Result<Vec<f32>, ModelError> {
-        self.forward_tapped(st, tokens, want, taps, hidden)
-    }
-}
 
 const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 

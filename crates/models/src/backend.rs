@@ -142,3 +142,88 @@ impl Backend for Model {
         Model::forward_verify(self, state, tokens, want, taps, hidden)
     }
 }
+
+/// A second backend for tests of code generic over [`Backend`] on machines
+/// without a GPU: the CPU model behind the CUDA backend's contract (its own
+/// state type, verify passes that are plain multi-row passes rather than
+/// batch-invariant, no hidden-state taps). Its output must equal the CPU
+/// model's wherever multi-row passes compute each row as a one-row pass.
+#[doc(hidden)]
+pub mod testing {
+    use std::sync::Arc;
+
+    use super::{Backend, BackendState};
+    use crate::{Logits, Model, ModelConfig, ModelError, State};
+
+    pub struct GpuLike {
+        pub model: Arc<Model>,
+    }
+
+    pub struct GpuLikeState {
+        pub inner: State,
+        /// Forward passes run on this state (proves the wrapper was used).
+        pub forwards: usize,
+    }
+
+    impl BackendState for GpuLikeState {
+        fn pos(&self) -> usize {
+            self.inner.pos
+        }
+        fn max_ctx(&self) -> usize {
+            self.inner.max_ctx
+        }
+        fn rollback(&mut self, pos: usize) -> Result<(), ModelError> {
+            self.inner.rollback(pos)
+        }
+        fn reset(&mut self) {
+            self.inner.reset()
+        }
+        fn kv_bytes(&self) -> usize {
+            self.inner.kv_bytes()
+        }
+    }
+
+    impl Backend for GpuLike {
+        type State = GpuLikeState;
+
+        fn config(&self) -> &ModelConfig {
+            &self.model.config
+        }
+        fn new_state(&self, max_ctx: usize, ring_slack: usize) -> Result<GpuLikeState, ModelError> {
+            Ok(GpuLikeState {
+                inner: State::with_ring_slack(&self.model, max_ctx, ring_slack),
+                forwards: 0,
+            })
+        }
+        fn forward(&self, st: &mut GpuLikeState, tokens: &[u32], want: Logits) -> Result<Vec<f32>, ModelError> {
+            st.forwards += 1;
+            self.model.forward(&mut st.inner, tokens, want)
+        }
+        fn forward_tapped(
+            &self,
+            st: &mut GpuLikeState,
+            tokens: &[u32],
+            want: Logits,
+            taps: &[usize],
+            _hidden: &mut Vec<f32>,
+        ) -> Result<Vec<f32>, ModelError> {
+            if !taps.is_empty() {
+                return Err(ModelError::Unsupported {
+                    backend: "test",
+                    what: "hidden-state taps".into(),
+                });
+            }
+            self.forward(st, tokens, want)
+        }
+        fn forward_verify(
+            &self,
+            st: &mut GpuLikeState,
+            tokens: &[u32],
+            want: Logits,
+            taps: &[usize],
+            hidden: &mut Vec<f32>,
+        ) -> Result<Vec<f32>, ModelError> {
+            self.forward_tapped(st, tokens, want, taps, hidden)
+        }
+    }
+}

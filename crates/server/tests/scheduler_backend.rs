@@ -14,87 +14,13 @@ use hearth_engine::sampler::SamplerConfig;
 use hearth_engine::session::SessionStore;
 use hearth_engine::spec::ngram::NgramDrafter;
 use hearth_engine::spec::Drafter;
-use hearth_models::{
-    Backend, BackendState, Logits, Model, ModelConfig, ModelError, Numerics, State,
-};
+use hearth_models::backend::testing::GpuLike;
+use hearth_models::{Backend, BackendState, Model, Numerics};
 use hearth_server::metrics::Metrics;
 use hearth_server::scheduler::{self, Event, Job, MakeDrafter, SpecRuntime};
 use hearth_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
-/// The CPU model behind the CUDA backend's contract.
-struct GpuLike {
-    model: Arc<Model>,
-}
-
-struct GpuLikeState(State);
-
-impl BackendState for GpuLikeState {
-    fn pos(&self) -> usize {
-        self.0.pos
-    }
-    fn max_ctx(&self) -> usize {
-        self.0.max_ctx
-    }
-    fn rollback(&mut self, pos: usize) -> Result<(), ModelError> {
-        self.0.rollback(pos)
-    }
-    fn reset(&mut self) {
-        self.0.reset()
-    }
-    fn kv_bytes(&self) -> usize {
-        self.0.kv_bytes()
-    }
-}
-
-impl Backend for GpuLike {
-    type State = GpuLikeState;
-
-    fn config(&self) -> &ModelConfig {
-        &self.model.config
-    }
-    fn new_state(&self, max_ctx: usize, ring_slack: usize) -> Result<GpuLikeState, ModelError> {
-        Ok(GpuLikeState(State::with_ring_slack(
-            &self.model,
-            max_ctx,
-            ring_slack,
-        )))
-    }
-    fn forward(
-        &self,
-        st: &mut GpuLikeState,
-        tokens: &[u32],
-        want: Logits,
-    ) -> Result<Vec<f32>, ModelError> {
-        self.model.forward(&mut st.0, tokens, want)
-    }
-    fn forward_tapped(
-        &self,
-        st: &mut GpuLikeState,
-        tokens: &[u32],
-        want: Logits,
-        taps: &[usize],
-        _hidden: &mut Vec<f32>,
-    ) -> Result<Vec<f32>, ModelError> {
-        if !taps.is_empty() {
-            return Err(ModelError::Unsupported {
-                backend: "test",
-                what: "hidden-state taps".into(),
-            });
-        }
-        self.forward(st, tokens, want)
-    }
-    fn forward_verify(
-        &self,
-        st: &mut GpuLikeState,
-        tokens: &[u32],
-        want: Logits,
-        taps: &[usize],
-        hidden: &mut Vec<f32>,
-    ) -> Result<Vec<f32>, ModelError> {
-        self.forward_tapped(st, tokens, want, taps, hidden)
-    }
-}
 
 fn model_path(file: &str) -> PathBuf {
     let dir = match std::env::var_os("HEARTH_HOME") {
