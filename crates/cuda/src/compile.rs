@@ -230,21 +230,29 @@ mod tests {
             for (tag, mode) in [("n", "MODE_NORM"), ("g", "MODE_GLU")] {
                 if let Some((ty, r)) = rest.rsplit_once(&format!("_{tag}1_r")) {
                     return SOURCE.contains(&format!("GEMV_P_KERNELS({ty},"))
-                        && SOURCE.contains(&format!("GEMV_P_KERNEL(tname, WT, {tag}, {mode}, {r})"));
+                        && SOURCE
+                            .contains(&format!("GEMV_P_KERNEL(tname, WT, {tag}, {mode}, {r})"));
                 }
             }
             // gemv_<type>_x<NT>_r<R>_i<IPT> from GEMV_X_KERNEL(tname, WT, NT, R, IPT) lines.
             let parts: Vec<&str> = rest.rsplitn(4, '_').collect();
             if let [i, r, x, ty] = parts[..] {
-                if let (Some(nt), Some(r), Some(i)) = (x.strip_prefix('x'), r.strip_prefix('r'), i.strip_prefix('i')) {
+                if let (Some(nt), Some(r), Some(i)) = (
+                    x.strip_prefix('x'),
+                    r.strip_prefix('r'),
+                    i.strip_prefix('i'),
+                ) {
                     let variant = format!("GEMV_X_KERNEL(tname, WT, {nt}, {r}, {i})");
                     let in_macro = |m: &str| {
                         SOURCE
                             .split(&format!("#define {m}(tname, WT)"))
                             .nth(1)
-                            .is_some_and(|body| body.split("\n\n").next().unwrap_or("").contains(&variant))
+                            .is_some_and(|body| {
+                                body.split("\n\n").next().unwrap_or("").contains(&variant)
+                            })
                     };
-                    return (SOURCE.contains(&format!("GEMV_X_KERNELS({ty},")) && in_macro("GEMV_X_KERNELS"))
+                    return (SOURCE.contains(&format!("GEMV_X_KERNELS({ty},"))
+                        && in_macro("GEMV_X_KERNELS"))
                         || (SOURCE.contains(&format!("GEMV_X_KERNELS32({ty},"))
                             && (in_macro("GEMV_X_KERNELS32") || in_macro("GEMV_X_KERNELS")));
                 }

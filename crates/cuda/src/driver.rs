@@ -336,7 +336,8 @@ impl Gpu {
             // SAFETY: a zeroed attribute is valid; the union field written is
             // the one the attribute id selects.
             let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
             attr.value.programmaticStreamSerializationAllowed = 1;
             let cfg = sys::CUlaunchConfig {
                 gridDimX: grid.0,
@@ -360,9 +361,9 @@ impl Gpu {
         } else {
             unsafe { result::launch_kernel(f, grid, (block, 1, 1), 0, self.stream, &mut params) }
                 .map_err(|e| CudaError::Driver {
-                    call: "cuLaunchKernel",
-                    msg: format!("{name}: {e:?}"),
-                })?;
+                call: "cuLaunchKernel",
+                msg: format!("{name}: {e:?}"),
+            })?;
         }
         if let (Some((a, b)), Some(p)) = (timing, &self.profile) {
             self.record(&b)?;

@@ -375,11 +375,14 @@ impl GpuModel {
         if together {
             let mut segs = Vec::with_capacity(fused.parts.len());
             for p in &fused.parts {
-                let &(_, w, y, bias) = items
-                    .iter()
-                    .find(|i| i.0 == *p)
-                    .ok_or_else(|| CudaError::Unsupported(format!("fused part {p:?} without an output")))?;
-                segs.push(Segment { y, bias, rows: w.rows });
+                let &(_, w, y, bias) = items.iter().find(|i| i.0 == *p).ok_or_else(|| {
+                    CudaError::Unsupported(format!("fused part {p:?} without an output"))
+                })?;
+                segs.push(Segment {
+                    y,
+                    bias,
+                    rows: w.rows,
+                });
             }
             ops::gemv_segments(&self.gpu, &fused.m, Self::q8(st), t, &segs, flags)?;
         }
@@ -388,7 +391,13 @@ impl GpuModel {
 
     /// Whether a single-token step can make the activations of all `items`
     /// in the products' prologues (every launch is a register GEMV).
-    fn prologue_fits(&self, st: &GpuState, t: usize, fused: &Fused, items: &[(Proj, &ops::GpuMatrix, u64, u64)]) -> bool {
+    fn prologue_fits(
+        &self,
+        st: &GpuState,
+        t: usize,
+        fused: &Fused,
+        items: &[(Proj, &ops::GpuMatrix, u64, u64)],
+    ) -> bool {
         let together = fused.parts.len() > 1 && fused.m.tune.x;
         st.fuse_prologue
             && t == 1
@@ -409,7 +418,11 @@ impl GpuModel {
         let together = fused.parts.len() > 1 && fused.m.tune.x;
         let mut segs = Vec::with_capacity(fused.parts.len());
         for &(p, w, y, bias) in items {
-            let seg = Segment { y, bias, rows: w.rows };
+            let seg = Segment {
+                y,
+                bias,
+                rows: w.rows,
+            };
             if together && fused.parts.contains(&p) {
                 continue;
             }
@@ -417,11 +430,14 @@ impl GpuModel {
         }
         if together {
             for p in &fused.parts {
-                let &(_, w, y, bias) = items
-                    .iter()
-                    .find(|i| i.0 == *p)
-                    .ok_or_else(|| CudaError::Unsupported(format!("fused part {p:?} without an output")))?;
-                segs.push(Segment { y, bias, rows: w.rows });
+                let &(_, w, y, bias) = items.iter().find(|i| i.0 == *p).ok_or_else(|| {
+                    CudaError::Unsupported(format!("fused part {p:?} without an output"))
+                })?;
+                segs.push(Segment {
+                    y,
+                    bias,
+                    rows: w.rows,
+                });
             }
             ops::gemv_x(&self.gpu, &fused.m, fused.m.tune, act, 1, &segs, flags)?;
         }
@@ -453,7 +469,17 @@ impl GpuModel {
             };
             return self.projections_from(fused, act, items, flags);
         }
-        ops::rmsnorm(&self.gpu, s.x.ptr, s.h.ptr, gain, t, c.dim, c.norm_eps, norm_flags, Some(Self::q8(st)))?;
+        ops::rmsnorm(
+            &self.gpu,
+            s.x.ptr,
+            s.h.ptr,
+            gain,
+            t,
+            c.dim,
+            c.norm_eps,
+            norm_flags,
+            Some(Self::q8(st)),
+        )?;
         self.projections(st, fused, t, s.h.ptr, items, flags)
     }
 
@@ -477,7 +503,11 @@ impl GpuModel {
                 mode,
                 flags: glu_flags,
             };
-            let seg = Segment { y, bias: 0, rows: w.rows };
+            let seg = Segment {
+                y,
+                bias: 0,
+                rows: w.rows,
+            };
             return ops::gemv_x(&self.gpu, w, w.tune, act, 1, &[seg], flags);
         }
         ops::glu_q8(&self.gpu, a, b, t * n, mode, glu_flags, a, Self::q8(st))?;

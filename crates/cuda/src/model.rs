@@ -80,6 +80,8 @@ const ALIGN: usize = 256;
 
 /// A matrix placement in the arena: type, rows, cols, body offset, scales offset (MAX = none).
 type Mat = (WeightKind, usize, usize, usize, usize);
+/// A fused group's members in row order and its placement as one matrix.
+type Group = (Vec<Proj>, Mat);
 
 enum Piece<'a> {
     Mat {
@@ -106,11 +108,7 @@ impl<'a> Layout<'a> {
         at
     }
 
-    fn matrix(
-        &mut self,
-        m: &'a Model,
-        l: &Linear,
-    ) -> Result<Mat> {
+    fn matrix(&mut self, m: &'a Model, l: &Linear) -> Result<Mat> {
         let (kind,) = self.check(l)?;
         let data = m.mat(l).data;
         let n_blocks = l.rows * l.cols / kind.block().0;
@@ -129,12 +127,18 @@ impl<'a> Layout<'a> {
     /// Reserves the members of `list` that share the first one's type and
     /// width back to back (bodies together, scales together); the others
     /// alone. Returns each member's placement and the fused group's.
-    fn group(&mut self, m: &'a Model, list: &[(Proj, &Linear)]) -> Result<(Vec<(Proj, Mat)>, (Vec<Proj>, Mat))> {
+    fn group(
+        &mut self,
+        m: &'a Model,
+        list: &[(Proj, &Linear)],
+    ) -> Result<(Vec<(Proj, Mat)>, Group)> {
         let kind_of = |l: &Linear| WeightKind::of(l.ty);
         let first = list[0].1;
         let together: Vec<&(Proj, &Linear)> = list
             .iter()
-            .filter(|(_, l)| kind_of(l).is_some() && kind_of(l) == kind_of(first) && l.cols == first.cols)
+            .filter(|(_, l)| {
+                kind_of(l).is_some() && kind_of(l) == kind_of(first) && l.cols == first.cols
+            })
             .collect();
         let mut out = Vec::new();
         for (p, l) in list {
@@ -151,11 +155,19 @@ impl<'a> Layout<'a> {
         let kind = kind_of(first).expect("checked");
         let body = self.reserve(sizes.iter().map(|s| s.0).sum());
         let total_s: usize = sizes.iter().map(|s| s.1).sum();
-        let scales = if total_s > 0 { self.reserve(total_s) } else { usize::MAX };
+        let scales = if total_s > 0 {
+            self.reserve(total_s)
+        } else {
+            usize::MAX
+        };
         let (mut ob, mut os) = (0, 0);
         let mut rows = 0;
         for ((p, l), (nb, ns)) in together.iter().zip(&sizes) {
-            let at_s = if scales == usize::MAX { usize::MAX } else { scales + os };
+            let at_s = if scales == usize::MAX {
+                usize::MAX
+            } else {
+                scales + os
+            };
             self.pieces.push(Piece::Mat {
                 kind,
                 data: m.mat(l).data,
@@ -248,7 +260,7 @@ impl GpuModel {
         struct L {
             attn_norm: usize,
             attn: Vec<(Proj, Mat)>,
-            attn_fused: (Vec<Proj>, Mat),
+            attn_fused: Group,
             wo: Mat,
             bq: Option<usize>,
             bk: Option<usize>,
@@ -256,7 +268,7 @@ impl GpuModel {
             post_attn: Option<usize>,
             ffn_norm: usize,
             ffn: Vec<(Proj, Mat)>,
-            ffn_fused: (Vec<Proj>, Mat),
+            ffn_fused: Group,
             fd: Mat,
             post_ffn: Option<usize>,
         }
@@ -274,7 +286,8 @@ impl GpuModel {
             let bv = l.bv.as_deref().map(|b| lay.vector(b));
             let post_attn = l.post_attn_norm.as_deref().map(|v| lay.vector(v));
             let ffn_norm = lay.vector(&l.ffn_norm);
-            let (ffn, ffn_fused) = lay.group(m, &[(Proj::FfnGate, &l.ffn_gate), (Proj::FfnUp, &l.ffn_up)])?;
+            let (ffn, ffn_fused) =
+                lay.group(m, &[(Proj::FfnGate, &l.ffn_gate), (Proj::FfnUp, &l.ffn_up)])?;
             let fd = lay.matrix(m, &l.ffn_down)?;
             let post_ffn = l.post_ffn_norm.as_deref().map(|v| lay.vector(v));
             ls.push(L {
@@ -351,8 +364,10 @@ impl GpuModel {
             .into_iter()
             .zip(&c.layers)
             .map(|(l, &kind)| {
-                let get = |list: &[(Proj, Mat)], p: Proj| list.iter().find(|(q, _)| *q == p).map(|(_, m)| r.mat(*m));
-                let fused = |(parts, m): (Vec<Proj>, Mat)| Fused { m: r.mat(m), parts };
+                let get = |list: &[(Proj, Mat)], p: Proj| {
+                    list.iter().find(|(q, _)| *q == p).map(|(_, m)| r.mat(*m))
+                };
+                let fused = |(parts, m): Group| Fused { m: r.mat(m), parts };
                 GpuLayer {
                     kind,
                     attn_norm: r.at(Some(l.attn_norm)),

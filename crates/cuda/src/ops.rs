@@ -38,7 +38,11 @@ pub const KERNEL_NAMES: &[&str] = &[
 /// Whether a kernel is written for programmatic dependent launch (it calls
 /// PDL_WAIT before touching memory other kernels write; common.cuh).
 pub fn uses_pdl(name: &str) -> bool {
-    name.starts_with("gemv_") || matches!(name, "quantize_q8" | "rmsnorm" | "prepare_heads" | "glu_q8" | "fill_random_kv")
+    name.starts_with("gemv_")
+        || matches!(
+            name,
+            "quantize_q8" | "rmsnorm" | "prepare_heads" | "glu_q8" | "fill_random_kv"
+        )
 }
 
 // Flags shared with the kernels (kernels/common.cuh, gemv.cu, layer_ops.cu).
@@ -183,7 +187,11 @@ pub fn gemv_single(
     flags: i32,
 ) -> Result<()> {
     if tune.x {
-        let seg = [Segment { y, bias, rows: w.rows }];
+        let seg = [Segment {
+            y,
+            bias,
+            rows: w.rows,
+        }];
         return gemv_x(g, w, tune, ActIn::Q8(x), 1, &seg, flags);
     }
     g.launch(
@@ -208,6 +216,7 @@ pub fn gemv_single(
 
 /// y[t, :] (op)= W · x[t, :] for t < n_tokens, x given quantized; `y_stride`
 /// is the distance between the rows of y in elements. `bias` (0 = none) has `rows` values.
+#[allow(clippy::too_many_arguments)]
 pub fn gemv(
     g: &Gpu,
     w: &GpuMatrix,
@@ -222,7 +231,11 @@ pub fn gemv(
     // kernels' multi-token variants measured faster (27648 x 5120 Q4_K at 4
     // tokens: 98 against 114 us, BENCHMARKS.md).
     if w.tune.x && y_stride == w.rows && n_tokens <= 2 {
-        let seg = [Segment { y, bias, rows: w.rows }];
+        let seg = [Segment {
+            y,
+            bias,
+            rows: w.rows,
+        }];
         return gemv_segments(g, w, x, n_tokens, &seg, flags);
     }
     let mut t0 = 0;
@@ -535,7 +548,12 @@ pub fn gemv_x_variants(w: &GpuMatrix, sm_count: u32) -> Vec<GemvTune> {
         // every block the same number of tiles (no tail of half-idle SMs).
         let tiles = w.rows.div_ceil(r as usize) as u32;
         let mut grids: Vec<u32> = [0u32, 2, 4, 8, 16].iter().map(|k| k * sm_count).collect();
-        grids.extend([2u32, 3, 4, 6].iter().map(|k| tiles.div_ceil(*k)).filter(|&b| b >= sm_count));
+        grids.extend(
+            [2u32, 3, 4, 6]
+                .iter()
+                .map(|k| tiles.div_ceil(*k))
+                .filter(|&b| b >= sm_count),
+        );
         grids.dedup();
         for blocks in grids {
             v.push(GemvTune {
@@ -556,8 +574,18 @@ pub fn gemv_x_variants(w: &GpuMatrix, sm_count: u32) -> Vec<GemvTune> {
 #[derive(Clone, Copy, Debug)]
 pub enum ActIn {
     Q8(Q8),
-    Norm { x: u64, gain: u64, eps: f32, flags: i32 },
-    Glu { a: u64, b: u64, mode: i32, flags: i32 },
+    Norm {
+        x: u64,
+        gain: u64,
+        eps: f32,
+        flags: i32,
+    },
+    Glu {
+        a: u64,
+        b: u64,
+        mode: i32,
+        flags: i32,
+    },
 }
 
 /// One output range of a (possibly fused) matrix: `rows` consecutive rows
@@ -626,7 +654,10 @@ pub fn gemv_x(
     flags: i32,
 ) -> Result<()> {
     let (threads, ipt) = x_geometry(w.kind, w.cols).ok_or_else(|| {
-        CudaError::Unsupported(format!("register GEMV of {:?} with {} columns", w.kind, w.cols))
+        CudaError::Unsupported(format!(
+            "register GEMV of {:?} with {} columns",
+            w.kind, w.cols
+        ))
     })?;
     // Multi-token launches use the one tile height compiled for them.
     let r = match nt {
@@ -634,13 +665,22 @@ pub fn gemv_x(
         2 => 2,
         _ => 1,
     };
-    let r = if matches!(x, ActIn::Q8(_)) { r } else { r.min(2) };
+    let r = if matches!(x, ActIn::Q8(_)) {
+        r
+    } else {
+        r.min(2)
+    };
     let name = match x {
         ActIn::Q8(_) => gemv_x_name(w.kind, nt, r, ipt),
         _ if nt == 1 && ipt == 1 => gemv_p_name(w.kind, matches!(x, ActIn::Norm { .. }), r),
         _ => None,
     }
-    .ok_or_else(|| CudaError::Unsupported(format!("register GEMV {:?} nt {nt} r {r} ipt {ipt} {x:?}", w.kind)))?;
+    .ok_or_else(|| {
+        CudaError::Unsupported(format!(
+            "register GEMV {:?} nt {nt} r {r} ipt {ipt} {x:?}",
+            w.kind
+        ))
+    })?;
     if segs.is_empty() || segs.len() > 4 || segs.iter().map(|s| s.rows).sum::<usize>() != w.rows {
         return Err(CudaError::Unsupported(format!(
             "GEMV segments {:?} for {} rows",
@@ -654,17 +694,33 @@ pub fn gemv_x(
         acc += s.rows;
         bounds[i] = acc as i32;
     }
-    let seg = |i: usize| segs.get(i).copied().unwrap_or(Segment { y: 0, bias: 0, rows: 0 });
+    let seg = |i: usize| {
+        segs.get(i).copied().unwrap_or(Segment {
+            y: 0,
+            bias: 0,
+            rows: 0,
+        })
+    };
     let tiles = w.rows.div_ceil(r as usize) as u32;
     let blocks = if tune.blocks > 0 && nt == 1 {
         tiles.min(tune.blocks)
     } else {
         tiles
     };
-    let head = [Arg::Ptr(w.body), Arg::Ptr(w.scales), Arg::I32(w.rows as i32), Arg::I32(w.cols as i32)];
+    let head = [
+        Arg::Ptr(w.body),
+        Arg::Ptr(w.scales),
+        Arg::I32(w.rows as i32),
+        Arg::I32(w.cols as i32),
+    ];
     let act = match x {
         ActIn::Q8(q) => [Arg::Ptr(q.q), Arg::Ptr(q.d), Arg::Ptr(q.s)].to_vec(),
-        ActIn::Norm { x, gain, eps, flags } => [Arg::Ptr(x), Arg::Ptr(gain), Arg::F32(eps), Arg::I32(flags)].to_vec(),
+        ActIn::Norm {
+            x,
+            gain,
+            eps,
+            flags,
+        } => [Arg::Ptr(x), Arg::Ptr(gain), Arg::F32(eps), Arg::I32(flags)].to_vec(),
         ActIn::Glu { a, b, mode, flags } => [
             Arg::Ptr(a),
             Arg::Ptr(b),
@@ -675,18 +731,18 @@ pub fn gemv_x(
     };
     let mut args: Vec<Arg> = head.into_iter().chain(act).collect();
     args.extend([
-            Arg::I32(flags),
-            Arg::I32(bounds[0]),
-            Arg::I32(bounds[1]),
-            Arg::I32(bounds[2]),
-            Arg::Ptr(seg(0).y),
-            Arg::Ptr(seg(1).y),
-            Arg::Ptr(seg(2).y),
-            Arg::Ptr(seg(3).y),
-            Arg::Ptr(seg(0).bias),
-            Arg::Ptr(seg(1).bias),
-            Arg::Ptr(seg(2).bias),
-            Arg::Ptr(seg(3).bias),
+        Arg::I32(flags),
+        Arg::I32(bounds[0]),
+        Arg::I32(bounds[1]),
+        Arg::I32(bounds[2]),
+        Arg::Ptr(seg(0).y),
+        Arg::Ptr(seg(1).y),
+        Arg::Ptr(seg(2).y),
+        Arg::Ptr(seg(3).y),
+        Arg::Ptr(seg(0).bias),
+        Arg::Ptr(seg(1).bias),
+        Arg::Ptr(seg(2).bias),
+        Arg::Ptr(seg(3).bias),
     ]);
     g.launch(name, (blocks, 1, 1), threads, &args)
 }
@@ -713,7 +769,14 @@ pub fn prologue_ok(w: &GpuMatrix) -> bool {
 
 /// `n_tokens` tokens through the register-activation GEMV, in launches of
 /// 4, 2 and 1 tokens (each reads the weights once), into `segs`.
-pub fn gemv_segments(g: &Gpu, w: &GpuMatrix, x: Q8, n_tokens: usize, segs: &[Segment], flags: i32) -> Result<()> {
+pub fn gemv_segments(
+    g: &Gpu,
+    w: &GpuMatrix,
+    x: Q8,
+    n_tokens: usize,
+    segs: &[Segment],
+    flags: i32,
+) -> Result<()> {
     let mut t0 = 0;
     while t0 < n_tokens {
         let nt = match n_tokens - t0 {
@@ -728,7 +791,15 @@ pub fn gemv_segments(g: &Gpu, w: &GpuMatrix, x: Q8, n_tokens: usize, segs: &[Seg
                 ..*s
             })
             .collect();
-        gemv_x(g, w, w.tune, ActIn::Q8(x.offset(t0, w.cols)), nt, &moved, flags)?;
+        gemv_x(
+            g,
+            w,
+            w.tune,
+            ActIn::Q8(x.offset(t0, w.cols)),
+            nt,
+            &moved,
+            flags,
+        )?;
         t0 += nt;
     }
     Ok(())

@@ -99,7 +99,11 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
         }
         let mut times = Vec::new();
         // Fused matrices have several outputs: only the register kernels write those.
-        let mut cands = if fused.contains(&key) { Vec::new() } else { variants.clone() };
+        let mut cands = if fused.contains(&key) {
+            Vec::new()
+        } else {
+            variants.clone()
+        };
         cands.extend(ops::gemv_x_variants(m, g.info.sm_count as u32));
         for &v in &cands {
             times.push((

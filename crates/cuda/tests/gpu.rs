@@ -240,7 +240,8 @@ fn gemv_matches_cpu_reference() {
                 for (yb, _, lo, n) in &bufs {
                     let part = download_f32(&g, yb, t * n);
                     for ti in 0..t {
-                        got[ti * rows + lo..ti * rows + lo + n].copy_from_slice(&part[ti * n..(ti + 1) * n]);
+                        got[ti * rows + lo..ti * rows + lo + n]
+                            .copy_from_slice(&part[ti * n..(ti + 1) * n]);
                     }
                 }
                 let want_b: Vec<f64> = want
@@ -249,8 +250,14 @@ fn gemv_matches_cpu_reference() {
                     .map(|(i, &v)| v + bias[i % rows] as f64)
                     .collect();
                 let ev = nrmse(&got, &want_b);
-                println!("{:6} {rows:5} {k:5} {t:3}  {ev:10.2e} (register kernels, 3 outputs)", ty.name());
-                assert!(ev < 1e-4, "{ty:?} {rows}x{k} T={t} register kernels, segments: {ev}");
+                println!(
+                    "{:6} {rows:5} {k:5} {t:3}  {ev:10.2e} (register kernels, 3 outputs)",
+                    ty.name()
+                );
+                assert!(
+                    ev < 1e-4,
+                    "{ty:?} {rows}x{k} T={t} register kernels, segments: {ev}"
+                );
                 // Activations made in the prologue (decode): RMSNorm of a row
                 // with a gain, and SwiGLU / sigmoid gate of two rows, against
                 // the same functions computed here then quantized like q8.
@@ -261,25 +268,74 @@ fn gemv_matches_cpu_reference() {
                     let eps = 1e-6f32;
                     let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
                     let scale = (1.0 / (ss / k as f64 + eps as f64).sqrt()) as f32;
-                    let normed: Vec<f32> = x.iter().zip(&gain).map(|(&v, &gg)| v * scale * gg).collect();
-                    let silu: Vec<f32> = x.iter().zip(&b).map(|(&a, &bv)| a / (1.0 + (-a).exp()) * bv).collect();
-                    let gated: Vec<f32> = x.iter().zip(&b).map(|(&a, &bv)| a * (1.0 / (1.0 + (-bv).exp()))).collect();
+                    let normed: Vec<f32> = x
+                        .iter()
+                        .zip(&gain)
+                        .map(|(&v, &gg)| v * scale * gg)
+                        .collect();
+                    let silu: Vec<f32> = x
+                        .iter()
+                        .zip(&b)
+                        .map(|(&a, &bv)| a / (1.0 + (-a).exp()) * bv)
+                        .collect();
+                    let gated: Vec<f32> = x
+                        .iter()
+                        .zip(&b)
+                        .map(|(&a, &bv)| a * (1.0 / (1.0 + (-bv).exp())))
+                        .collect();
                     let cases = [
-                        ("norm", ops::ActIn::Norm { x: xb.ptr, gain: gb.ptr, eps, flags: 0 }, normed),
-                        ("swiglu", ops::ActIn::Glu { a: xb.ptr, b: bb.ptr, mode: ops::GLU_SWIGLU, flags: 0 }, silu),
-                        ("gate", ops::ActIn::Glu { a: xb.ptr, b: bb.ptr, mode: ops::GLU_GATE, flags: 0 }, gated),
+                        (
+                            "norm",
+                            ops::ActIn::Norm {
+                                x: xb.ptr,
+                                gain: gb.ptr,
+                                eps,
+                                flags: 0,
+                            },
+                            normed,
+                        ),
+                        (
+                            "swiglu",
+                            ops::ActIn::Glu {
+                                a: xb.ptr,
+                                b: bb.ptr,
+                                mode: ops::GLU_SWIGLU,
+                                flags: 0,
+                            },
+                            silu,
+                        ),
+                        (
+                            "gate",
+                            ops::ActIn::Glu {
+                                a: xb.ptr,
+                                b: bb.ptr,
+                                mode: ops::GLU_GATE,
+                                flags: 0,
+                            },
+                            gated,
+                        ),
                     ];
                     for (what, act, vals) in cases {
                         for &tune in xv.iter().filter(|v| v.r <= 2) {
                             let yv = upload_f32(&g, &vec![f32::NAN; rows]);
-                            let seg = [ops::Segment { y: yv.ptr, bias: 0, rows }];
+                            let seg = [ops::Segment {
+                                y: yv.ptr,
+                                bias: 0,
+                                rows,
+                            }];
                             ops::gemv_x(&g, &mx, tune, act, 1, &seg, 0).unwrap();
                             let want = reference(&q8_reference(&vals));
                             let ev = nrmse(&download_f32(&g, &yv, rows), &want);
-                            assert!(ev < 1e-4, "{ty:?} {rows}x{k} prologue {what} {tune:?}: {ev}");
+                            assert!(
+                                ev < 1e-4,
+                                "{ty:?} {rows}x{k} prologue {what} {tune:?}: {ev}"
+                            );
                         }
                     }
-                    println!("{:6} {rows:5} {k:5} {t:3}  prologue norm / swiglu / gate: ok", ty.name());
+                    println!(
+                        "{:6} {rows:5} {k:5} {t:3}  prologue norm / swiglu / gate: ok",
+                        ty.name()
+                    );
                 }
             }
         }
