@@ -90,6 +90,13 @@ pub fn cubin_for(arch: (i32, i32), driver_version: i32) -> Result<(Vec<u8>, bool
             return Ok((bytes, true));
         }
     }
+    // Tens of seconds: say so before the first use goes quiet.
+    eprintln!(
+        "cuda: compiling the kernels for sm_{}{} with NVRTC (first use; cached in {})",
+        arch.0,
+        arch.1,
+        dir.display()
+    );
     let cubin = compile(SOURCE, arch)?;
     // A cache that cannot be written only costs a recompile next time.
     if std::fs::create_dir_all(&dir).is_ok() {
