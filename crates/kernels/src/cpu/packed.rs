@@ -790,70 +790,51 @@ unsafe fn run_groups<S: Simd>(pm: &PackedMatrix, acts: &Acts, n: usize, groups: 
     }
 }
 
+/// What one pool thread computes: output row groups, or pairs of groups of a
+/// gate/up pair matrix through the gated activation.
+enum Work<'a> {
+    Groups(std::ops::Range<usize>),
+    Pairs(std::ops::Range<usize>, GluAct<'a>),
+}
+
+#[inline(always)]
+unsafe fn run_work<S: Simd>(pm: &PackedMatrix, acts: &Acts, n: usize, work: &Work, out: *mut f32) {
+    match work {
+        Work::Groups(groups) => run_groups::<S>(pm, acts, n, groups.clone(), out),
+        Work::Pairs(pairs, act) => run_pairs::<S>(pm, acts, n, pairs.clone(), *act, out),
+    }
+}
+
+// One entry point per instruction set, so the generic kernels are compiled
+// with that set enabled.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn run_avx512(
-    pm: &PackedMatrix,
-    acts: &Acts,
-    n: usize,
-    groups: std::ops::Range<usize>,
-    out: *mut f32,
-) {
-    run_groups::<super::simd::x86::Avx512>(pm, acts, n, groups, out)
+unsafe fn run_avx512(pm: &PackedMatrix, acts: &Acts, n: usize, work: &Work, out: *mut f32) {
+    run_work::<super::simd::x86::Avx512>(pm, acts, n, work, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run_avx2(
-    pm: &PackedMatrix,
-    acts: &Acts,
-    n: usize,
-    groups: std::ops::Range<usize>,
-    out: *mut f32,
-) {
-    run_groups::<super::simd::x86::Avx2>(pm, acts, n, groups, out)
+unsafe fn run_avx2(pm: &PackedMatrix, acts: &Acts, n: usize, work: &Work, out: *mut f32) {
+    run_work::<super::simd::x86::Avx2>(pm, acts, n, work, out)
 }
 
 #[cfg(target_arch = "aarch64")]
 #[target_feature(enable = "neon")]
-unsafe fn run_neon(
-    pm: &PackedMatrix,
-    acts: &Acts,
-    n: usize,
-    groups: std::ops::Range<usize>,
-    out: *mut f32,
-) {
-    run_groups::<super::simd::neon::Neon>(pm, acts, n, groups, out)
+unsafe fn run_neon(pm: &PackedMatrix, acts: &Acts, n: usize, work: &Work, out: *mut f32) {
+    run_work::<super::simd::neon::Neon>(pm, acts, n, work, out)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn pairs_avx512(pm: &PackedMatrix, acts: &Acts, n: usize, pairs: std::ops::Range<usize>, act: GluAct, out: *mut f32) {
-    run_pairs::<super::simd::x86::Avx512>(pm, acts, n, pairs, act, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pairs_avx2(pm: &PackedMatrix, acts: &Acts, n: usize, pairs: std::ops::Range<usize>, act: GluAct, out: *mut f32) {
-    run_pairs::<super::simd::x86::Avx2>(pm, acts, n, pairs, act, out)
-}
-
-#[cfg(target_arch = "aarch64")]
-#[target_feature(enable = "neon")]
-unsafe fn pairs_neon(pm: &PackedMatrix, acts: &Acts, n: usize, pairs: std::ops::Range<usize>, act: GluAct, out: *mut f32) {
-    run_pairs::<super::simd::neon::Neon>(pm, acts, n, pairs, act, out)
-}
-
-unsafe fn pairs_isa(isa: Isa, pm: &PackedMatrix, acts: &Acts, n: usize, pairs: std::ops::Range<usize>, act: GluAct, out: *mut f32) {
+unsafe fn run_isa(isa: Isa, pm: &PackedMatrix, acts: &Acts, n: usize, work: &Work, out: *mut f32) {
     assert!(isa.supported(), "{} is not supported on this machine", isa.name());
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => pairs_avx512(pm, acts, n, pairs, act, out),
+        Isa::Avx512 => run_avx512(pm, acts, n, work, out),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => pairs_avx2(pm, acts, n, pairs, act, out),
+        Isa::Avx2 => run_avx2(pm, acts, n, work, out),
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => pairs_neon(pm, acts, n, pairs, act, out),
-        _ => run_pairs::<Scalar>(pm, acts, n, pairs, act, out),
+        Isa::Neon => run_neon(pm, acts, n, work, out),
+        _ => run_work::<Scalar>(pm, acts, n, work, out),
     }
 }
 
@@ -867,33 +848,9 @@ pub fn matmul_packed_glu(isa: Isa, pm: &PackedMatrix, x: &[f32], n: usize, act: 
     let outp = SendPtr(out.as_mut_ptr());
     pool::global().run(|i, nt| {
         let pairs = pool::share(pm.groups / 2, i, nt);
-        // SAFETY: the isa is checked in pairs_isa; each thread writes only its pairs' columns.
-        unsafe { pairs_isa(isa, pm, &acts, n, pairs, act, outp.get()) };
+        // SAFETY: the isa is checked in run_isa; each thread writes only its pairs' columns.
+        unsafe { run_isa(isa, pm, &acts, n, &Work::Pairs(pairs, act), outp.get()) };
     });
-}
-
-unsafe fn run_isa(
-    isa: Isa,
-    pm: &PackedMatrix,
-    acts: &Acts,
-    n: usize,
-    groups: std::ops::Range<usize>,
-    out: *mut f32,
-) {
-    assert!(
-        isa.supported(),
-        "{} is not supported on this machine",
-        isa.name()
-    );
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => run_avx512(pm, acts, n, groups, out),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => run_avx2(pm, acts, n, groups, out),
-        #[cfg(target_arch = "aarch64")]
-        Isa::Neon => run_neon(pm, acts, n, groups, out),
-        _ => run_groups::<Scalar>(pm, acts, n, groups, out),
-    }
 }
 
 /// `out[t, r] = Σ_c x[t, c] · W[r, c]` for `n` rows of `x`, with `pm` the
@@ -920,7 +877,7 @@ pub fn matmul_packed(
         let groups = pool::share(pm.groups, i, nt);
         // SAFETY: the isa is checked in run_isa; each thread writes only its
         // groups' 8 columns of every output row.
-        unsafe { run_isa(isa, pm, &acts, n, groups, outp.get()) };
+        unsafe { run_isa(isa, pm, &acts, n, &Work::Groups(groups), outp.get()) };
     });
     let tail = pm.groups * GROUP..m.rows;
     if !tail.is_empty() {
