@@ -72,6 +72,22 @@ fn time_ms(g: &Gpu, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f6
     Ok(xs[xs.len() / 2])
 }
 
+/// A flat f16 K and V cache of `ctx` positions filled with random values; returns them and the bytes of each.
+fn random_cache(g: &Gpu, nkv: usize, ctx: usize, hd: usize) -> Result<(DevBuf, DevBuf, usize)> {
+    let kvb = nkv * ctx * hd * 2;
+    let kc = g.alloc(kvb, "kernel bench")?;
+    let vc = g.alloc(kvb, "kernel bench")?;
+    for b in [&kc, &vc] {
+        g.launch(
+            "fill_random_kv",
+            (1024, 1, 1),
+            256,
+            &[Arg::Ptr(b.ptr), Arg::Ptr((kvb / 2) as u64), Arg::I32(3), Arg::I32(0)],
+        )?;
+    }
+    Ok((kc, vc, kvb))
+}
+
 /// Runs the kernel benchmarks and returns a report (one line per case).
 pub fn run(g: &Gpu) -> Result<String> {
     let mut out = String::new();
@@ -203,22 +219,7 @@ pub fn run(g: &Gpu) -> Result<String> {
         (32, 2, 131072, 128),
     ] {
         let hd = 128;
-        let kvb = nkv * ctx * hd * 2;
-        let kc = g.alloc(kvb, "kernel bench")?;
-        let vc = g.alloc(kvb, "kernel bench")?;
-        for b in [&kc, &vc] {
-            g.launch(
-                "fill_random_kv",
-                (1024, 1, 1),
-                256,
-                &[
-                    Arg::Ptr(b.ptr),
-                    Arg::Ptr((kvb / 2) as u64),
-                    Arg::I32(3),
-                    Arg::I32(0),
-                ],
-            )?;
-        }
+        let (kc, vc, kvb) = random_cache(g, nkv, ctx, hd)?;
         let pos = g.alloc(4, "kernel bench")?;
         g.upload(pos.ptr, &[(ctx - 1) as i32])?;
         let part_o = g.alloc(nh * splits * hd * 4, "kernel bench")?;
@@ -259,22 +260,7 @@ pub fn run(g: &Gpu) -> Result<String> {
     for &(nh, nkv, depth) in &[(40usize, 8usize, 0usize), (40, 8, 32768)] {
         let (hd, t) = (128, 512);
         let ctx = depth + t;
-        let kvb = nkv * ctx * hd * 2;
-        let kc = g.alloc(kvb, "kernel bench")?;
-        let vc = g.alloc(kvb, "kernel bench")?;
-        for b in [&kc, &vc] {
-            g.launch(
-                "fill_random_kv",
-                (1024, 1, 1),
-                256,
-                &[
-                    Arg::Ptr(b.ptr),
-                    Arg::Ptr((kvb / 2) as u64),
-                    Arg::I32(3),
-                    Arg::I32(0),
-                ],
-            )?;
-        }
+        let (kc, vc, _) = random_cache(g, nkv, ctx, hd)?;
         let pos = g.alloc(4, "kernel bench")?;
         g.upload(pos.ptr, &[depth as i32])?;
         let args = ops::AttnArgs {
