@@ -130,8 +130,8 @@ pub struct Gpu {
     /// Threads per block of the row-norm kernel (tuned with the GEMVs).
     pub norm_threads: std::sync::atomic::AtomicU32,
     /// Launch the kernels of `ops::uses_pdl` with programmatic dependent
-    /// launch (sm_90+; HEARTH_CUDA_PDL=0 turns it off).
-    pub pdl: bool,
+    /// launch (sm_90+; HEARTH_CUDA_PDL=0 turns it off; tests toggle it).
+    pub pdl: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the context is made current on whichever thread uses it (`bind`);
@@ -199,7 +199,7 @@ impl Gpu {
             kernels_cached,
             profile,
             norm_threads: 1024.into(),
-            pdl,
+            pdl: pdl.into(),
         })
     }
 
@@ -330,7 +330,7 @@ impl Gpu {
         // SAFETY: each parameter points at an 8-byte slot holding the value in
         // its low bytes (little-endian), which is what the kernel reads for
         // its 4- or 8-byte parameter; the slots outlive the call.
-        if self.pdl && crate::ops::uses_pdl(name) {
+        if self.pdl.load(std::sync::atomic::Ordering::Relaxed) && crate::ops::uses_pdl(name) {
             // The kernel may start while the previous one finishes; it waits
             // for it (griddepcontrol.wait) before touching its outputs.
             // SAFETY: a zeroed attribute is valid; the union field written is
