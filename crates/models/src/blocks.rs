@@ -267,22 +267,37 @@ fn attention_f16_flash(
         }
         return;
     }
-    // One output row per (token, head), rows split across the pool.
-    let rows = out.len() / hd;
+    // One work item per (token, KV head, part of its heads): the heads of a
+    // token that share a KV head read each key and value once. A group is
+    // cut into parts only when there are fewer groups than threads.
+    let pool = hearth_kernels::pool::global();
+    let groups = t_len * s.n_kv_heads;
+    let parts = pool.n_threads().div_ceil(groups).clamp(1, group);
+    let per_part = group.div_ceil(parts);
+    let items = groups * parts;
     let out_ptr = hearth_kernels::pool::SendPtr(out.as_mut_ptr());
-    hearth_kernels::pool::global().run(|i, n| {
-        for idx in hearth_kernels::pool::share(rows, i, n) {
-            // SAFETY: each row is written by one thread only.
-            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(idx * hd), hd) };
-            let (t, h) = (idx / s.n_heads, idx % s.n_heads);
-            let src = source(h / group);
+    pool.run(|i, n| {
+        for item in hearth_kernels::pool::share(items, i, n) {
+            let (g, part) = (item / parts, item % parts);
+            let (t, kvh) = (g / s.n_kv_heads, g % s.n_kv_heads);
+            let first = kvh * group + part * per_part;
+            let heads = first..(first + per_part).min((kvh + 1) * group);
+            if heads.is_empty() {
+                continue;
+            }
+            // SAFETY: the rows of (t, heads) are written by this thread only.
+            let mut outs: Vec<&mut [f32]> = heads
+                .clone()
+                .map(|h| unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add((t * s.n_heads + h) * hd), hd) })
+                .collect();
+            let qs: Vec<&[f32]> = heads.map(|h| &q[(t * s.n_heads + h) * hd..][..hd]).collect();
+            let src = source(kvh);
             let qpos = p0 + t;
             let lo = cache.window_start(qpos);
-            let qrow = &q[idx * hd..(idx + 1) * hd];
             if (t_len == 1 || invariant) && fa::use_split_kv(cells, qpos) {
-                fa::split_kv_row(qrow, &src, cells, lo, qpos, s.scale, o);
+                fa::split_kv_rows(&qs, &src, cells, lo, qpos, s.scale, &mut outs);
             } else {
-                fa::f16_row(qrow, &src, lo, qpos, s.scale, o);
+                fa::f16_rows(&qs, &src, lo, qpos, s.scale, &mut outs);
             }
         }
     });

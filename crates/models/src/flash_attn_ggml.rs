@@ -108,54 +108,70 @@ impl Cells {
 }
 
 /// One f16 flash-attention pass (`flash_attn_ext_f16_one_chunk`) over the
-/// given positions in order: returns (M, S, Σ p·v) with the sum unnormalized.
-/// `qv` is already rounded to f16.
+/// given positions in order, for query rows that share a KV head and the
+/// positions they see: returns each row's (M, S, Σ p·v) with the sum
+/// unnormalized. `qvs` are already rounded to f16. Each position's key and
+/// value are converted once for all rows; every row's arithmetic is exactly
+/// the one-row pass (rows only share the loads).
 fn f16_chunk(
-    qv: &[f32],
+    qvs: &[Vec<f32>],
     src: &KvSource,
     positions: impl Iterator<Item = usize>,
     scale: f32,
-) -> (f32, f32, Vec<f32>) {
-    let hd = qv.len();
-    let mut acc = vec![f16::ZERO; hd];
+) -> Vec<(f32, f32, Vec<f32>)> {
+    let hd = qvs[0].len();
+    let mut acc = vec![vec![f16::ZERO; hd]; qvs.len()];
     let (mut vbuf, mut kbuf) = (vec![0.0f32; hd], vec![0.0f32; hd]);
-    let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);
+    let mut sum = vec![0.0f32; qvs.len()];
+    let mut max = vec![f32::NEG_INFINITY; qvs.len()];
     // The hot loop: one key and one value per position.
     for pos in positions {
         src.load(pos, true, &mut kbuf);
         src.load(pos, false, &mut vbuf);
-        let sc = dot_f16_ggml(qv, &kbuf) * scale;
-        let (mut ms, mut vs) = (1.0f32, 1.0f32);
-        if sc > max {
-            ms = (max - sc).exp();
-            max = sc;
+        for (r, qv) in qvs.iter().enumerate() {
+            let sc = dot_f16_ggml(qv, &kbuf) * scale;
+            let (mut ms, mut vs) = (1.0f32, 1.0f32);
+            let acc = &mut acc[r];
+            if sc > max[r] {
+                ms = (max[r] - sc).exp();
+                max[r] = sc;
+                acc.iter_mut()
+                    .for_each(|a| *a = f16::from_f32(a.to_f32() * ms));
+            } else {
+                vs = (sc - max[r]).exp();
+            }
             acc.iter_mut()
-                .for_each(|a| *a = f16::from_f32(a.to_f32() * ms));
-        } else {
-            vs = (sc - max).exp();
+                .zip(&vbuf)
+                .for_each(|(a, &v)| *a = f16::from_f32(v.mul_add(vs, a.to_f32())));
+            sum[r] = sum[r].mul_add(ms, vs);
         }
-        acc.iter_mut()
-            .zip(&vbuf)
-            .for_each(|(a, &v)| *a = f16::from_f32(v.mul_add(vs, a.to_f32())));
-        sum = sum.mul_add(ms, vs);
     }
-    (max, sum, acc.iter().map(|a| a.to_f32()).collect())
+    acc.into_iter()
+        .enumerate()
+        .map(|(r, a)| (max[r], sum[r], a.iter().map(|a| a.to_f32()).collect()))
+        .collect()
 }
 
-/// The f16 path for one query row (fewer than 64 rows in the batch, or a
-/// decode step over fewer than 512 cells), positions `lo..=qpos` in order.
-pub(crate) fn f16_row(
-    q: &[f32],
+fn round_f16(q: &[f32]) -> Vec<f32> {
+    q.iter().map(|&x| f16::from_f32(x).to_f32()).collect()
+}
+
+/// The f16 path for query rows (the heads of one token that share a KV head;
+/// fewer than 64 rows in the batch, or a decode step over fewer than 512
+/// cells), positions `lo..=qpos` in order.
+pub(crate) fn f16_rows(
+    qs: &[&[f32]],
     src: &KvSource,
     lo: usize,
     qpos: usize,
     scale: f32,
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
 ) {
-    let qv: Vec<f32> = q.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
-    let (_, sum, acc) = f16_chunk(&qv, src, lo..=qpos, scale);
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    out.iter_mut().zip(&acc).for_each(|(d, a)| *d = a * inv);
+    let qvs: Vec<Vec<f32>> = qs.iter().map(|q| round_f16(q)).collect();
+    for ((_, sum, acc), out) in f16_chunk(&qvs, src, lo..=qpos, scale).into_iter().zip(outs.iter_mut()) {
+        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+        out.iter_mut().zip(&acc).for_each(|(d, a)| *d = a * inv);
+    }
 }
 
 /// Whether a decode step at `qpos` takes the split-KV path.
@@ -163,41 +179,48 @@ pub(crate) fn use_split_kv(cells: Cells, qpos: usize) -> bool {
     cells.n_kv(qpos) >= SPLIT_KV_MIN_CELLS
 }
 
-/// The split-KV decode path for one query row: `n_kv` cells cut into
-/// `REF_THREADS` contiguous chunks, each an [`f16_chunk`] over its valid
-/// cells, merged as `acc = fma(acc, e^(M-M'), acc_c·e^(M_c-M'))`.
-pub(crate) fn split_kv_row(
-    q: &[f32],
+/// The split-KV decode path for query rows of one token sharing a KV head:
+/// `n_kv` cells cut into `REF_THREADS` contiguous chunks, each an
+/// [`f16_chunk`] over its valid cells, merged per row as
+/// `acc = fma(acc, e^(M-M'), acc_c·e^(M_c-M'))`.
+pub(crate) fn split_kv_rows(
+    qs: &[&[f32]],
     src: &KvSource,
     cells: Cells,
     lo: usize,
     qpos: usize,
     scale: f32,
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
 ) {
-    let qv: Vec<f32> = q.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+    let qvs: Vec<Vec<f32>> = qs.iter().map(|q| round_f16(q)).collect();
     let n_kv = cells.n_kv(qpos);
     let chunk = n_kv.div_ceil(REF_THREADS);
-    let (mut m, mut s) = (f32::NEG_INFINITY, 0.0f32);
-    let mut acc = vec![0.0f32; q.len()];
+    let hd = qs[0].len();
+    let mut m = vec![f32::NEG_INFINITY; qs.len()];
+    let mut s = vec![0.0f32; qs.len()];
+    let mut acc = vec![vec![0.0f32; hd]; qs.len()];
     for c0 in (0..n_kv).step_by(chunk) {
         let positions = (c0..(c0 + chunk).min(n_kv))
             .filter_map(|c| cells.pos(c, qpos))
             .filter(|&p| p >= lo && p <= qpos);
-        let (mc, sc, vc) = f16_chunk(&qv, src, positions, scale);
-        if sc == 0.0 {
-            continue;
+        for (r, (mc, sc, vc)) in f16_chunk(&qvs, src, positions, scale).into_iter().enumerate() {
+            if sc == 0.0 {
+                continue;
+            }
+            let mn = m[r].max(mc);
+            let (so, sn) = ((m[r] - mn).exp(), (mc - mn).exp());
+            acc[r]
+                .iter_mut()
+                .zip(&vc)
+                .for_each(|(a, &v)| *a = a.mul_add(so, v * sn));
+            s[r] = s[r].mul_add(so, sc * sn);
+            m[r] = mn;
         }
-        let mn = m.max(mc);
-        let (so, sn) = ((m - mn).exp(), (mc - mn).exp());
-        acc.iter_mut()
-            .zip(&vc)
-            .for_each(|(a, &v)| *a = a.mul_add(so, v * sn));
-        s = s.mul_add(so, sc * sn);
-        m = mn;
     }
-    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
-    out.iter_mut().zip(&acc).for_each(|(d, a)| *d = a * inv);
+    for (r, out) in outs.iter_mut().enumerate() {
+        let inv = if s[r] == 0.0 { 0.0 } else { 1.0 / s[r] };
+        out.iter_mut().zip(&acc[r]).for_each(|(d, a)| *d = a * inv);
+    }
 }
 
 /// The tiled f32 path (`flash_attn_ext_tiled`) for a set of query rows that
@@ -328,10 +351,13 @@ fn reduce_add_16(mut v: [f32; 16]) -> f32 {
 fn dot_f16_ggml(a: &[f32], b: &[f32]) -> f32 {
     let np = a.len() & !63;
     let mut acc = [[0.0f32; 16]; 4];
-    for i in (0..np).step_by(64) {
+    // Fixed-size chunks so the 64 lanes compile to vector multiplies and adds.
+    for (ac, bc) in a[..np].chunks_exact(64).zip(b[..np].chunks_exact(64)) {
         for (j, lanes) in acc.iter_mut().enumerate() {
-            for (l, s) in lanes.iter_mut().enumerate() {
-                *s += a[i + j * 16 + l] * b[i + j * 16 + l];
+            let aa: &[f32; 16] = ac[j * 16..j * 16 + 16].try_into().expect("16 lanes");
+            let bb: &[f32; 16] = bc[j * 16..j * 16 + 16].try_into().expect("16 lanes");
+            for l in 0..16 {
+                lanes[l] += aa[l] * bb[l];
             }
         }
     }
