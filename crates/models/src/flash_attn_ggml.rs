@@ -13,6 +13,7 @@
 //! nothing, but the padding decides where the split-KV halves start.
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use crate::blocks::expf_ggml_v;
 use crate::kv_cache::{CacheLayout, LayerKvCache};
@@ -120,7 +121,16 @@ fn f16_chunk(
     scale: f32,
 ) -> Vec<(f32, f32, Vec<f32>)> {
     let hd = qvs[0].len();
-    let mut acc = vec![vec![f16::ZERO; hd]; qvs.len()];
+    // Σ p·v is kept in f16 (as ggml keeps VKQ16): held here as f32 values
+    // that are exactly f16, rounded after every update with the slice
+    // conversions (vector F16C; the same round-to-nearest-even as one value
+    // at a time).
+    let mut acc = vec![vec![0.0f32; hd]; qvs.len()];
+    let mut acc16 = vec![f16::ZERO; hd];
+    let mut round = |a: &mut [f32]| {
+        acc16.convert_from_f32_slice(a);
+        acc16.convert_to_f32_slice(a);
+    };
     let (mut vbuf, mut kbuf) = (vec![0.0f32; hd], vec![0.0f32; hd]);
     let mut sum = vec![0.0f32; qvs.len()];
     let mut max = vec![f32::NEG_INFINITY; qvs.len()];
@@ -135,20 +145,19 @@ fn f16_chunk(
             if sc > max[r] {
                 ms = (max[r] - sc).exp();
                 max[r] = sc;
-                acc.iter_mut()
-                    .for_each(|a| *a = f16::from_f32(a.to_f32() * ms));
+                acc.iter_mut().for_each(|a| *a *= ms);
+                round(acc);
             } else {
                 vs = (sc - max[r]).exp();
             }
-            acc.iter_mut()
-                .zip(&vbuf)
-                .for_each(|(a, &v)| *a = f16::from_f32(v.mul_add(vs, a.to_f32())));
+            acc.iter_mut().zip(&vbuf).for_each(|(a, &v)| *a = v.mul_add(vs, *a));
+            round(acc);
             sum[r] = sum[r].mul_add(ms, vs);
         }
     }
     acc.into_iter()
         .enumerate()
-        .map(|(r, a)| (max[r], sum[r], a.iter().map(|a| a.to_f32()).collect()))
+        .map(|(r, a)| (max[r], sum[r], a))
         .collect()
 }
 
