@@ -57,9 +57,7 @@ impl KvSource<'_> {
         } else {
             let off = self.cache.row_offset(self.kvh, pos);
             let src = if key { self.kc } else { self.vc };
-            out.iter_mut()
-                .zip(&src[off..off + hd])
-                .for_each(|(d, s)| *d = s.to_f32());
+            src[off..off + hd].convert_to_f32_slice(out);
         }
     }
 }

@@ -30,8 +30,9 @@ pub struct Args {
     /// Backend: cpu or cuda.
     #[arg(long, value_enum, default_value_t = crate::device::Device::Cpu)]
     pub device: crate::device::Device,
-    /// cuda: also decode at these context depths (comma-separated), with the
-    /// cache filled by pseudo-random keys and values rather than a prefill.
+    /// Also decode at these context depths (comma-separated), like llama-bench
+    /// -d: on the CPU after a real prefill of that many random tokens (not
+    /// timed); with cuda the cache is filled by pseudo-random keys and values.
     #[arg(long, value_delimiter = ',')]
     pub depth: Vec<usize>,
     /// cuda: measure the device copy bandwidth (the decode roofline) first.
@@ -73,9 +74,13 @@ fn run_pp(model: &Model, n: usize, seed: u64) -> Result<f64> {
     Ok(n as f64 / t0.elapsed().as_secs_f64())
 }
 
-fn run_tg(model: &Model, n: usize, seed: u64) -> Result<f64> {
+/// Decode of `n` tokens after a (not timed) prefill of `depth` random tokens.
+fn run_tg(model: &Model, n: usize, depth: usize, seed: u64) -> Result<f64> {
     let tokens = random_tokens(n, model.config.vocab_size, seed);
-    let mut state = model.new_state(n + 1);
+    let mut state = model.new_state(depth + n + 1);
+    if depth > 0 {
+        model.forward(&mut state, &random_tokens(depth, model.config.vocab_size, seed + 1000), Logits::Last)?;
+    }
     let t0 = Instant::now();
     for &t in &tokens {
         model.forward(&mut state, &[t], Logits::Last)?;
@@ -110,7 +115,11 @@ pub fn run(args: Args) -> Result<()> {
         Ok(summarize((1..=reps as u64).map(f).collect::<Result<Vec<_>>>()?))
     };
     let pp = if args.n_prompt > 0 { Some(measure(&|s| run_pp(&model, args.n_prompt, s))?) } else { None };
-    let tg = if args.n_gen > 0 { Some(measure(&|s| run_tg(&model, args.n_gen, s))?) } else { None };
+    let tg = if args.n_gen > 0 { Some(measure(&|s| run_tg(&model, args.n_gen, 0, s))?) } else { None };
+    let mut tg_depth = Vec::new();
+    for &d in args.depth.iter().filter(|&&d| d > 0 && args.n_gen > 0) {
+        tg_depth.push((d, measure(&|s| run_tg(&model, args.n_gen, d, s))?));
+    }
     let weight_gb = model.weight_bytes() as f64 / 1e9;
     let tg_gbps = tg.as_ref().map(|t| t.median * weight_gb);
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -121,6 +130,7 @@ pub fn run(args: Args) -> Result<()> {
             "pp": pp.as_ref().map(|s| serde_json::json!({"tokens": args.n_prompt, "tok_s": s.median, "min": s.min, "max": s.max})),
             "tg": tg.as_ref().map(|s| serde_json::json!({"tokens": args.n_gen, "tok_s": s.median, "min": s.min, "max": s.max})),
             "tg_gbps": tg_gbps,
+            "tg_depth": tg_depth.iter().map(|(d, s)| serde_json::json!({"depth": d, "tokens": args.n_gen, "tok_s": s.median, "min": s.min, "max": s.max})).collect::<Vec<_>>(),
             "reps": reps,
             "isa": hearth_kernels::cpu::simd::active().name(),
         });
@@ -136,6 +146,9 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(s) = &tg {
         println!("{:>8} {:>12.2} {:>12.2} {:>12.2}", format!("tg{}", args.n_gen), s.median, s.min, s.max);
         println!("decode weight bandwidth: {:.2} GB/s", tg_gbps.unwrap_or(0.0));
+    }
+    for (d, s) in &tg_depth {
+        println!("{:>8} {:>12.2} {:>12.2} {:>12.2}", format!("tg{}@d{d}", args.n_gen), s.median, s.min, s.max);
     }
     Ok(())
 }
