@@ -124,11 +124,6 @@ fn f16_chunk(
     // conversions (vector F16C; the same round-to-nearest-even as one value
     // at a time).
     let mut acc = vec![vec![0.0f32; hd]; qvs.len()];
-    let mut acc16 = vec![f16::ZERO; hd];
-    let mut round = |a: &mut [f32]| {
-        acc16.convert_from_f32_slice(a);
-        acc16.convert_to_f32_slice(a);
-    };
     let (mut vbuf, mut kbuf) = (vec![0.0f32; hd], vec![0.0f32; hd]);
     let mut sum = vec![0.0f32; qvs.len()];
     let mut max = vec![f32::NEG_INFINITY; qvs.len()];
@@ -143,13 +138,11 @@ fn f16_chunk(
             if sc > max[r] {
                 ms = (max[r] - sc).exp();
                 max[r] = sc;
-                acc.iter_mut().for_each(|a| *a *= ms);
-                round(acc);
+                scale_round_f16(acc, ms);
             } else {
                 vs = (sc - max[r]).exp();
             }
-            acc.iter_mut().zip(&vbuf).for_each(|(a, &v)| *a = v.mul_add(vs, *a));
-            round(acc);
+            fma_round_f16(acc, &vbuf, vs);
             sum[r] = sum[r].mul_add(ms, vs);
         }
     }
@@ -157,6 +150,46 @@ fn f16_chunk(
         .enumerate()
         .map(|(r, a)| (max[r], sum[r], a))
         .collect()
+}
+
+/// `acc[i] = f16(acc[i] * s)`: ggml's `ggml_vec_scale_f16` on the f16 sum.
+#[inline(always)]
+fn scale_round_f16(acc: &mut [f32], s: f32) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx", target_feature = "f16c"))]
+    if acc.len() % 8 == 0 {
+        use std::arch::x86_64::*;
+        // SAFETY: the target features are enabled at compile time; loads and
+        // stores stay inside `acc` (whole chunks of 8).
+        unsafe {
+            let sv = _mm256_set1_ps(s);
+            for a in acc.chunks_exact_mut(8) {
+                let x = _mm256_mul_ps(_mm256_loadu_ps(a.as_ptr()), sv);
+                // Round to nearest even, as f16::from_f32 does.
+                _mm256_storeu_ps(a.as_mut_ptr(), _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(x)));
+            }
+        }
+        return;
+    }
+    acc.iter_mut().for_each(|a| *a = f16::from_f32(*a * s).to_f32());
+}
+
+/// `acc[i] = f16(fma(v[i], s, acc[i]))`: ggml's `ggml_vec_mad_f16` on the f16 sum.
+#[inline(always)]
+fn fma_round_f16(acc: &mut [f32], v: &[f32], s: f32) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx", target_feature = "fma", target_feature = "f16c"))]
+    if acc.len() % 8 == 0 && v.len() == acc.len() {
+        use std::arch::x86_64::*;
+        // SAFETY: as in scale_round_f16; `v` has `acc`'s length.
+        unsafe {
+            let sv = _mm256_set1_ps(s);
+            for (a, b) in acc.chunks_exact_mut(8).zip(v.chunks_exact(8)) {
+                let x = _mm256_fmadd_ps(_mm256_loadu_ps(b.as_ptr()), sv, _mm256_loadu_ps(a.as_ptr()));
+                _mm256_storeu_ps(a.as_mut_ptr(), _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(x)));
+            }
+        }
+        return;
+    }
+    acc.iter_mut().zip(v).for_each(|(a, &x)| *a = f16::from_f32(x.mul_add(s, *a)).to_f32());
 }
 
 fn round_f16(q: &[f32]) -> Vec<f32> {
