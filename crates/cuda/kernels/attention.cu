@@ -57,73 +57,12 @@
 // receives from matrix i the pair (row l / 4, cols 2 (l % 4)..+1), or with
 // .trans the pair (rows 2 (l % 4)..+1, col l / 4).
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-// 16 bytes global -> shared without passing through registers (cp.async):
-// the next tile streams in while this one is computed.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-
-
 #define FA_BK 32  // keys per shared-memory tile
-
-// cp.async of 16 bytes; with ok false nothing is read and the 16 bytes are zeroed.
-__device__ __forceinline__ void fa_cp16(u32 dst, const void* src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
-}
-
-__device__ __forceinline__ void fa_ldsm4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ void fa_ldsm4t(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-// c += a b (16 x 16 by 16 x 8, f32 accumulators).
-template <bool BF16>
-__device__ __forceinline__ void fa_mma(float* c, const u32* a, u32 b0, u32 b1) {
-    if (BF16)
-        asm(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two f32 -> packed 16-bit pair, x0 in the low half (round to nearest even).
-template <bool BF16>
-__device__ __forceinline__ u32 fa_pack(float x0, float x1) {
-    u32 r;
-    if (BF16)
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));
-    else
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));
-    return r;
-}
 
 // p0, p1 -> hi (rounded) and lo (rounded remainder) packed pairs.
 template <bool BF16>
 __device__ __forceinline__ void fa_split(float p0, float p1, u32& hi, u32& lo) {
-    hi = fa_pack<BF16>(p0, p1);
+    hi = pack2<BF16>(p0, p1);
     float h0, h1;
     if (BF16) {
         h0 = __uint_as_float(hi << 16);
@@ -132,7 +71,7 @@ __device__ __forceinline__ void fa_split(float p0, float p1, u32& hi, u32& lo) {
         h0 = f16_to_f32((u16)(hi & 0xffffu));
         h1 = f16_to_f32((u16)(hi >> 16));
     }
-    lo = fa_pack<BF16>(p0 - h0, p1 - h1);
+    lo = pack2<BF16>(p0 - h0, p1 - h1);
 }
 
 __device__ __forceinline__ float fa_exp2(float x) {
@@ -190,8 +129,8 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
                 if (slot >= slots) slot %= slots;
                 const size_t off = (size_t)slot * HD + c * 8;
                 const u32 so = (u32)(r * HD + ((c ^ (r & 7)) * 8)) * 2;
-                fa_cp16(ks + so, kh + off, ok);
-                fa_cp16(vs + so, vh + off, ok);
+                cp_async16z(ks + so, kh + off, ok);
+                cp_async16z(vs + so, vh + off, ok);
             }
         }
         cp_async_commit();
@@ -222,7 +161,7 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
             const int h = i & 1, half = i >> 1;
             float2 v = make_float2(0.0f, 0.0f);
             if (rvalid[h]) v = *(const float2*)(q + (size_t)orow[h] * HD + k * 16 + half * 8 + 2 * tq);
-            qa[k][i] = fa_pack<BF16>(v.x, v.y);
+            qa[k][i] = pack2<BF16>(v.x, v.y);
         }
     // Warp-wide bounds: a tile outside [a_lo, a_hi] is skipped; one inside
     // [f_lo, f_hi] needs no mask (rows past R do not constrain f).
@@ -265,9 +204,9 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
                 const int row = kr + np * 16 + ((lane >> 4) << 3) + (lane & 7);
                 const int c = k * 2 + ((lane >> 3) & 1);
                 u32 b0, b1, b2, b3;
-                fa_ldsm4(ks + (u32)(row * HD + ((c ^ (row & 7)) * 8)) * 2, b0, b1, b2, b3);
-                fa_mma<BF16>(sc[2 * np], qa[k], b0, b1);
-                fa_mma<BF16>(sc[2 * np + 1], qa[k], b2, b3);
+                ldsm4(ks + (u32)(row * HD + ((c ^ (row & 7)) * 8)) * 2, b0, b1, b2, b3);
+                mma16816<BF16>(sc[2 * np], qa[k], b0, b1);
+                mma16816<BF16>(sc[2 * np + 1], qa[k], b2, b3);
             }
 
         // Online softmax per row (h: row g, g + 8), base 2.
@@ -324,11 +263,11 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
                 const int row = kr + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
                 const int c = dp * 2 + (lane >> 4);
                 u32 b0, b1, b2, b3;
-                fa_ldsm4t(vs + (u32)(row * HD + ((c ^ (row & 7)) * 8)) * 2, b0, b1, b2, b3);
-                fa_mma<BF16>(o[2 * dp], ah, b0, b1);
-                fa_mma<BF16>(o[2 * dp], al, b0, b1);
-                fa_mma<BF16>(o[2 * dp + 1], ah, b2, b3);
-                fa_mma<BF16>(o[2 * dp + 1], al, b2, b3);
+                ldsm4_trans(vs + (u32)(row * HD + ((c ^ (row & 7)) * 8)) * 2, b0, b1, b2, b3);
+                mma16816<BF16>(o[2 * dp], ah, b0, b1);
+                mma16816<BF16>(o[2 * dp], al, b0, b1);
+                mma16816<BF16>(o[2 * dp + 1], ah, b2, b3);
+                mma16816<BF16>(o[2 * dp + 1], al, b2, b3);
             }
         }
     }

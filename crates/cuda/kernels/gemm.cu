@@ -121,36 +121,10 @@ __device__ __forceinline__ void dequant8(const u8* __restrict__ row, const u16* 
     }
 }
 
-template <bool BF>
-__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
-    if (BF) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-}
-
 // x [n] f32 -> f16 or bf16 (the GEMM's operand type).
 extern "C" __global__ void to_half(const float* __restrict__ x, u16* __restrict__ out, int n, int bf16) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         out[i] = bf16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
-}
-
-// Two floats -> one f16x2 / bf16x2 word (lo in the low half), round to nearest even.
-template <bool BF>
-__device__ __forceinline__ u32 gm_pack(float lo, float hi) {
-    u32 r;
-    if (BF)
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    else
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
 }
 
 // Byte j of v (0..255) as an exact float: the byte is placed in the low
@@ -164,25 +138,14 @@ __device__ __forceinline__ float gm_byte(u32 v, int j) {
 // Element offset of (row, 8-value chunk) in a 64-wide swizzled tile.
 __device__ __forceinline__ int gm_swz(int row, int chunk) { return row * GM_BK + ((chunk ^ (row & 7)) << 3); }
 
-// 16 bytes global -> shared, zero-filled when !valid (src must still be a mapped address).
-__device__ __forceinline__ void gm_cp_async16(u32 dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void gm_ldsm4(u32 addr, u32& a, u32& b, u32& c, u32& d) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
-                 : "r"(addr));
-}
-
 // Stores 16 values (k = off .. off+15 of the step, off % 16 == 0) of tile row rr.
 template <bool BF>
 __device__ __forceinline__ void gm_store16(u16* As, int rr, int off, const float* v) {
     uint4 a, b;
-    a.x = gm_pack<BF>(v[0], v[1]); a.y = gm_pack<BF>(v[2], v[3]);
-    a.z = gm_pack<BF>(v[4], v[5]); a.w = gm_pack<BF>(v[6], v[7]);
-    b.x = gm_pack<BF>(v[8], v[9]); b.y = gm_pack<BF>(v[10], v[11]);
-    b.z = gm_pack<BF>(v[12], v[13]); b.w = gm_pack<BF>(v[14], v[15]);
+    a.x = pack2<BF>(v[0], v[1]); a.y = pack2<BF>(v[2], v[3]);
+    a.z = pack2<BF>(v[4], v[5]); a.w = pack2<BF>(v[6], v[7]);
+    b.x = pack2<BF>(v[8], v[9]); b.y = pack2<BF>(v[10], v[11]);
+    b.z = pack2<BF>(v[12], v[13]); b.w = pack2<BF>(v[14], v[15]);
     *(uint4*)&As[gm_swz(rr, off >> 3)] = a;
     *(uint4*)&As[gm_swz(rr, (off >> 3) + 1)] = b;
 }
@@ -346,7 +309,7 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
             const int t = t0 + tok;
             const bool ok = t < T;
             const u16* src = x + (ok ? (u32)t * (u32)K + (u32)(s * GM_BK + ch * 8) : 0u);  // T * K < 2^32
-            gm_cp_async16(bs_base + (u32)(buf * GM_BN * GM_BK + gm_swz(tok, ch)) * 2u, src, ok);
+            cp_async16z(bs_base + (u32)(buf * GM_BN * GM_BK + gm_swz(tok, ch)) * 2u, src, ok);
         }
         cp_async_commit();
     };
@@ -364,8 +327,8 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
                     for (int e = 0; e < 8; e++) v[e] = 0.0f;
                 }
                 uint4 pk;
-                pk.x = gm_pack<BF>(v[0], v[1]); pk.y = gm_pack<BF>(v[2], v[3]);
-                pk.z = gm_pack<BF>(v[4], v[5]); pk.w = gm_pack<BF>(v[6], v[7]);
+                pk.x = pack2<BF>(v[0], v[1]); pk.y = pack2<BF>(v[2], v[3]);
+                pk.z = pack2<BF>(v[4], v[5]); pk.w = pack2<BF>(v[6], v[7]);
                 *(uint4*)&As[gm_swz(rr, 4 * h + i)] = pk;
             }
         }
@@ -414,14 +377,14 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
             u32 bfr[4][2];
 #pragma unroll
             for (int j = 0; j < 2; j++)
-                gm_ldsm4(bbuf + (u32)gm_swz(b_tok + 16 * j, 2 * ks + b_ch) * 2u, bfr[2 * j][0], bfr[2 * j][1],
+                ldsm4(bbuf + (u32)gm_swz(b_tok + 16 * j, 2 * ks + b_ch) * 2u, bfr[2 * j][0], bfr[2 * j][1],
                          bfr[2 * j + 1][0], bfr[2 * j + 1][1]);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 u32 af[4];
-                gm_ldsm4(as_base + (u32)gm_swz(a_row + 16 * i, 2 * ks + a_ch) * 2u, af[0], af[1], af[2], af[3]);
+                ldsm4(as_base + (u32)gm_swz(a_row + 16 * i, 2 * ks + a_ch) * 2u, af[0], af[1], af[2], af[3]);
 #pragma unroll
-                for (int j = 0; j < 4; j++) mma16816<BF>(acc[i][j], af, bfr[j]);
+                for (int j = 0; j < 4; j++) mma16816<BF>(acc[i][j], af, bfr[j][0], bfr[j][1]);
             }
         }
         __syncthreads();
