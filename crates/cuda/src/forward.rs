@@ -570,11 +570,45 @@ impl GpuModel {
         )
     }
 
+    /// QK-norm / RoPE of the new tokens' heads (RoPE on the layers that use
+    /// it) and their keys and values written to layer li's cache; `flags`
+    /// are the family's HEAD_* flags besides HEAD_ROPE.
+    fn prepare_heads(&self, st: &GpuState, li: usize, t: usize, flags: i32) -> Result<()> {
+        let c = &self.model.config;
+        let rope = if self.layers[li].kind.uses_rope() {
+            ops::HEAD_ROPE
+        } else {
+            0
+        };
+        let prep = HeadPrep {
+            n_heads: c.n_heads,
+            n_kv: c.n_kv_heads,
+            head_dim: c.head_dim,
+            theta: c.rope_theta,
+            eps: c.norm_eps,
+            flags: flags | rope,
+        };
+        let (s, kv) = (&st.s, &st.caches[li]);
+        ops::prepare_heads(
+            &self.gpu,
+            &prep,
+            t,
+            s.q.ptr,
+            s.k.ptr,
+            s.v.ptr,
+            (0, 0),
+            s.pos.ptr,
+            kv.k.ptr,
+            kv.v.ptr,
+            kv.slots,
+        )
+    }
+
     /// llama / qwen2 layer: x += Wo·attn(rope(q), rope(k), v); x += W_down·(silu(W_gate h) ⊙ W_up h).
     fn llama_layer(&self, st: &GpuState, li: usize, t: usize) -> Result<()> {
         let c = &self.model.config;
         let l: &GpuLayer = &self.layers[li];
-        let (g, s) = (&*self.gpu, &st.s);
+        let s = &st.s;
         // Attention block.
         self.norm_and_project(
             st,
@@ -590,33 +624,7 @@ impl GpuModel {
             0,
         )?;
         let neox = c.rope_layout == hearth_models::RopeLayout::Neox;
-        let rope = if l.kind.uses_rope() {
-            ops::HEAD_ROPE
-        } else {
-            0
-        };
-        let prep = HeadPrep {
-            n_heads: c.n_heads,
-            n_kv: c.n_kv_heads,
-            head_dim: c.head_dim,
-            theta: c.rope_theta,
-            eps: c.norm_eps,
-            flags: rope | if neox { ops::HEAD_NEOX } else { 0 },
-        };
-        let kv = &st.caches[li];
-        ops::prepare_heads(
-            g,
-            &prep,
-            t,
-            s.q.ptr,
-            s.k.ptr,
-            s.v.ptr,
-            (0, 0),
-            s.pos.ptr,
-            kv.k.ptr,
-            kv.v.ptr,
-            kv.slots,
-        )?;
+        self.prepare_heads(st, li, t, if neox { ops::HEAD_NEOX } else { 0 })?;
         self.attention(st, li, t, false, 0, true)?;
         self.linear(st, &l.wo, t, s.att.ptr, s.x.ptr, 0, ops::OUT_ADD)?;
         // MLP block.
@@ -668,32 +676,11 @@ impl GpuModel {
             ],
             bf,
         )?;
-        let rope = if l.kind.uses_rope() {
-            ops::HEAD_ROPE
-        } else {
-            0
-        };
-        let prep = HeadPrep {
-            n_heads: c.n_heads,
-            n_kv: c.n_kv_heads,
-            head_dim: c.head_dim,
-            theta: c.rope_theta,
-            eps: c.norm_eps,
-            flags: ops::HEAD_QK_NORM | ops::HEAD_BF16 | ops::HEAD_KV_BF16 | rope,
-        };
-        let kv = &st.caches[li];
-        ops::prepare_heads(
-            g,
-            &prep,
+        self.prepare_heads(
+            st,
+            li,
             t,
-            s.q.ptr,
-            s.k.ptr,
-            s.v.ptr,
-            (0, 0),
-            s.pos.ptr,
-            kv.k.ptr,
-            kv.v.ptr,
-            kv.slots,
+            ops::HEAD_QK_NORM | ops::HEAD_BF16 | ops::HEAD_KV_BF16,
         )?;
         self.attention(st, li, t, true, bf, false)?;
         self.glu_and_project(

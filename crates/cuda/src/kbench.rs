@@ -82,7 +82,12 @@ fn random_cache(g: &Gpu, nkv: usize, ctx: usize, hd: usize) -> Result<(DevBuf, D
             "fill_random_kv",
             (1024, 1, 1),
             256,
-            &[Arg::Ptr(b.ptr), Arg::Ptr((kvb / 2) as u64), Arg::I32(3), Arg::I32(0)],
+            &[
+                Arg::Ptr(b.ptr),
+                Arg::Ptr((kvb / 2) as u64),
+                Arg::I32(3),
+                Arg::I32(0),
+            ],
         )?;
     }
     Ok((kc, vc, kvb))

@@ -930,8 +930,15 @@ fn decode_is_deterministic_across_launch_modes() {
         (true, true, Logits::All),
     ] {
         let got = run(graph, pdl, want);
-        let differing = base.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-        println!("graph {graph} pdl {pdl} {want:?}: {differing} of {} logits differ from the first run", got.len());
+        let differing = base
+            .iter()
+            .zip(&got)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        println!(
+            "graph {graph} pdl {pdl} {want:?}: {differing} of {} logits differ from the first run",
+            got.len()
+        );
         assert_eq!(differing, 0, "graph {graph} pdl {pdl} {want:?}");
     }
     g.pdl.store(pdl_available, Relaxed);
