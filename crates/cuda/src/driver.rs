@@ -279,6 +279,24 @@ impl Gpu {
         self.sync()
     }
 
+    /// Fills `n` 16-bit values at `ptr` with pseudo-random numbers in [-1, 1)
+    /// as f16 or bf16 (kernel `fill_random_kv`: a hash of the index and `seed`,
+    /// so the contents do not depend on the launch shape). Benchmarks and
+    /// tuning use it for caches, weights and activations.
+    pub fn fill_random(&self, ptr: u64, n: usize, seed: i32, bf16: bool) -> Result<()> {
+        self.launch(
+            "fill_random_kv",
+            (1024, 1, 1),
+            256,
+            &[
+                Arg::Ptr(ptr),
+                Arg::Ptr(n as u64),
+                Arg::I32(seed),
+                Arg::I32(bf16 as i32),
+            ],
+        )
+    }
+
     pub fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream) }.ctx("cuMemcpyDtoDAsync")
     }
@@ -408,17 +426,7 @@ impl Gpu {
     pub fn copy_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64> {
         let src = self.alloc(bytes, "the bandwidth test")?;
         let dst = self.alloc(bytes, "the bandwidth test")?;
-        self.launch(
-            "fill_random_kv",
-            (1024, 1, 1),
-            256,
-            &[
-                Arg::Ptr(src.ptr),
-                Arg::Ptr((bytes / 2) as u64),
-                Arg::I32(7),
-                Arg::I32(0),
-            ],
-        )?;
+        self.fill_random(src.ptr, bytes / 2, 7, false)?;
         self.copy_dtod(dst.ptr, src.ptr, bytes)?;
         self.sync()?;
         let (a, b) = (self.event()?, self.event()?);

@@ -8,7 +8,7 @@
 
 use hearth_models::{blocks, Architecture, LayerKind, Logits, ModelError};
 
-use crate::driver::{Arg, DevBuf, Gpu, Graph};
+use crate::driver::{DevBuf, Gpu, Graph};
 use crate::error::{CudaError, Result};
 use crate::model::{Fused, GpuLayer, GpuModel, Proj};
 use crate::ops::{self, ActIn, AttnArgs, HeadPrep, Segment, Q8};
@@ -778,17 +778,11 @@ impl GpuModel {
         let bf16 = self.model.config.arch == Architecture::MuseGlimmer;
         for (i, kv) in st.caches.iter().enumerate() {
             for (j, buf) in [&kv.k, &kv.v].into_iter().enumerate() {
-                let elems = (buf.bytes / 2) as u64;
-                self.gpu.launch(
-                    "fill_random_kv",
-                    (1024, 1, 1),
-                    256,
-                    &[
-                        Arg::Ptr(buf.ptr),
-                        Arg::Ptr(elems),
-                        Arg::I32((seed as i32) ^ (2 * i + j) as i32),
-                        Arg::I32(bf16 as i32),
-                    ],
+                self.gpu.fill_random(
+                    buf.ptr,
+                    buf.bytes / 2,
+                    (seed as i32) ^ (2 * i + j) as i32,
+                    bf16,
                 )?;
             }
         }

@@ -3,7 +3,7 @@
 //! GEMM and the norm, each against the bytes or FLOPs it must move or do, so
 //! that one device run can pick variants and show where decode time goes.
 
-use crate::driver::{Arg, DevBuf, Gpu};
+use crate::driver::{DevBuf, Gpu};
 use crate::error::Result;
 use crate::gemm;
 use crate::ops::{self, GpuMatrix, Q8};
@@ -22,29 +22,9 @@ fn random_matrix(
     let body = g.alloc(nb, "kernel bench")?;
     // Random halves in [-1, 1) as bytes: quant bits look random; K-quant d/dmin
     // fields become small f16 values.
-    g.launch(
-        "fill_random_kv",
-        (1024, 1, 1),
-        256,
-        &[
-            Arg::Ptr(body.ptr),
-            Arg::Ptr((nb / 2) as u64),
-            Arg::I32(seed as i32),
-            Arg::I32(0),
-        ],
-    )?;
+    g.fill_random(body.ptr, nb / 2, seed as i32, false)?;
     let scales = g.alloc(ns.max(2), "kernel bench")?;
-    g.launch(
-        "fill_random_kv",
-        (64, 1, 1),
-        256,
-        &[
-            Arg::Ptr(scales.ptr),
-            Arg::Ptr((ns.max(2) / 2) as u64),
-            Arg::I32(seed as i32 + 1),
-            Arg::I32(0),
-        ],
-    )?;
+    g.fill_random(scales.ptr, ns.max(2) / 2, seed as i32 + 1, false)?;
     let m = GpuMatrix {
         kind,
         rows,
@@ -78,17 +58,7 @@ fn random_cache(g: &Gpu, nkv: usize, ctx: usize, hd: usize) -> Result<(DevBuf, D
     let kc = g.alloc(kvb, "kernel bench")?;
     let vc = g.alloc(kvb, "kernel bench")?;
     for b in [&kc, &vc] {
-        g.launch(
-            "fill_random_kv",
-            (1024, 1, 1),
-            256,
-            &[
-                Arg::Ptr(b.ptr),
-                Arg::Ptr((kvb / 2) as u64),
-                Arg::I32(3),
-                Arg::I32(0),
-            ],
-        )?;
+        g.fill_random(b.ptr, kvb / 2, 3, false)?;
     }
     Ok((kc, vc, kvb))
 }
@@ -100,17 +70,7 @@ pub fn run(g: &Gpu) -> Result<String> {
     // Activations for K up to 27648 and 512 tokens.
     let kmax = 27648;
     let x = g.alloc(512 * kmax * 4, "kernel bench")?;
-    g.launch(
-        "fill_random_kv",
-        (1024, 1, 1),
-        256,
-        &[
-            Arg::Ptr(x.ptr),
-            Arg::Ptr((512 * kmax * 2) as u64),
-            Arg::I32(5),
-            Arg::I32(1),
-        ],
-    )?;
+    g.fill_random(x.ptr, 512 * kmax * 2, 5, true)?;
     // bf16 bit patterns reinterpreted as f32 pairs are finite; quantize them.
     let aq = g.alloc(512 * kmax, "kernel bench")?;
     let ad = g.alloc(512 * kmax / 32 * 4, "kernel bench")?;

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::driver::{Arg, Gpu};
+use crate::driver::Gpu;
 use crate::error::Result;
 use crate::model::GpuLayer;
 use crate::ops::{self, GemvTune, GpuMatrix, Q8};
@@ -68,17 +68,7 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
     let max_rows = mats.iter().map(|m| m.rows).max().unwrap_or(1);
     // Pseudo-random activations (never zeros), quantized like the real ones.
     let x = g.alloc(max_cols * 4, "GEMV tuning")?;
-    g.launch(
-        "fill_random_kv",
-        (64, 1, 1),
-        256,
-        &[
-            Arg::Ptr(x.ptr),
-            Arg::Ptr((max_cols * 2) as u64),
-            Arg::I32(17),
-            Arg::I32(1),
-        ],
-    )?;
+    g.fill_random(x.ptr, max_cols * 2, 17, true)?;
     let aq = g.alloc(max_cols, "GEMV tuning")?;
     let ad = g.alloc(max_cols / 32 * 4, "GEMV tuning")?;
     let as_ = g.alloc(max_cols / 32 * 4, "GEMV tuning")?;
@@ -140,17 +130,7 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
     let dim = layers.first().map_or(0, |l| l.wq.cols);
     if dim > 0 {
         let gain = g.alloc(dim * 4, "norm tuning")?;
-        g.launch(
-            "fill_random_kv",
-            (16, 1, 1),
-            256,
-            &[
-                Arg::Ptr(gain.ptr),
-                Arg::Ptr((dim * 2) as u64),
-                Arg::I32(3),
-                Arg::I32(1),
-            ],
-        )?;
+        g.fill_random(gain.ptr, dim * 2, 3, true)?;
         let mut best = (f64::INFINITY, 1024u32);
         let mut line = format!("rmsnorm of {dim}:");
         for threads in [128u32, 256, 512, 1024] {
