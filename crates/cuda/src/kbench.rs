@@ -63,6 +63,62 @@ fn random_cache(g: &Gpu, nkv: usize, ctx: usize, hd: usize) -> Result<(DevBuf, D
     Ok((kc, vc, kvb))
 }
 
+/// Head dimension of the attention benchmarks.
+const ATT_HD: usize = 128;
+
+/// Times attention for `t` tokens at positions `pos0..` over a random flat f16
+/// cache holding `pos0 + t` positions, `heads` = (query heads, kv heads), with
+/// `splits` (None: the count the model would pick, GpuModel::attention).
+/// Returns milliseconds, the splits used and the bytes of K (or V).
+#[allow(clippy::too_many_arguments)]
+fn time_attention(
+    g: &Gpu,
+    reps: usize,
+    (nh, nkv): (usize, usize),
+    pos0: usize,
+    t: usize,
+    splits: Option<usize>,
+    q: u64,
+    out: u64,
+) -> Result<(f64, usize, usize)> {
+    let ctx = pos0 + t;
+    let (kc, vc, kvb) = random_cache(g, nkv, ctx, ATT_HD)?;
+    let pos = g.alloc(4, "kernel bench")?;
+    g.upload(pos.ptr, &[pos0 as i32])?;
+    let args = ops::AttnArgs {
+        n_heads: nh,
+        n_kv: nkv,
+        head_dim: ATT_HD,
+        slots: ctx,
+        window: 0,
+        scale: 0.088,
+        kv_bf16: false,
+    };
+    let splits = splits.unwrap_or_else(|| {
+        crate::forward::block_splits(ctx, t, nkv * ops::attn_row_blocks(&args, t))
+    });
+    let part_o = g.alloc(t * nh * splits * ATT_HD * 4, "kernel bench")?;
+    let part_ml = g.alloc(t * nh * splits * 2 * 4, "kernel bench")?;
+    let ms = time_ms(g, reps, || {
+        ops::attention(
+            g,
+            &args,
+            t,
+            splits,
+            q,
+            kc.ptr,
+            vc.ptr,
+            pos.ptr,
+            part_o.ptr,
+            part_ml.ptr,
+            out,
+            0,
+            None,
+        )
+    })?;
+    Ok((ms, splits, kvb))
+}
+
 /// Runs the kernel benchmarks and returns a report (one line per case).
 pub fn run(g: &Gpu) -> Result<String> {
     let mut out = String::new();
@@ -183,38 +239,8 @@ pub fn run(g: &Gpu) -> Result<String> {
         (32, 2, 131072, 256),
         (32, 2, 131072, 128),
     ] {
-        let hd = 128;
-        let (kc, vc, kvb) = random_cache(g, nkv, ctx, hd)?;
-        let pos = g.alloc(4, "kernel bench")?;
-        g.upload(pos.ptr, &[(ctx - 1) as i32])?;
-        let part_o = g.alloc(nh * splits * hd * 4, "kernel bench")?;
-        let part_ml = g.alloc(nh * splits * 2 * 4, "kernel bench")?;
-        let args = ops::AttnArgs {
-            n_heads: nh,
-            n_kv: nkv,
-            head_dim: hd,
-            slots: ctx,
-            window: 0,
-            scale: 0.088,
-            kv_bf16: false,
-        };
-        let ms = time_ms(g, reps, || {
-            ops::attention(
-                g,
-                &args,
-                1,
-                splits,
-                x.ptr,
-                kc.ptr,
-                vc.ptr,
-                pos.ptr,
-                part_o.ptr,
-                part_ml.ptr,
-                y.ptr,
-                0,
-                None,
-            )
-        })?;
+        let (ms, _, kvb) =
+            time_attention(g, reps, (nh, nkv), ctx - 1, 1, Some(splits), x.ptr, y.ptr)?;
         out += &format!(
             "  heads {nh}/{nkv} ctx {ctx:6} splits {splits:3}: {:8.1} us {:7.0} GB/s\n",
             ms * 1e3,
@@ -223,47 +249,14 @@ pub fn run(g: &Gpu) -> Result<String> {
     }
     out += "Attention, a prefill block of 512 tokens over a flat f16 cache, causal (TFLOP/s = 4 hd keys rows / time):\n";
     for &(nh, nkv, depth) in &[(40usize, 8usize, 0usize), (40, 8, 32768)] {
-        let (hd, t) = (128, 512);
-        let ctx = depth + t;
-        let (kc, vc, _) = random_cache(g, nkv, ctx, hd)?;
-        let pos = g.alloc(4, "kernel bench")?;
-        g.upload(pos.ptr, &[depth as i32])?;
-        let args = ops::AttnArgs {
-            n_heads: nh,
-            n_kv: nkv,
-            head_dim: hd,
-            slots: ctx,
-            window: 0,
-            scale: 0.088,
-            kv_bf16: false,
-        };
-        // The split count the model would use (GpuModel::attention).
-        let splits = crate::forward::block_splits(ctx, t, nkv * ops::attn_row_blocks(&args, t));
-        let part_o = g.alloc(t * nh * splits * hd * 4, "kernel bench")?;
-        let part_ml = g.alloc(t * nh * splits * 2 * 4, "kernel bench")?;
-        let ms = time_ms(g, reps, || {
-            ops::attention(
-                g,
-                &args,
-                t,
-                splits,
-                x.ptr,
-                kc.ptr,
-                vc.ptr,
-                pos.ptr,
-                part_o.ptr,
-                part_ml.ptr,
-                y.ptr,
-                0,
-                None,
-            )
-        })?;
+        let t = 512;
+        let (ms, splits, _) = time_attention(g, reps, (nh, nkv), depth, t, None, x.ptr, y.ptr)?;
         // Keys seen: token i sees depth + i + 1.
         let keys = (t * depth + t * (t + 1) / 2) as f64;
         out += &format!(
             "  heads {nh}/{nkv} depth {depth:6} splits {splits:3}: {:8.1} us {:7.1} TFLOP/s\n",
             ms * 1e3,
-            4.0 * (nh * hd) as f64 * keys / (ms * 1e-3) / 1e12
+            4.0 * (nh * ATT_HD) as f64 * keys / (ms * 1e-3) / 1e12
         );
     }
     for threads in [128u32, 256, 512, 1024] {
