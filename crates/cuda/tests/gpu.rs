@@ -886,6 +886,20 @@ fn compare_model(name: &str, model: Arc<Model>, exact: Model) {
     assert_eq!(gs.pos, cs.pos);
 }
 
+/// The synthetic qwen2 shape of the whole-model GPU tests (GQA 8/2, 4 layers).
+fn small_qwen2() -> SynthShape {
+    SynthShape {
+        n_layers: 4,
+        dim: 512,
+        n_heads: 8,
+        n_kv_heads: 2,
+        head_dim: 64,
+        ffn_dim: 1536,
+        vocab_size: 1000,
+        ..SynthShape::small(Architecture::Qwen2)
+    }
+}
+
 /// Decoding is deterministic and does not depend on how a step is launched:
 /// the same tokens give bit-identical logits on a repeat, with the decode
 /// step replayed from a CUDA graph or launched kernel by kernel, with
@@ -895,16 +909,7 @@ fn compare_model(name: &str, model: Arc<Model>, exact: Model) {
 #[ignore = "needs a CUDA GPU"]
 fn decode_is_deterministic_across_launch_modes() {
     use std::sync::atomic::Ordering::Relaxed;
-    let shape = SynthShape {
-        n_layers: 4,
-        dim: 512,
-        n_heads: 8,
-        n_kv_heads: 2,
-        head_dim: 64,
-        ffn_dim: 1536,
-        vocab_size: 1000,
-        ..SynthShape::small(Architecture::Qwen2)
-    };
+    let shape = small_qwen2();
     let (m, _) = synth_models(shape, 12);
     let g = gpu();
     let gm = GpuModel::upload(g.clone(), m, false).unwrap();
@@ -948,16 +953,7 @@ fn decode_is_deterministic_across_launch_modes() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn qwen2_logits_match_cpu() {
-    let shape = SynthShape {
-        n_layers: 4,
-        dim: 512,
-        n_heads: 8,
-        n_kv_heads: 2,
-        head_dim: 64,
-        ffn_dim: 1536,
-        vocab_size: 1000,
-        ..SynthShape::small(Architecture::Qwen2)
-    };
+    let shape = small_qwen2();
     let (m, exact) = synth_models(shape, 11);
     compare_model("qwen2", m, exact);
 }
