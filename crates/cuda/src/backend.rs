@@ -105,18 +105,6 @@ impl Backend for GpuModel {
         no_taps(taps)?;
         GpuModel::forward(self, state, tokens, want).map_err(model_error)
     }
-
-    fn forward_verify(
-        &self,
-        state: &mut GpuState,
-        tokens: &[u32],
-        want: Logits,
-        taps: &[usize],
-        _hidden: &mut Vec<f32>,
-    ) -> Result<Vec<f32>, ModelError> {
-        no_taps(taps)?;
-        GpuModel::forward(self, state, tokens, want).map_err(model_error)
-    }
 }
 
 #[cfg(test)]

@@ -63,7 +63,8 @@ pub trait Backend: Send + Sync {
     /// A speculative verify pass over `[pending, drafts...]` (taps as in
     /// [`Backend::forward_tapped`]). Where the backend can, every row is
     /// computed as a one-token decode step would compute it, so greedy
-    /// speculative output equals plain greedy output.
+    /// speculative output equals plain greedy output; by default it is an
+    /// ordinary multi-token pass.
     fn forward_verify(
         &self,
         state: &mut Self::State,
@@ -71,7 +72,9 @@ pub trait Backend: Send + Sync {
         want: Logits,
         taps: &[usize],
         hidden: &mut Vec<f32>,
-    ) -> Result<Vec<f32>, ModelError>;
+    ) -> Result<Vec<f32>, ModelError> {
+        self.forward_tapped(state, tokens, want, taps, hidden)
+    }
 }
 
 impl BackendState for State {
@@ -214,16 +217,6 @@ pub mod testing {
                 });
             }
             self.forward(st, tokens, want)
-        }
-        fn forward_verify(
-            &self,
-            st: &mut GpuLikeState,
-            tokens: &[u32],
-            want: Logits,
-            taps: &[usize],
-            hidden: &mut Vec<f32>,
-        ) -> Result<Vec<f32>, ModelError> {
-            self.forward_tapped(st, tokens, want, taps, hidden)
         }
     }
 }
