@@ -85,7 +85,6 @@ __device__ float block_sum(float v) {
 }
 
 // Flags shared by the kernels that write activations.
-#define NORM_MUSE_FLAG 8  // = NORM_MUSE (layer_ops.cu), usable before it
 #define OUT_BF16 1   // round the result to bfloat16 (Muse Glimmer's rounding points)
 #define OUT_ADD 2    // add the result into the output instead of overwriting it
 

@@ -549,134 +549,16 @@ __device__ __forceinline__ float reduce_scatter(float (&v)[V], int lane) {
     return v[0];
 }
 
-// ---- Activations made in the GEMV's prologue (decode) ----
-//
-// Instead of reading activations another kernel quantized, a block can make
-// them from f32 inputs: each thread computes the values of its own item
-// (MODE_NORM: RMSNorm of the row, a block-wide sum of squares; MODE_GLU:
-// SwiGLU or the sigmoid gate of two rows) and quantizes them exactly as
-// quantize_q8 does. That removes the norm / GLU launch before the product.
-#define MODE_Q8 0
-#define MODE_NORM 1
-#define MODE_GLU 2
-// Values a thread holds for its item, and the k index of value j.
-template <int WT>
-__device__ __forceinline__ constexpr int item_vals() {
-    return (WT == WT_Q4_K || WT == WT_Q5_K || WT == WT_Q6_K) ? 64 : 32;
-}
-template <int WT>
-__device__ __forceinline__ int item_k(int it, int j) {
-    if (WT == WT_Q4_K || WT == WT_Q5_K) return (it >> 2) * 256 + 64 * (it & 3) + j;
-    if (WT == WT_Q6_K) {
-        const int i = it & 3;
-        return (it >> 2) * 256 + 128 * (i >> 1) + 32 * (j >> 4) + 16 * (i & 1) + (j & 15);
-    }
-    return it * 32 + j;
-}
-
-// Quantizes n values (one 32-block, or half of one whose other half is in
-// lane ^ 1 when `pair`) like quantize_q8; packs the bytes into x[0 .. n/4).
-__device__ __forceinline__ void quant_block(const float* v, int n, bool pair, int* x, float& d_out, float& s_out) {
-    float amax = 0.0f;
-    for (int j = 0; j < n; j++) amax = fmaxf(amax, fabsf(v[j]));
-    if (pair) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int sum = 0;
-    for (int w4 = 0; w4 < n / 4; w4++) {
-        u32 word = 0;
-        for (int b = 0; b < 4; b++) {
-            const int q = (int)roundf(v[4 * w4 + b] * id);
-            sum += q;
-            word |= ((u32)(u8)(i8)q) << (8 * b);
-        }
-        x[w4] = (int)word;
-    }
-    d_out = d;
-    s_out = d * (float)sum;
-}
-
-// The activation registers of item `it` from its values (item order).
-template <int WT>
-__device__ __forceinline__ void act_from_values(const float* v, ActRegs& ar) {
-    if (WT == WT_Q4_K || WT == WT_Q5_K) {
-        quant_block(v, 32, false, ar.x, ar.d[0], ar.s[0]);
-        quant_block(v + 32, 32, false, ar.x + 8, ar.d[1], ar.s[1]);
-    } else if (WT == WT_Q6_K) {
-        float unused;
-#pragma unroll
-        for (int g = 0; g < 4; g++) quant_block(v + 16 * g, 16, true, ar.x + 4 * g, ar.d[g], unused);
-    } else {
-        quant_block(v, 32, false, ar.x, ar.d[0], ar.s[0]);
-    }
-}
-
-// The prologue of MODE_NORM / MODE_GLU for the one token of a decode step.
-// NORM: fa = x row, fb = gain (or null), eps, aflags NORM_MUSE. GLU: fa, fb =
-// the two inputs, aflags = glu mode (bit 0: GLU_GATE) | OUT_BF16 << 1.
-template <int WT, int MODE>
-__device__ __forceinline__ void act_prologue(int it, bool mine, int K, const float* __restrict__ fa,
-                                             const float* __restrict__ fb, float eps, int aflags, ActRegs& ar) {
-    constexpr int NV = item_vals<WT>();
-    float v[NV];
-#pragma unroll
-    for (int j = 0; j < NV; j++) v[j] = 0.0f;
-    if (MODE == MODE_NORM) {
-        __shared__ float ss_part[16];
-        float ss = 0.0f;
-        if (mine) {
-#pragma unroll
-            for (int j = 0; j < NV; j++) {
-                v[j] = fa[item_k<WT>(it, j)];
-                ss += v[j] * v[j];
-            }
-        }
-        ss = warp_sum(ss);
-        if (threadIdx.x % WARP == 0) ss_part[threadIdx.x / WARP] = ss;
-        __syncthreads();
-        float tot = 0.0f;
-        for (int w = 0; w < (int)(blockDim.x / WARP); w++) tot += ss_part[w];
-        const float scale = 1.0f / sqrtf(tot / (float)K + eps);
-        if (mine) {
-#pragma unroll
-            for (int j = 0; j < NV; j++) {
-                const float gain = fb ? fb[item_k<WT>(it, j)] : 1.0f;
-                if (aflags & NORM_MUSE_FLAG) {
-                    float r = round_bf16(v[j] * scale);
-                    if (fb) r = round_bf16(r * round_bf16(gain));
-                    v[j] = r;
-                } else {
-                    v[j] = v[j] * scale * gain;
-                }
-            }
-        }
-    } else {
-        if (mine) {
-#pragma unroll
-            for (int j = 0; j < NV; j++) {
-                const int k = item_k<WT>(it, j);
-                const float a = fa[k], b = fb[k];
-                float r = (aflags & 1) ? a * (1.0f / (1.0f + expf(-b))) : a / (1.0f + expf(-a)) * b;
-                if (aflags & 2) r = round_bf16(r);
-                v[j] = r;
-            }
-        }
-    }
-    act_from_values<WT>(v, ar);
-}
-
 struct Segments {
     int s1, s2, s3;
     float *y0, *y1, *y2, *y3;
     const float *b0, *b1, *b2, *b3;
 };
 
-template <int WT, int NT, int R, int IPT, int MODE = MODE_Q8>
+template <int WT, int NT, int R, int IPT>
 __device__ __forceinline__ void gemv_x(const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K,
                                        const i8* __restrict__ xq, const float* __restrict__ xd,
-                                       const float* __restrict__ xs, int flags, Segments sg,
-                                       const float* fa = nullptr, const float* fb = nullptr, float eps = 0.0f,
-                                       int aflags = 0) {
+                                       const float* __restrict__ xs, int flags, Segments sg) {
     constexpr int V = NT * R;
     __shared__ float red[2][16][V];
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, n_warps = blockDim.x / WARP;
@@ -703,10 +585,6 @@ __device__ __forceinline__ void gemv_x(const u8* __restrict__ w, const u16* __re
     load_tile(blockIdx.x * R);
     PDL_TRIGGER();
     PDL_WAIT();
-    if (MODE != MODE_Q8) {
-        static_assert(MODE == MODE_Q8 || (NT == 1 && IPT == 1), "prologue modes are single-token, one item per thread");
-        act_prologue<WT, MODE>(tid, mine[0], K, fa, fb, eps, aflags, ar[0][0]);
-    } else
 #pragma unroll
     for (int u = 0; u < IPT; u++) {
         if (mine[u]) {
@@ -771,35 +649,12 @@ __device__ __forceinline__ void gemv_x(const u8* __restrict__ w, const u16* __re
         gemv_x<WT, NT, R, IPT>(w, wd, rows, K, xq, xd, xs, flags, sg);                                     \
     }
 
-// Single-token kernels that make their activations (MODE_NORM / MODE_GLU): gemv_<t>_n1_r<R>, gemv_<t>_g1_r<R>.
-#define GEMV_P_KERNEL(tname, WT, TAG, MODE, R)                                                             \
-    extern "C" __global__ void __launch_bounds__(512) gemv_##tname##_##TAG##1_r##R(                        \
-        const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K, const float* fa,             \
-        const float* fb, float eps, int aflags, int flags, int s1, int s2, int s3, float* y0, float* y1,    \
-        float* y2, float* y3, const float* b0, const float* b1, const float* b2, const float* b3) {        \
-        const Segments sg = {s1, s2, s3, y0, y1, y2, y3, b0, b1, b2, b3};                                  \
-        gemv_x<WT, 1, R, 1, MODE>(w, wd, rows, K, nullptr, nullptr, nullptr, flags, sg, fa, fb, eps, aflags); \
-    }
-#define GEMV_P_KERNELS(tname, WT)                  \
-    GEMV_P_KERNEL(tname, WT, n, MODE_NORM, 1)      \
-    GEMV_P_KERNEL(tname, WT, n, MODE_NORM, 2)      \
-    GEMV_P_KERNEL(tname, WT, g, MODE_GLU, 1)       \
-    GEMV_P_KERNEL(tname, WT, g, MODE_GLU, 2)
-
-GEMV_P_KERNELS(q8_0, WT_Q8_0)
-GEMV_P_KERNELS(q4_0, WT_Q4_0)
-GEMV_P_KERNELS(q5_0, WT_Q5_0)
-GEMV_P_KERNELS(q4_k, WT_Q4_K)
-GEMV_P_KERNELS(q5_k, WT_Q5_K)
-GEMV_P_KERNELS(q6_k, WT_Q6_K)
-
 // Tile heights per type are the ones that fit 128 registers without spills.
 #define GEMV_X_KERNELS(tname, WT)           \
     GEMV_X_KERNEL(tname, WT, 1, 1, 1)       \
     GEMV_X_KERNEL(tname, WT, 1, 2, 1)       \
     GEMV_X_KERNEL(tname, WT, 1, 4, 1)       \
-    GEMV_X_KERNEL(tname, WT, 2, 2, 1)       \
-    GEMV_X_KERNEL(tname, WT, 4, 1, 1)
+    GEMV_X_KERNEL(tname, WT, 2, 2, 1)
 
 // 32-value blocks: rows up to 512 blocks use one item per thread, longer ones two.
 #define GEMV_X_KERNELS32(tname, WT)         \
@@ -807,8 +662,7 @@ GEMV_P_KERNELS(q6_k, WT_Q6_K)
     GEMV_X_KERNEL(tname, WT, 1, 8, 1)       \
     GEMV_X_KERNEL(tname, WT, 1, 2, 2)       \
     GEMV_X_KERNEL(tname, WT, 1, 4, 2)       \
-    GEMV_X_KERNEL(tname, WT, 2, 2, 2)       \
-    GEMV_X_KERNEL(tname, WT, 4, 1, 2)
+    GEMV_X_KERNEL(tname, WT, 2, 2, 2)
 
 GEMV_X_KERNELS32(q8_0, WT_Q8_0)
 GEMV_X_KERNELS32(q4_0, WT_Q4_0)

@@ -233,14 +233,6 @@ mod tests {
     fn source_macro_defines(name: &str) -> bool {
         // gemv_<type>_<nt> come from GEMV_KERNELS(<type>, ...); attn kernels from ATTN_KERNEL(name, ...).
         if let Some(rest) = name.strip_prefix("gemv_") {
-            // gemv_<type>_{n,g}1_r<R> from GEMV_P_KERNEL(tname, WT, {n,g}, MODE, R) lines.
-            for (tag, mode) in [("n", "MODE_NORM"), ("g", "MODE_GLU")] {
-                if let Some((ty, r)) = rest.rsplit_once(&format!("_{tag}1_r")) {
-                    return SOURCE.contains(&format!("GEMV_P_KERNELS({ty},"))
-                        && SOURCE
-                            .contains(&format!("GEMV_P_KERNEL(tname, WT, {tag}, {mode}, {r})"));
-                }
-            }
             // gemv_<type>_x<NT>_r<R>_i<IPT> from GEMV_X_KERNEL(tname, WT, NT, R, IPT) lines.
             let parts: Vec<&str> = rest.rsplitn(4, '_').collect();
             if let [i, r, x, ty] = parts[..] {

@@ -11,7 +11,7 @@ use hearth_models::{blocks, Architecture, LayerKind, Logits, ModelError};
 use crate::driver::{DevBuf, Gpu, Graph};
 use crate::error::{CudaError, Result};
 use crate::model::{Fused, GpuLayer, GpuModel, Proj};
-use crate::ops::{self, ActIn, AttnArgs, HeadPrep, Segment, Q8};
+use crate::ops::{self, AttnArgs, HeadPrep, Segment, Q8};
 
 /// Tokens per pass through the layers (bounds scratch memory; rings get this much slack).
 pub const GPU_CHUNK: usize = 512;
@@ -75,11 +75,6 @@ pub struct GpuState {
     pub use_graph: bool,
     /// Prefill token-block threshold: blocks of more tokens use the tensor-core GEMM.
     pub gemm_min_tokens: usize,
-    /// Decode steps make each product's activations in its own prologue
-    /// (RMSNorm, GLU) instead of a separate kernel. Off unless
-    /// HEARTH_CUDA_FUSE=1: measured 2.9x slower on an H200 (every one of the
-    /// ~1000-2000 blocks re-reads the f32 rows, uncoalesced; BENCHMARKS.md).
-    pub fuse_prologue: bool,
     host_x: Vec<f32>,
 }
 
@@ -202,7 +197,6 @@ impl GpuModel {
             graph: None,
             use_graph: std::env::var("HEARTH_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             gemm_min_tokens: 16,
-            fuse_prologue: std::env::var("HEARTH_CUDA_FUSE").is_ok_and(|v| v == "1"),
             host_x: Vec::new(),
         })
     }
@@ -389,64 +383,8 @@ impl GpuModel {
         Ok(())
     }
 
-    /// Whether a single-token step can make the activations of all `items`
-    /// in the products' prologues (every launch is a register GEMV).
-    fn prologue_fits(
-        &self,
-        st: &GpuState,
-        t: usize,
-        fused: &Fused,
-        items: &[(Proj, &ops::GpuMatrix, u64, u64)],
-    ) -> bool {
-        let together = fused.parts.len() > 1 && fused.m.tune.x;
-        st.fuse_prologue
-            && t == 1
-            && (!together || ops::prologue_ok(&fused.m))
-            && items
-                .iter()
-                .all(|(p, w, ..)| (together && fused.parts.contains(p)) || ops::prologue_ok(w))
-    }
-
-    /// `projections` for one token whose activations each launch makes from `act`.
-    fn projections_from(
-        &self,
-        fused: &Fused,
-        act: ActIn,
-        items: &[(Proj, &ops::GpuMatrix, u64, u64)],
-        flags: i32,
-    ) -> Result<()> {
-        let together = fused.parts.len() > 1 && fused.m.tune.x;
-        let mut segs = Vec::with_capacity(fused.parts.len());
-        for &(p, w, y, bias) in items {
-            let seg = Segment {
-                y,
-                bias,
-                rows: w.rows,
-            };
-            if together && fused.parts.contains(&p) {
-                continue;
-            }
-            ops::gemv_x(&self.gpu, w, w.tune, act, 1, &[seg], flags)?;
-        }
-        if together {
-            for p in &fused.parts {
-                let &(_, w, y, bias) = items.iter().find(|i| i.0 == *p).ok_or_else(|| {
-                    CudaError::Unsupported(format!("fused part {p:?} without an output"))
-                })?;
-                segs.push(Segment {
-                    y,
-                    bias,
-                    rows: w.rows,
-                });
-            }
-            ops::gemv_x(&self.gpu, &fused.m, fused.m.tune, act, 1, &segs, flags)?;
-        }
-        Ok(())
-    }
-
-    /// The input norm and the products of `items` from it: fused into the
-    /// products' prologues for a decode step when they allow it, else an
-    /// RMSNorm kernel (writing h and the 8-bit activations) and `projections`.
+    /// The input norm (an RMSNorm kernel writing h and the 8-bit
+    /// activations) and the products of `items` from it (`projections`).
     #[allow(clippy::too_many_arguments)]
     fn norm_and_project(
         &self,
@@ -460,15 +398,6 @@ impl GpuModel {
     ) -> Result<()> {
         let c = &self.model.config;
         let s = &st.s;
-        if self.prologue_fits(st, t, fused, items) {
-            let act = ActIn::Norm {
-                x: s.x.ptr,
-                gain,
-                eps: c.norm_eps,
-                flags: norm_flags,
-            };
-            return self.projections_from(fused, act, items, flags);
-        }
         ops::rmsnorm(
             &self.gpu,
             s.x.ptr,
@@ -483,8 +412,7 @@ impl GpuModel {
         self.projections(st, fused, t, s.h.ptr, items, flags)
     }
 
-    /// y (op)= W · glu(a, b): the GLU in the product's prologue for a decode
-    /// step when it allows it, else glu_q8 then the product.
+    /// y (op)= W · glu(a, b): glu_q8 (into a, and the 8-bit activations) then the product.
     #[allow(clippy::too_many_arguments)]
     fn glu_and_project(
         &self,
@@ -496,20 +424,6 @@ impl GpuModel {
         y: u64,
         flags: i32,
     ) -> Result<()> {
-        if st.fuse_prologue && t == 1 && ops::prologue_ok(w) {
-            let act = ActIn::Glu {
-                a,
-                b,
-                mode,
-                flags: glu_flags,
-            };
-            let seg = Segment {
-                y,
-                bias: 0,
-                rows: w.rows,
-            };
-            return ops::gemv_x(&self.gpu, w, w.tune, act, 1, &[seg], flags);
-        }
         ops::glu_q8(&self.gpu, a, b, t * n, mode, glu_flags, a, Self::q8(st))?;
         self.linear(st, w, t, a, y, 0, flags)
     }

@@ -26,9 +26,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "gemv_q6_k_1_r4",
     "gemv_q6_k_8",
     "gemv_q4_k_x1_r4_i1",
-    "gemv_q8_0_x4_r1_i2",
-    "gemv_q4_k_n1_r2",
-    "gemv_q6_k_g1_r1",
+    "gemv_q8_0_x2_r2_i2",
     "gemm_q4_k_f16",
     "gemm_q6_k_bf16",
     "fill_random_kv",
@@ -192,7 +190,7 @@ pub fn gemv_single(
             bias,
             rows: w.rows,
         }];
-        return gemv_x(g, w, tune, ActIn::Q8(x), 1, &seg, flags);
+        return gemv_x(g, w, tune, x, 1, &seg, flags);
     }
     g.launch(
         gemv_name(w.kind, 1, tune.u, tune.r),
@@ -567,27 +565,6 @@ pub fn gemv_x_variants(w: &GpuMatrix, sm_count: u32) -> Vec<GemvTune> {
     v
 }
 
-/// Where a register GEMV gets its activations: quantized by an earlier
-/// kernel, or made in its own prologue from f32 rows (single token): the
-/// RMSNorm of `x` (NORM_MUSE in `flags` for Muse Glimmer's rounding), or a
-/// GLU of two rows (`mode` GLU_SWIGLU / GLU_GATE, OUT_BF16 in `flags`).
-#[derive(Clone, Copy, Debug)]
-pub enum ActIn {
-    Q8(Q8),
-    Norm {
-        x: u64,
-        gain: u64,
-        eps: f32,
-        flags: i32,
-    },
-    Glu {
-        a: u64,
-        b: u64,
-        mode: i32,
-        flags: i32,
-    },
-}
-
 /// One output range of a (possibly fused) matrix: `rows` consecutive rows
 /// written densely to `y` ([n_tokens, rows]), with an optional bias.
 #[derive(Clone, Copy, Debug)]
@@ -621,8 +598,7 @@ fn gemv_x_name(kind: WeightKind, nt: usize, r: u8, ipt: usize) -> Option<&'stati
                 $( (WeightKind::$k, 1, 1, 1) => Some(concat!("gemv_", $s, "_x1_r1_i1")),
                    (WeightKind::$k, 1, 2, 1) => Some(concat!("gemv_", $s, "_x1_r2_i1")),
                    (WeightKind::$k, 1, 4, 1) => Some(concat!("gemv_", $s, "_x1_r4_i1")),
-                   (WeightKind::$k, 2, 2, 1) => Some(concat!("gemv_", $s, "_x2_r2_i1")),
-                   (WeightKind::$k, 4, 1, 1) => Some(concat!("gemv_", $s, "_x4_r1_i1")), )*
+                   (WeightKind::$k, 2, 2, 1) => Some(concat!("gemv_", $s, "_x2_r2_i1")), )*
                 _ => None,
             }
         };
@@ -633,8 +609,7 @@ fn gemv_x_name(kind: WeightKind, nt: usize, r: u8, ipt: usize) -> Option<&'stati
                 $( (WeightKind::$k, 1, 8, 1) => Some(concat!("gemv_", $s, "_x1_r8_i1")),
                    (WeightKind::$k, 1, 2, 2) => Some(concat!("gemv_", $s, "_x1_r2_i2")),
                    (WeightKind::$k, 1, 4, 2) => Some(concat!("gemv_", $s, "_x1_r4_i2")),
-                   (WeightKind::$k, 2, 2, 2) => Some(concat!("gemv_", $s, "_x2_r2_i2")),
-                   (WeightKind::$k, 4, 1, 2) => Some(concat!("gemv_", $s, "_x4_r1_i2")), )*
+                   (WeightKind::$k, 2, 2, 2) => Some(concat!("gemv_", $s, "_x2_r2_i2")), )*
                 _ => None,
             }
         };
@@ -643,12 +618,12 @@ fn gemv_x_name(kind: WeightKind, nt: usize, r: u8, ipt: usize) -> Option<&'stati
         .or_else(|| names32!(Q8_0 => "q8_0", Q4_0 => "q4_0", Q5_0 => "q5_0"))
 }
 
-/// One register-activation GEMV launch for `nt` tokens (1, 2 or 4) into up to four segments.
+/// One register-activation GEMV launch for `nt` tokens (1 or 2) into up to four segments.
 pub fn gemv_x(
     g: &Gpu,
     w: &GpuMatrix,
     tune: GemvTune,
-    x: ActIn,
+    x: Q8,
     nt: usize,
     segs: &[Segment],
     flags: i32,
@@ -659,25 +634,11 @@ pub fn gemv_x(
             w.kind, w.cols
         ))
     })?;
-    // Multi-token launches use the one tile height compiled for them.
-    let r = match nt {
-        1 => tune.r,
-        2 => 2,
-        _ => 1,
-    };
-    let r = if matches!(x, ActIn::Q8(_)) {
-        r
-    } else {
-        r.min(2)
-    };
-    let name = match x {
-        ActIn::Q8(_) => gemv_x_name(w.kind, nt, r, ipt),
-        _ if nt == 1 && ipt == 1 => gemv_p_name(w.kind, matches!(x, ActIn::Norm { .. }), r),
-        _ => None,
-    }
-    .ok_or_else(|| {
+    // Two-token launches use the one tile height compiled for them.
+    let r = if nt == 1 { tune.r } else { 2 };
+    let name = gemv_x_name(w.kind, nt, r, ipt).ok_or_else(|| {
         CudaError::Unsupported(format!(
-            "register GEMV {:?} nt {nt} r {r} ipt {ipt} {x:?}",
+            "register GEMV {:?} nt {nt} r {r} ipt {ipt}",
             w.kind
         ))
     })?;
@@ -707,30 +668,14 @@ pub fn gemv_x(
     } else {
         tiles
     };
-    let head = [
+    let args = [
         Arg::Ptr(w.body),
         Arg::Ptr(w.scales),
         Arg::I32(w.rows as i32),
         Arg::I32(w.cols as i32),
-    ];
-    let act = match x {
-        ActIn::Q8(q) => [Arg::Ptr(q.q), Arg::Ptr(q.d), Arg::Ptr(q.s)].to_vec(),
-        ActIn::Norm {
-            x,
-            gain,
-            eps,
-            flags,
-        } => [Arg::Ptr(x), Arg::Ptr(gain), Arg::F32(eps), Arg::I32(flags)].to_vec(),
-        ActIn::Glu { a, b, mode, flags } => [
-            Arg::Ptr(a),
-            Arg::Ptr(b),
-            Arg::F32(0.0),
-            Arg::I32((mode & 1) | if flags & OUT_BF16 != 0 { 2 } else { 0 }),
-        ]
-        .to_vec(),
-    };
-    let mut args: Vec<Arg> = head.into_iter().chain(act).collect();
-    args.extend([
+        Arg::Ptr(x.q),
+        Arg::Ptr(x.d),
+        Arg::Ptr(x.s),
         Arg::I32(flags),
         Arg::I32(bounds[0]),
         Arg::I32(bounds[1]),
@@ -743,32 +688,12 @@ pub fn gemv_x(
         Arg::Ptr(seg(1).bias),
         Arg::Ptr(seg(2).bias),
         Arg::Ptr(seg(3).bias),
-    ]);
+    ];
     g.launch(name, (blocks, 1, 1), threads, &args)
 }
 
-fn gemv_p_name(kind: WeightKind, norm: bool, r: u8) -> Option<&'static str> {
-    macro_rules! names {
-        ($($k:ident => $s:literal),*) => {
-            match (kind, norm, r) {
-                $( (WeightKind::$k, true, 1) => Some(concat!("gemv_", $s, "_n1_r1")),
-                   (WeightKind::$k, true, 2) => Some(concat!("gemv_", $s, "_n1_r2")),
-                   (WeightKind::$k, false, 1) => Some(concat!("gemv_", $s, "_g1_r1")),
-                   (WeightKind::$k, false, 2) => Some(concat!("gemv_", $s, "_g1_r2")), )*
-                _ => None,
-            }
-        };
-    }
-    names!(Q8_0 => "q8_0", Q4_0 => "q4_0", Q5_0 => "q5_0", Q4K => "q4_k", Q5K => "q5_k", Q6K => "q6_k")
-}
-
-/// Whether `w` can take its activations from a prologue (single token).
-pub fn prologue_ok(w: &GpuMatrix) -> bool {
-    w.tune.x && matches!(x_geometry(w.kind, w.cols), Some((_, 1)))
-}
-
 /// `n_tokens` tokens through the register-activation GEMV, in launches of
-/// 4, 2 and 1 tokens (each reads the weights once), into `segs`.
+/// 2 and 1 tokens (each reads the weights once), into `segs`.
 pub fn gemv_segments(
     g: &Gpu,
     w: &GpuMatrix,
@@ -779,11 +704,7 @@ pub fn gemv_segments(
 ) -> Result<()> {
     let mut t0 = 0;
     while t0 < n_tokens {
-        let nt = match n_tokens - t0 {
-            n if n >= 4 => 4,
-            n if n >= 2 => 2,
-            _ => 1,
-        };
+        let nt = (n_tokens - t0).min(2);
         let moved: Vec<Segment> = segs
             .iter()
             .map(|s| Segment {
@@ -791,15 +712,7 @@ pub fn gemv_segments(
                 ..*s
             })
             .collect();
-        gemv_x(
-            g,
-            w,
-            w.tune,
-            ActIn::Q8(x.offset(t0, w.cols)),
-            nt,
-            &moved,
-            flags,
-        )?;
+        gemv_x(g, w, w.tune, x.offset(t0, w.cols), nt, &moved, flags)?;
         t0 += nt;
     }
     Ok(())
