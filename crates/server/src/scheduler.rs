@@ -511,7 +511,9 @@ impl<'a, B: Backend> Engine<'a, B> {
 
     fn finish(&mut self, mut a: Active<'a, B::State>, outcome: Step) {
         let prompt_tokens = a.job.prompt.len();
-        let finish = match outcome {
+        // The turn's last event goes out after its stats line is logged, so a
+        // client that has its response finds the turn in the log.
+        let (finish, last) = match outcome {
             Step::Finished(f) => {
                 if f != FinishReason::Stop {
                     let rest = a.stops.push(&a.decoder.finish()).0 + &a.stops.finish();
@@ -519,20 +521,19 @@ impl<'a, B: Backend> Engine<'a, B> {
                         let _ = a.job.events.send(Event::Text(rest));
                     }
                 }
-                let _ = a.job.events.send(Event::Done(Summary {
+                let done = Event::Done(Summary {
                     finish: f,
                     prompt_tokens,
                     cached_tokens: a.resume.reused,
                     completion_tokens: a.generated,
-                }));
-                f.as_str()
+                });
+                (f.as_str(), Some(done))
             }
-            Step::Cancelled => "cancelled",
+            Step::Cancelled => ("cancelled", None),
             Step::Failed(e) => {
                 // The state may be half-written: start this session over.
                 a.lease.session.reset();
-                let _ = a.job.events.send(Event::Failed(ApiError::server(e)));
-                "error"
+                ("error", Some(Event::Failed(ApiError::server(e))))
             }
             Step::Continue => unreachable!("finish of a running request"),
         };
@@ -567,6 +568,9 @@ impl<'a, B: Backend> Engine<'a, B> {
             decoded as f64 / a.decode_time.as_secs_f64().max(1e-9),
             finish
         );
+        if let Some(event) = last {
+            let _ = a.job.events.send(event);
+        }
         self.store.release(a.lease);
     }
 }
