@@ -181,7 +181,11 @@ pub fn parser_with(
         OutputFormat::Hermes if !tools.is_empty() => {
             // Qwen2.5-Coder also calls tools with untagged JSON (§8.1 fallback).
             let prefix = format!("{}bare_", options.id_prefix);
-            let inner = Box::new(Driver::new(hermes::HermesParser::new(think), tools.clone(), options));
+            let inner = Box::new(Driver::new(
+                hermes::HermesParser::new(think),
+                tools.clone(),
+                options,
+            ));
             Box::new(bare_json::BareJsonFallback::new(inner, tools, prefix))
         }
         OutputFormat::Hermes => Box::new(Driver::new(

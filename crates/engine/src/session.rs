@@ -244,7 +244,11 @@ impl<S: BackendState> SessionStore<S> {
 
     /// Checks out session `id` (`None` = scratch), creating it if needed and
     /// evicting the least recently used idle session when the store is full.
-    pub fn acquire<B: Backend<State = S>>(&mut self, model: &B, id: Option<&str>) -> Result<Acquire<S>, SessionError> {
+    pub fn acquire<B: Backend<State = S>>(
+        &mut self,
+        model: &B,
+        id: Option<&str>,
+    ) -> Result<Acquire<S>, SessionError> {
         let key = id.map(str::to_string);
         if self.busy.contains(&key) {
             if key.is_some() {

@@ -18,7 +18,6 @@ use hearth_models::backend::testing::GpuLike;
 use hearth_models::{Backend, BackendState, Model, Numerics};
 use hearth_tokenizer::Tokenizer;
 
-
 const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 fn model_path(file: &str) -> PathBuf {

@@ -45,7 +45,11 @@ fn model_path(file: &str) -> PathBuf {
         _ => PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/hearth/models"),
     };
     let p = dir.join(file);
-    assert!(p.is_file(), "{} missing: run `python3 scripts/fetch_models.py all`", p.display());
+    assert!(
+        p.is_file(),
+        "{} missing: run `python3 scripts/fetch_models.py all`",
+        p.display()
+    );
     p
 }
 
@@ -83,13 +87,27 @@ fn greedy() -> Sampler {
 }
 
 fn params(n: usize) -> GenerateParams {
-    GenerateParams { max_tokens: n, stop: Vec::new(), ignore_eos: false }
+    GenerateParams {
+        max_tokens: n,
+        stop: Vec::new(),
+        ignore_eos: false,
+    }
 }
 
 /// Plain greedy decoding: the reference.
 fn plain(model: &Model, tok: &Tokenizer, prompt: &[u32], n: usize, ctx: usize) -> Vec<u32> {
     let mut state = State::new(model, ctx);
-    generate(model, &mut state, tok, &mut greedy(), prompt, &params(n), |_| Flow::Continue).unwrap().tokens
+    generate(
+        model,
+        &mut state,
+        tok,
+        &mut greedy(),
+        prompt,
+        &params(n),
+        |_| Flow::Continue,
+    )
+    .unwrap()
+    .tokens
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -105,9 +123,17 @@ fn speculative(
 ) -> Vec<u32> {
     drafter.reset();
     let mut state = State::with_ring_slack(model, ctx, k);
-    let (g, s) = generate_speculative(model, &mut state, tok, &mut greedy(), drafter, prompt, &params(n), SpecParams { n_draft: k }, |_| {
-        Flow::Continue
-    })
+    let (g, s) = generate_speculative(
+        model,
+        &mut state,
+        tok,
+        &mut greedy(),
+        drafter,
+        prompt,
+        &params(n),
+        SpecParams { n_draft: k },
+        |_| Flow::Continue,
+    )
     .unwrap();
     stats.merge(&s);
     g.tokens
@@ -119,7 +145,16 @@ fn synthetic_dflash(model: &Model, name: &str) -> Arc<DflashModel> {
     shape.block_size = 8;
     let plan = dflash_plan(&model.config, &shape).unwrap();
     let path = std::env::temp_dir().join(format!("hearth-spec-{}-{name}.gguf", std::process::id()));
-    write_gguf(&plan, &SynthOptions { seed: 3, ..Default::default() }, std::fs::File::create(&path).unwrap(), |_| {}).unwrap();
+    write_gguf(
+        &plan,
+        &SynthOptions {
+            seed: 3,
+            ..Default::default()
+        },
+        std::fs::File::create(&path).unwrap(),
+        |_| {},
+    )
+    .unwrap();
     let d = DflashModel::load(&path, model).unwrap();
     std::fs::remove_file(&path).unwrap();
     Arc::new(d)
@@ -142,7 +177,14 @@ fn load(file: &str, numerics: Numerics) -> Arc<Model> {
 }
 
 /// Runs the drafters on every prompt and compares with plain greedy.
-fn check(target_file: &str, numerics: Numerics, uses: &[Use], prompts: &[Vec<u32>], n: usize, ctx: usize) {
+fn check(
+    target_file: &str,
+    numerics: Numerics,
+    uses: &[Use],
+    prompts: &[Vec<u32>],
+    n: usize,
+    ctx: usize,
+) {
     let target = load(target_file, numerics);
     let tok = Tokenizer::from_gguf_path(model_path(target_file)).unwrap();
     let sampling = SamplerConfig::greedy();
@@ -152,14 +194,25 @@ fn check(target_file: &str, numerics: Numerics, uses: &[Use], prompts: &[Vec<u32
             Use::Ngram(k) => drafters.push(("ngram", k, Box::new(NgramDrafter::default()))),
             Use::Dflash(k) => {
                 let d = synthetic_dflash(&target, target_file);
-                drafters.push(("dflash", k, Box::new(DflashDrafter::new(d, target.clone(), ctx, Some(k + 1)).unwrap())));
+                drafters.push((
+                    "dflash",
+                    k,
+                    Box::new(DflashDrafter::new(d, target.clone(), ctx, Some(k + 1)).unwrap()),
+                ));
             }
             Use::Draft(file, k) => {
                 let draft = match file {
                     None => target.clone(),
                     Some(f) => load(f, numerics),
                 };
-                drafters.push(("draft", k, Box::new(DraftModelDrafter::new(draft, target.config.vocab_size, ctx, k, &sampling).unwrap())));
+                drafters.push((
+                    "draft",
+                    k,
+                    Box::new(
+                        DraftModelDrafter::new(draft, target.config.vocab_size, ctx, k, &sampling)
+                            .unwrap(),
+                    ),
+                ));
             }
         }
     }
@@ -168,7 +221,16 @@ fn check(target_file: &str, numerics: Numerics, uses: &[Use], prompts: &[Vec<u32
     for (pi, prompt) in prompts.iter().enumerate() {
         let want = plain(&target, &tok, prompt, n, ctx);
         for (di, (name, k, drafter)) in drafters.iter_mut().enumerate() {
-            let got = speculative(&target, &tok, drafter.as_mut(), prompt, n, ctx, *k, &mut stats[di]);
+            let got = speculative(
+                &target,
+                &tok,
+                drafter.as_mut(),
+                prompt,
+                n,
+                ctx,
+                *k,
+                &mut stats[di],
+            );
             if got != want {
                 let at = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
                 failures.push(format!("prompt {pi} ({} tokens), {name}: differs at generated token {at}: {got:?} vs plain {want:?}", prompt.len()));
@@ -184,7 +246,12 @@ fn check(target_file: &str, numerics: Numerics, uses: &[Use], prompts: &[Vec<u32
         );
         assert!(s.target_forwards > 0);
     }
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 fn encode_all(target_file: &str) -> Vec<Vec<u32>> {
@@ -199,7 +266,14 @@ fn encode_all(target_file: &str) -> Vec<Vec<u32>> {
 fn qwen_1_5b_greedy_spec_equals_plain_greedy() {
     let prompts = encode_all(QWEN_15);
     assert!(prompts.iter().all(|p| p.len() + 24 < 256));
-    check(QWEN_15, Numerics::Reference, &[Use::Draft(Some(QWEN_05), 4), Use::Ngram(4), Use::Dflash(4)], &prompts, 24, 256);
+    check(
+        QWEN_15,
+        Numerics::Reference,
+        &[Use::Draft(Some(QWEN_05), 4), Use::Ngram(4), Use::Dflash(4)],
+        &prompts,
+        24,
+        256,
+    );
 }
 
 /// Longer drafts (K = 3..4) in exact f32 numerics, on the first 6 prompts
@@ -207,7 +281,14 @@ fn qwen_1_5b_greedy_spec_equals_plain_greedy() {
 #[test]
 fn smollm2_f32_longer_drafts_greedy_spec_equals_plain_greedy() {
     let prompts = &encode_all(SMOLLM2)[..6];
-    check(SMOLLM2, Numerics::F32, &[Use::Ngram(4), Use::Dflash(3), Use::Draft(None, 4)], prompts, 24, 256);
+    check(
+        SMOLLM2,
+        Numerics::F32,
+        &[Use::Ngram(4), Use::Dflash(3), Use::Draft(None, 4)],
+        prompts,
+        24,
+        256,
+    );
 }
 
 /// Prompts of 490 and 505 tokens: generating 24 tokens crosses gemma3's 512
@@ -226,5 +307,12 @@ fn gemma3_ring_wrap_greedy_spec_equals_plain_greedy() {
     let ids = tok.encode(&source, true, false);
     assert!(ids.len() > 600, "source is only {} tokens", ids.len());
     let prompts: Vec<Vec<u32>> = [490usize, 505].iter().map(|&n| ids[..n].to_vec()).collect();
-    check(GEMMA3, Numerics::F32, &[Use::Ngram(3), Use::Draft(None, 2)], &prompts, 24, 768);
+    check(
+        GEMMA3,
+        Numerics::F32,
+        &[Use::Ngram(3), Use::Draft(None, 2)],
+        &prompts,
+        24,
+        768,
+    );
 }

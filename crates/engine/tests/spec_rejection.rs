@@ -44,7 +44,10 @@ fn chi2(counts: &[u64], p: &[f64]) -> (f64, usize) {
             continue;
         }
         let e = pi * n as f64;
-        assert!(e >= 5.0, "expected count {e} too small for the chi-square approximation");
+        assert!(
+            e >= 5.0,
+            "expected count {e} too small for the chi-square approximation"
+        );
         stat += (c as f64 - e).powi(2) / e;
         cells += 1;
     }
@@ -59,7 +62,11 @@ const LOGITS: [f32; V] = [2.0, 1.5, 0.3, -0.5, 1.0, 0.0, -3.0, 0.8];
 fn single_position_commits_tokens_distributed_as_p() {
     let mut s = sampler(12345);
     let p = s.probabilities(&LOGITS);
-    assert_eq!(p.iter().filter(|&&x| x == 0.0).count(), 2, "top-k 6 keeps 6 of 8: {p:?}");
+    assert_eq!(
+        p.iter().filter(|&&x| x == 0.0).count(),
+        2,
+        "top-k 6 keeps 6 of 8: {p:?}"
+    );
     // Deliberately different: mass on excluded tokens (3 and 6 are outside top-k),
     // little on the favourite.
     let q: [f32; V] = [0.02, 0.10, 0.30, 0.15, 0.08, 0.05, 0.20, 0.10];
@@ -92,8 +99,14 @@ fn single_position_commits_tokens_distributed_as_p() {
     }
     // The test has power: the drafts themselves (always accepting) are far from p.
     let e = |i: usize| p64[i] * n as f64;
-    let stat: f64 = (0..V).filter(|&i| p64[i] > 0.0).map(|i| (raw_drafts[i] as f64 - e(i)).powi(2) / e(i)).sum();
-    assert!(stat > 100.0 * chi2_critical(5), "unverified drafts would pass: chi2 {stat:.1}");
+    let stat: f64 = (0..V)
+        .filter(|&i| p64[i] > 0.0)
+        .map(|i| (raw_drafts[i] as f64 - e(i)).powi(2) / e(i))
+        .sum();
+    assert!(
+        stat > 100.0 * chi2_critical(5),
+        "unverified drafts would pass: chi2 {stat:.1}"
+    );
 }
 
 /// Whole blocks through `verify_block` with a Markov "target" (next-token
@@ -160,9 +173,17 @@ fn blocks_commit_pairs_distributed_as_the_target_chain() {
     }
     // Merge cells with tiny expectations into their own test of emptiness only
     // where p is exactly 0; all others have expected counts well above 5.
-    let keep: Vec<usize> = (0..V * V).filter(|&i| want[i] * n as f64 >= 5.0 || want[i] == 0.0).collect();
-    let rare: f64 = (0..V * V).filter(|i| !keep.contains(i)).map(|i| want[i]).sum();
-    let rare_count: u64 = (0..V * V).filter(|i| !keep.contains(i)).map(|i| pairs[i]).sum();
+    let keep: Vec<usize> = (0..V * V)
+        .filter(|&i| want[i] * n as f64 >= 5.0 || want[i] == 0.0)
+        .collect();
+    let rare: f64 = (0..V * V)
+        .filter(|i| !keep.contains(i))
+        .map(|i| want[i])
+        .sum();
+    let rare_count: u64 = (0..V * V)
+        .filter(|i| !keep.contains(i))
+        .map(|i| pairs[i])
+        .sum();
     let mut counts: Vec<u64> = keep.iter().map(|&i| pairs[i]).collect();
     let mut probs: Vec<f64> = keep.iter().map(|&i| want[i]).collect();
     if rare > 0.0 {

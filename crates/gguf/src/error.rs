@@ -6,10 +6,18 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 
     #[error("{path}: {field} at byte {offset}: {problem}")]
-    Format { path: PathBuf, field: String, offset: u64, problem: Problem },
+    Format {
+        path: PathBuf,
+        field: String,
+        offset: u64,
+        problem: Problem,
+    },
 
     #[error("{path}: no tensor named '{name}'")]
     NoSuchTensor { path: PathBuf, name: String },

@@ -37,7 +37,9 @@ impl TensorInfo {
 
     /// Size in bytes (validated not to overflow when the file was opened).
     pub fn n_bytes(&self) -> u64 {
-        self.ty.bytes_for(self.n_elements()).expect("validated at open")
+        self.ty
+            .bytes_for(self.n_elements())
+            .expect("validated at open")
     }
 
     /// Number of rows: product of every dimension but the first.
@@ -61,7 +63,10 @@ pub struct TensorView<'a> {
 impl<'a> TensorView<'a> {
     /// Bytes per row (`ne[0]` elements).
     pub fn row_bytes(&self) -> usize {
-        self.info.ty.bytes_for(self.info.row_len()).expect("validated at open") as usize
+        self.info
+            .ty
+            .bytes_for(self.info.row_len())
+            .expect("validated at open") as usize
     }
 
     /// The bytes of row `i`.
@@ -101,7 +106,10 @@ impl GgufFile {
     /// Memory-maps and parses `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref().to_path_buf();
-        let io = |source| GgufError::Io { path: path.clone(), source };
+        let io = |source| GgufError::Io {
+            path: path.clone(),
+            source,
+        };
         let file = File::open(&path).map_err(io)?;
         // SAFETY: the mapping is read-only. As with every mmap-based loader, the
         // file must not be truncated by another process while it is mapped.
@@ -116,10 +124,19 @@ impl GgufFile {
 
     fn parse(path: PathBuf, bytes: Bytes) -> Result<GgufFile, GgufError> {
         let header = {
-            let mut cur = Cursor { buf: bytes.as_slice(), pos: 0, path: &path };
+            let mut cur = Cursor {
+                buf: bytes.as_slice(),
+                pos: 0,
+                path: &path,
+            };
             parse_header(&mut cur)?
         };
-        let by_name = header.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        let by_name = header
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
         Ok(GgufFile {
             path,
             bytes,
@@ -178,10 +195,12 @@ impl GgufFile {
 
     /// Zero-copy view of a tensor's bytes.
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>, GgufError> {
-        let info = self.tensor_info(name).ok_or_else(|| GgufError::NoSuchTensor {
-            path: self.path.clone(),
-            name: name.to_string(),
-        })?;
+        let info = self
+            .tensor_info(name)
+            .ok_or_else(|| GgufError::NoSuchTensor {
+                path: self.path.clone(),
+                name: name.to_string(),
+            })?;
         Ok(self.view(info))
     }
 
@@ -193,7 +212,10 @@ impl GgufFile {
     fn view<'a>(&'a self, info: &'a TensorInfo) -> TensorView<'a> {
         let start = (self.data_offset + info.offset) as usize;
         let end = start + info.n_bytes() as usize;
-        TensorView { info, data: &self.bytes.as_slice()[start..end] }
+        TensorView {
+            info,
+            data: &self.bytes.as_slice()[start..end],
+        }
     }
 }
 
@@ -224,7 +246,11 @@ fn parse_header(cur: &mut Cursor<'_>) -> Result<Header, GgufError> {
         let key_at = cur.pos;
         let key = cur.string(&format!("metadata[{i}].key"))?;
         if metadata.contains(&key) {
-            return Err(cur.err_at(&format!("metadata key '{key}'"), key_at, Problem::Duplicate("metadata key".into())));
+            return Err(cur.err_at(
+                &format!("metadata key '{key}'"),
+                key_at,
+                Problem::Duplicate("metadata key".into()),
+            ));
         }
         let field = format!("metadata '{key}'");
         let ty = cur.value_type(&field)?;
@@ -240,7 +266,9 @@ fn parse_header(cur: &mut Cursor<'_>) -> Result<Header, GgufError> {
                 return Err(cur.err_at(
                     "metadata 'general.alignment'",
                     cur.pos,
-                    Problem::Invalid(format!("alignment {v} is not a power of two in 1..=1048576")),
+                    Problem::Invalid(format!(
+                        "alignment {v} is not a power of two in 1..=1048576"
+                    )),
                 ))
             }
         },
@@ -258,7 +286,11 @@ fn parse_header(cur: &mut Cursor<'_>) -> Result<Header, GgufError> {
         let dims_at = cur.pos;
         let n_dims = cur.u32(&format!("{field} n_dims"))? as usize;
         if n_dims > MAX_DIMS {
-            return Err(cur.err_at(&field, dims_at, Problem::Invalid(format!("{n_dims} dimensions (max {MAX_DIMS})"))));
+            return Err(cur.err_at(
+                &field,
+                dims_at,
+                Problem::Invalid(format!("{n_dims} dimensions (max {MAX_DIMS})")),
+            ));
         }
         let mut shape = Vec::with_capacity(n_dims);
         for d in 0..n_dims {
@@ -266,16 +298,25 @@ fn parse_header(cur: &mut Cursor<'_>) -> Result<Header, GgufError> {
         }
         let type_at = cur.pos;
         let type_id = cur.u32(&format!("{field} type"))?;
-        let ty = GgmlType::from_id(type_id)
-            .ok_or_else(|| cur.err_at(&format!("{field} type"), type_at, Problem::UnknownTensorType(type_id)))?;
+        let ty = GgmlType::from_id(type_id).ok_or_else(|| {
+            cur.err_at(
+                &format!("{field} type"),
+                type_at,
+                Problem::UnknownTensorType(type_id),
+            )
+        })?;
         let n_elements = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
         let size_ok = n_elements.and_then(|n| ty.bytes_for(n)).is_some()
-            && shape.first().is_none_or(|&ne0| ne0 % ty.block_size() as u64 == 0);
+            && shape
+                .first()
+                .is_none_or(|&ne0| ne0 % ty.block_size() as u64 == 0);
         if !size_ok {
             return Err(cur.err_at(
                 &format!("{field} shape"),
                 dims_at,
-                Problem::Invalid(format!("shape {shape:?} is not a whole number of {ty} blocks or overflows")),
+                Problem::Invalid(format!(
+                    "shape {shape:?} is not a whole number of {ty} blocks or overflows"
+                )),
             ));
         }
         let off_at = cur.pos;
@@ -284,10 +325,17 @@ fn parse_header(cur: &mut Cursor<'_>) -> Result<Header, GgufError> {
             return Err(cur.err_at(
                 &format!("{field} offset"),
                 off_at,
-                Problem::Invalid(format!("data offset {offset} is not a multiple of the alignment {alignment}")),
+                Problem::Invalid(format!(
+                    "data offset {offset} is not a multiple of the alignment {alignment}"
+                )),
             ));
         }
-        tensors.push(TensorInfo { name, ty, shape, offset });
+        tensors.push(TensorInfo {
+            name,
+            ty,
+            shape,
+            offset,
+        });
     }
 
     let data_offset = cur.pos.div_ceil(alignment) * alignment;
@@ -297,7 +345,10 @@ fn parse_header(cur: &mut Cursor<'_>) -> Result<Header, GgufError> {
         return Err(cur.err_at(
             "data section",
             cur.pos,
-            Problem::Truncated { needed: data_offset - cur.pos, available: file_len - cur.pos },
+            Problem::Truncated {
+                needed: data_offset - cur.pos,
+                available: file_len - cur.pos,
+            },
         ));
     }
     for t in &tensors {
@@ -306,11 +357,21 @@ fn parse_header(cur: &mut Cursor<'_>) -> Result<Header, GgufError> {
             return Err(cur.err_at(
                 &format!("tensor '{}' data", t.name),
                 data_offset.saturating_add(t.offset),
-                Problem::OutOfRange { start: t.offset, end: end.unwrap_or(u64::MAX), len: data_len },
+                Problem::OutOfRange {
+                    start: t.offset,
+                    end: end.unwrap_or(u64::MAX),
+                    len: data_len,
+                },
             ));
         }
     }
-    Ok(Header { version, metadata, tensors, alignment, data_offset })
+    Ok(Header {
+        version,
+        metadata,
+        tensors,
+        alignment,
+        data_offset,
+    })
 }
 
 /// A bounds-checked little-endian reader over the header bytes.
@@ -322,7 +383,12 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn err_at(&self, field: &str, offset: u64, problem: Problem) -> GgufError {
-        GgufError::Format { path: self.path.to_path_buf(), field: field.to_string(), offset, problem }
+        GgufError::Format {
+            path: self.path.to_path_buf(),
+            field: field.to_string(),
+            offset,
+            problem,
+        }
     }
 
     fn remaining(&self) -> u64 {
@@ -331,7 +397,14 @@ impl<'a> Cursor<'a> {
 
     fn take(&mut self, field: &str, n: u64) -> Result<&'a [u8], GgufError> {
         if n > self.remaining() {
-            return Err(self.err_at(field, self.pos, Problem::Truncated { needed: n, available: self.remaining() }));
+            return Err(self.err_at(
+                field,
+                self.pos,
+                Problem::Truncated {
+                    needed: n,
+                    available: self.remaining(),
+                },
+            ));
         }
         let start = self.pos as usize;
         self.pos += n;
@@ -339,7 +412,10 @@ impl<'a> Cursor<'a> {
     }
 
     fn array<const N: usize>(&mut self, field: &str) -> Result<[u8; N], GgufError> {
-        Ok(self.take(field, N as u64)?.try_into().expect("length checked"))
+        Ok(self
+            .take(field, N as u64)?
+            .try_into()
+            .expect("length checked"))
     }
 
     fn u32(&mut self, field: &str) -> Result<u32, GgufError> {
@@ -357,8 +433,17 @@ impl<'a> Cursor<'a> {
         let at = self.pos;
         let n = self.u64(field)?;
         let available = self.remaining();
-        if n.checked_mul(min_item_bytes).is_none_or(|need| need > available) {
-            return Err(self.err_at(field, at, Problem::CountTooLarge { count: n, available }));
+        if n.checked_mul(min_item_bytes)
+            .is_none_or(|need| need > available)
+        {
+            return Err(self.err_at(
+                field,
+                at,
+                Problem::CountTooLarge {
+                    count: n,
+                    available,
+                },
+            ));
         }
         Ok(n)
     }
@@ -373,7 +458,8 @@ impl<'a> Cursor<'a> {
     fn value_type(&mut self, field: &str) -> Result<ValueType, GgufError> {
         let at = self.pos;
         let id = self.u32(&format!("{field} type"))?;
-        ValueType::from_id(id).ok_or_else(|| self.err_at(&format!("{field} type"), at, Problem::UnknownValueType(id)))
+        ValueType::from_id(id)
+            .ok_or_else(|| self.err_at(&format!("{field} type"), at, Problem::UnknownValueType(id)))
     }
 
     fn value(&mut self, field: &str, ty: ValueType, depth: usize) -> Result<Value, GgufError> {
@@ -393,7 +479,13 @@ impl<'a> Cursor<'a> {
                 match self.array::<1>(field)?[0] {
                     0 => Value::Bool(false),
                     1 => Value::Bool(true),
-                    b => return Err(self.err_at(field, at, Problem::Invalid(format!("bool byte {b} is neither 0 nor 1")))),
+                    b => {
+                        return Err(self.err_at(
+                            field,
+                            at,
+                            Problem::Invalid(format!("bool byte {b} is neither 0 nor 1")),
+                        ))
+                    }
                 }
             }
             ValueType::String => Value::String(self.string(field)?),

@@ -43,11 +43,38 @@ pub enum GgmlType {
 
 impl GgmlType {
     pub const ALL: [GgmlType; 32] = [
-        Self::F32, Self::F16, Self::Q4_0, Self::Q4_1, Self::Q5_0, Self::Q5_1, Self::Q8_0,
-        Self::Q8_1, Self::Q2_K, Self::Q3_K, Self::Q4_K, Self::Q5_K, Self::Q6_K, Self::Q8_K,
-        Self::IQ2_XXS, Self::IQ2_XS, Self::IQ3_XXS, Self::IQ1_S, Self::IQ4_NL, Self::IQ3_S,
-        Self::IQ2_S, Self::IQ4_XS, Self::I8, Self::I16, Self::I32, Self::I64, Self::F64,
-        Self::IQ1_M, Self::BF16, Self::TQ1_0, Self::TQ2_0, Self::MXFP4,
+        Self::F32,
+        Self::F16,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q8_0,
+        Self::Q8_1,
+        Self::Q2_K,
+        Self::Q3_K,
+        Self::Q4_K,
+        Self::Q5_K,
+        Self::Q6_K,
+        Self::Q8_K,
+        Self::IQ2_XXS,
+        Self::IQ2_XS,
+        Self::IQ3_XXS,
+        Self::IQ1_S,
+        Self::IQ4_NL,
+        Self::IQ3_S,
+        Self::IQ2_S,
+        Self::IQ4_XS,
+        Self::I8,
+        Self::I16,
+        Self::I32,
+        Self::I64,
+        Self::F64,
+        Self::IQ1_M,
+        Self::BF16,
+        Self::TQ1_0,
+        Self::TQ2_0,
+        Self::MXFP4,
     ];
 
     pub fn from_id(id: u32) -> Option<GgmlType> {
@@ -123,18 +150,46 @@ impl GgmlType {
     pub fn name(self) -> &'static str {
         use GgmlType::*;
         match self {
-            F32 => "F32", F16 => "F16", Q4_0 => "Q4_0", Q4_1 => "Q4_1", Q5_0 => "Q5_0",
-            Q5_1 => "Q5_1", Q8_0 => "Q8_0", Q8_1 => "Q8_1", Q2_K => "Q2_K", Q3_K => "Q3_K",
-            Q4_K => "Q4_K", Q5_K => "Q5_K", Q6_K => "Q6_K", Q8_K => "Q8_K",
-            IQ2_XXS => "IQ2_XXS", IQ2_XS => "IQ2_XS", IQ3_XXS => "IQ3_XXS", IQ1_S => "IQ1_S",
-            IQ4_NL => "IQ4_NL", IQ3_S => "IQ3_S", IQ2_S => "IQ2_S", IQ4_XS => "IQ4_XS",
-            I8 => "I8", I16 => "I16", I32 => "I32", I64 => "I64", F64 => "F64",
-            IQ1_M => "IQ1_M", BF16 => "BF16", TQ1_0 => "TQ1_0", TQ2_0 => "TQ2_0", MXFP4 => "MXFP4",
+            F32 => "F32",
+            F16 => "F16",
+            Q4_0 => "Q4_0",
+            Q4_1 => "Q4_1",
+            Q5_0 => "Q5_0",
+            Q5_1 => "Q5_1",
+            Q8_0 => "Q8_0",
+            Q8_1 => "Q8_1",
+            Q2_K => "Q2_K",
+            Q3_K => "Q3_K",
+            Q4_K => "Q4_K",
+            Q5_K => "Q5_K",
+            Q6_K => "Q6_K",
+            Q8_K => "Q8_K",
+            IQ2_XXS => "IQ2_XXS",
+            IQ2_XS => "IQ2_XS",
+            IQ3_XXS => "IQ3_XXS",
+            IQ1_S => "IQ1_S",
+            IQ4_NL => "IQ4_NL",
+            IQ3_S => "IQ3_S",
+            IQ2_S => "IQ2_S",
+            IQ4_XS => "IQ4_XS",
+            I8 => "I8",
+            I16 => "I16",
+            I32 => "I32",
+            I64 => "I64",
+            F64 => "F64",
+            IQ1_M => "IQ1_M",
+            BF16 => "BF16",
+            TQ1_0 => "TQ1_0",
+            TQ2_0 => "TQ2_0",
+            MXFP4 => "MXFP4",
         }
     }
 
     pub fn from_name(name: &str) -> Option<GgmlType> {
-        Self::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(name))
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
     }
 }
 

@@ -25,8 +25,19 @@ impl ValueType {
     pub fn from_id(id: u32) -> Option<ValueType> {
         use ValueType::*;
         Some(match id {
-            0 => U8, 1 => I8, 2 => U16, 3 => I16, 4 => U32, 5 => I32, 6 => F32, 7 => Bool,
-            8 => String, 9 => Array, 10 => U64, 11 => I64, 12 => F64,
+            0 => U8,
+            1 => I8,
+            2 => U16,
+            3 => I16,
+            4 => U32,
+            5 => I32,
+            6 => F32,
+            7 => Bool,
+            8 => String,
+            9 => Array,
+            10 => U64,
+            11 => I64,
+            12 => F64,
             _ => return None,
         })
     }
@@ -46,9 +57,19 @@ impl ValueType {
     pub fn name(self) -> &'static str {
         use ValueType::*;
         match self {
-            U8 => "u8", I8 => "i8", U16 => "u16", I16 => "i16", U32 => "u32", I32 => "i32",
-            F32 => "f32", Bool => "bool", String => "string", Array => "array", U64 => "u64",
-            I64 => "i64", F64 => "f64",
+            U8 => "u8",
+            I8 => "i8",
+            U16 => "u16",
+            I16 => "i16",
+            U32 => "u32",
+            I32 => "i32",
+            F32 => "f32",
+            Bool => "bool",
+            String => "string",
+            Array => "array",
+            U64 => "u64",
+            I64 => "i64",
+            F64 => "f64",
         }
     }
 }

@@ -32,15 +32,25 @@ impl GgufWriter {
     }
 
     fn alignment(&self) -> u64 {
-        self.metadata.get_u64("general.alignment").unwrap_or(DEFAULT_ALIGNMENT)
+        self.metadata
+            .get_u64("general.alignment")
+            .unwrap_or(DEFAULT_ALIGNMENT)
     }
 
     /// Declares a tensor; its data must later be written in declaration order.
     /// `shape` is ggml `ne` order (innermost first).
-    pub fn add_tensor(&mut self, name: impl Into<String>, ty: GgmlType, shape: &[u64]) -> Result<(), GgufError> {
+    pub fn add_tensor(
+        &mut self,
+        name: impl Into<String>,
+        ty: GgmlType,
+        shape: &[u64],
+    ) -> Result<(), GgufError> {
         let name = name.into();
         if shape.len() > MAX_DIMS || shape.is_empty() {
-            return Err(GgufError::Write(format!("tensor '{name}': {} dims", shape.len())));
+            return Err(GgufError::Write(format!(
+                "tensor '{name}': {} dims",
+                shape.len()
+            )));
         }
         if self.tensors.iter().any(|t| t.name == name) {
             return Err(GgufError::Write(format!("duplicate tensor '{name}'")));
@@ -49,10 +59,19 @@ impl GgufWriter {
         let bytes = ty
             .bytes_for(n)
             .filter(|_| shape[0] % ty.block_size() as u64 == 0)
-            .ok_or_else(|| GgufError::Write(format!("tensor '{name}': shape {shape:?} is not whole {ty} blocks")))?;
+            .ok_or_else(|| {
+                GgufError::Write(format!(
+                    "tensor '{name}': shape {shape:?} is not whole {ty} blocks"
+                ))
+            })?;
         let offset = self.data_len.div_ceil(self.alignment()) * self.alignment();
         self.data_len = offset + bytes;
-        self.tensors.push(TensorInfo { name, ty, shape: shape.to_vec(), offset });
+        self.tensors.push(TensorInfo {
+            name,
+            ty,
+            shape: shape.to_vec(),
+            offset,
+        });
         Ok(())
     }
 
@@ -60,7 +79,9 @@ impl GgufWriter {
     pub fn begin<W: Write>(self, mut w: W) -> Result<TensorSink<W>, GgufError> {
         let alignment = self.alignment();
         if !alignment.is_power_of_two() {
-            return Err(GgufError::Write(format!("alignment {alignment} is not a power of two")));
+            return Err(GgufError::Write(format!(
+                "alignment {alignment} is not a power of two"
+            )));
         }
         let mut h = Vec::new();
         h.extend_from_slice(&GGUF_MAGIC.to_le_bytes());
@@ -84,7 +105,14 @@ impl GgufWriter {
         let padded = (h.len() as u64).div_ceil(alignment) * alignment;
         h.resize(padded as usize, 0);
         w.write_all(&h).map_err(io)?;
-        Ok(TensorSink { w, tensors: self.tensors, alignment, next: 0, written_in_current: 0, pos: 0 })
+        Ok(TensorSink {
+            w,
+            tensors: self.tensors,
+            alignment,
+            next: 0,
+            written_in_current: 0,
+            pos: 0,
+        })
     }
 }
 
@@ -105,10 +133,15 @@ impl<W: Write> TensorSink<W> {
     /// (or the next one, once the current one is complete).
     pub fn write(&mut self, name: &str, data: &[u8]) -> Result<(), GgufError> {
         let Some(cur) = self.tensors.get(self.next) else {
-            return Err(GgufError::Write(format!("tensor '{name}': all declared tensors are complete")));
+            return Err(GgufError::Write(format!(
+                "tensor '{name}': all declared tensors are complete"
+            )));
         };
         if cur.name != name {
-            return Err(GgufError::Write(format!("expected data for tensor '{}', got '{name}'", cur.name)));
+            return Err(GgufError::Write(format!(
+                "expected data for tensor '{}', got '{name}'",
+                cur.name
+            )));
         }
         let (offset, size) = (cur.offset, cur.n_bytes());
         if self.written_in_current == 0 {
@@ -117,7 +150,9 @@ impl<W: Write> TensorSink<W> {
             self.pos = offset;
         }
         if self.written_in_current + data.len() as u64 > size {
-            return Err(GgufError::Write(format!("tensor '{name}': more than its {size} bytes written")));
+            return Err(GgufError::Write(format!(
+                "tensor '{name}': more than its {size} bytes written"
+            )));
         }
         self.w.write_all(data).map_err(io)?;
         self.written_in_current += data.len() as u64;
@@ -133,7 +168,10 @@ impl<W: Write> TensorSink<W> {
     /// alignment (as llama.cpp's writers do) and flushes.
     pub fn finish(mut self) -> Result<W, GgufError> {
         if let Some(t) = self.tensors.get(self.next) {
-            return Err(GgufError::Write(format!("tensor '{}' was not written in full", t.name)));
+            return Err(GgufError::Write(format!(
+                "tensor '{}' was not written in full",
+                t.name
+            )));
         }
         let pad = self.pos.div_ceil(self.alignment) * self.alignment - self.pos;
         self.w.write_all(&vec![0u8; pad as usize]).map_err(io)?;

@@ -9,7 +9,9 @@ use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gguf").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/gguf")
+        .join(name)
 }
 
 fn small_bytes() -> Vec<u8> {
@@ -37,28 +39,56 @@ fn json_matches(v: &Value, want: &Json) -> bool {
 #[test]
 fn reads_what_gguf_py_wrote() {
     let f = GgufFile::open(fixture("small.gguf")).unwrap();
-    let want: Json = serde_json::from_str(&std::fs::read_to_string(fixture("small.json")).unwrap()).unwrap();
+    let want: Json =
+        serde_json::from_str(&std::fs::read_to_string(fixture("small.json")).unwrap()).unwrap();
     assert_eq!(f.version(), 3);
     assert_eq!(f.alignment(), 64);
     let type_names = [
-        ("UINT8", ValueType::U8), ("INT8", ValueType::I8), ("UINT16", ValueType::U16),
-        ("INT16", ValueType::I16), ("UINT32", ValueType::U32), ("INT32", ValueType::I32),
-        ("FLOAT32", ValueType::F32), ("BOOL", ValueType::Bool), ("STRING", ValueType::String),
-        ("ARRAY", ValueType::Array), ("UINT64", ValueType::U64), ("INT64", ValueType::I64),
+        ("UINT8", ValueType::U8),
+        ("INT8", ValueType::I8),
+        ("UINT16", ValueType::U16),
+        ("INT16", ValueType::I16),
+        ("UINT32", ValueType::U32),
+        ("INT32", ValueType::I32),
+        ("FLOAT32", ValueType::F32),
+        ("BOOL", ValueType::Bool),
+        ("STRING", ValueType::String),
+        ("ARRAY", ValueType::Array),
+        ("UINT64", ValueType::U64),
+        ("INT64", ValueType::I64),
         ("FLOAT64", ValueType::F64),
     ];
     for (key, w) in want["metadata"].as_object().unwrap() {
-        let v = f.metadata().get(key).unwrap_or_else(|| panic!("missing key {key}"));
-        let ty = type_names.iter().find(|(n, _)| *n == w["type"].as_str().unwrap()).unwrap().1;
+        let v = f
+            .metadata()
+            .get(key)
+            .unwrap_or_else(|| panic!("missing key {key}"));
+        let ty = type_names
+            .iter()
+            .find(|(n, _)| *n == w["type"].as_str().unwrap())
+            .unwrap()
+            .1;
         assert_eq!(v.value_type(), ty, "{key}");
         if key == "t.arr_nested" {
             // gguf-py's contents() flattens nested arrays; the script wrote [[1, 2], [3]].
             let outer = v.as_array().unwrap();
-            let inner: Vec<Vec<i64>> =
-                outer.iter().map(|a| a.as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect()).collect();
+            let inner: Vec<Vec<i64>> = outer
+                .iter()
+                .map(|a| {
+                    a.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_i64().unwrap())
+                        .collect()
+                })
+                .collect();
             assert_eq!(inner, vec![vec![1, 2], vec![3]]);
         } else {
-            assert!(json_matches(v, &w["value"]), "{key}: {v:?} vs {}", w["value"]);
+            assert!(
+                json_matches(v, &w["value"]),
+                "{key}: {v:?} vs {}",
+                w["value"]
+            );
         }
     }
     // gguf-py's writer drops empty arrays, so the file must not have one.
@@ -71,10 +101,23 @@ fn reads_what_gguf_py_wrote() {
         let t = f.tensor(name).unwrap();
         assert_eq!(t.info.ty.name(), w["type"].as_str().unwrap());
         // gguf-py reports shapes in ggml ne order too.
-        let shape: Vec<u64> = w["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        let shape: Vec<u64> = w["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
         assert_eq!(t.info.shape, shape, "{name}");
-        assert_eq!(f.data_offset() + t.info.offset, w["offset"].as_u64().unwrap(), "{name}");
-        assert_eq!(format!("{:x}", Sha256::digest(t.data)), w["sha256"].as_str().unwrap(), "{name}");
+        assert_eq!(
+            f.data_offset() + t.info.offset,
+            w["offset"].as_u64().unwrap(),
+            "{name}"
+        );
+        assert_eq!(
+            format!("{:x}", Sha256::digest(t.data)),
+            w["sha256"].as_str().unwrap(),
+            "{name}"
+        );
     }
 }
 
@@ -108,12 +151,19 @@ fn writer_reproduces_gguf_py_bytes() {
 fn writer_round_trips_empty_and_nested_arrays() {
     let mut w = GgufWriter::new();
     w.set("e", Value::Array(ValueType::String, vec![]));
-    let inner = |xs: &[u32]| Value::Array(ValueType::U32, xs.iter().map(|&x| Value::U32(x)).collect());
-    let nested = Value::Array(ValueType::Array, vec![inner(&[1, 2]), inner(&[]), inner(&[3])]);
+    let inner =
+        |xs: &[u32]| Value::Array(ValueType::U32, xs.iter().map(|&x| Value::U32(x)).collect());
+    let nested = Value::Array(
+        ValueType::Array,
+        vec![inner(&[1, 2]), inner(&[]), inner(&[3])],
+    );
     w.set("n", nested.clone());
     let bytes = w.begin(Vec::new()).unwrap().finish().unwrap();
     let f = GgufFile::from_bytes("rt.gguf", bytes).unwrap();
-    assert_eq!(f.metadata().get("e"), Some(&Value::Array(ValueType::String, vec![])));
+    assert_eq!(
+        f.metadata().get("e"),
+        Some(&Value::Array(ValueType::String, vec![]))
+    );
     assert_eq!(f.metadata().get("n"), Some(&nested));
 }
 
@@ -134,8 +184,16 @@ fn writer_rejects_misuse() {
 
 fn format_problem(e: GgufError) -> (String, u64, Problem) {
     match e {
-        GgufError::Format { field, offset, problem, path } => {
-            assert!(path.to_string_lossy().contains("small"), "error names the file");
+        GgufError::Format {
+            field,
+            offset,
+            problem,
+            path,
+        } => {
+            assert!(
+                path.to_string_lossy().contains("small"),
+                "error names the file"
+            );
             (field, offset, problem)
         }
         other => panic!("expected a format error, got {other}"),
@@ -148,7 +206,12 @@ fn every_truncation_is_a_typed_error() {
     let f = GgufFile::from_bytes("small.gguf", bytes.clone()).unwrap();
     // gguf-py pads the file after the last tensor; a file missing only that
     // padding still holds every tensor in full and is accepted.
-    let data_end = f.tensors().iter().map(|t| f.data_offset() + t.offset + t.n_bytes()).max().unwrap() as usize;
+    let data_end = f
+        .tensors()
+        .iter()
+        .map(|t| f.data_offset() + t.offset + t.n_bytes())
+        .max()
+        .unwrap() as usize;
     for len in data_end..=bytes.len() {
         assert!(GgufFile::from_bytes("small.gguf", bytes[..len].to_vec()).is_ok());
     }
@@ -162,11 +225,19 @@ fn every_truncation_is_a_typed_error() {
         // Header errors point inside the file; a tensor whose data is cut off
         // is reported at the offset where its data starts.
         if !matches!(problem, Problem::OutOfRange { .. }) {
-            assert!(offset <= len as u64, "len {len}: offset {offset} beyond the file ({msg})");
+            assert!(
+                offset <= len as u64,
+                "len {len}: offset {offset} beyond the file ({msg})"
+            );
         }
         assert!(!field.is_empty());
         assert!(
-            matches!(problem, Problem::Truncated { .. } | Problem::CountTooLarge { .. } | Problem::OutOfRange { .. }),
+            matches!(
+                problem,
+                Problem::Truncated { .. }
+                    | Problem::CountTooLarge { .. }
+                    | Problem::OutOfRange { .. }
+            ),
             "len {len}: {msg}"
         );
     }
@@ -227,7 +298,10 @@ fn specific_corruptions_name_field_and_offset() {
 
     for v in [1u32, 4, 0xffff_ffff] {
         let (field, offset, p) = format_problem(patched(4, &v.to_le_bytes()).err().unwrap());
-        assert_eq!((field.as_str(), offset, p), ("version", 4, Problem::UnknownVersion(v)));
+        assert_eq!(
+            (field.as_str(), offset, p),
+            ("version", 4, Problem::UnknownVersion(v))
+        );
     }
 
     let (field, offset, p) = format_problem(patched(8, &u64::MAX.to_le_bytes()).err().unwrap());
@@ -241,15 +315,26 @@ fn specific_corruptions_name_field_and_offset() {
     let at = tensor_info_at("f32.weight");
     let type_at = at + 8 + 10 + 4 + 2 * 8;
     let (field, offset, p) = format_problem(patched(type_at, &77u32.to_le_bytes()).err().unwrap());
-    assert_eq!((field.as_str(), offset as usize), ("tensor 'f32.weight' type", type_at));
+    assert_eq!(
+        (field.as_str(), offset as usize),
+        ("tensor 'f32.weight' type", type_at)
+    );
     assert_eq!(p, Problem::UnknownTensorType(77));
 
-    let (field, _, p) = format_problem(patched(type_at + 4, &(1u64 << 40).to_le_bytes()).err().unwrap());
+    let (field, _, p) = format_problem(
+        patched(type_at + 4, &(1u64 << 40).to_le_bytes())
+            .err()
+            .unwrap(),
+    );
     assert_eq!(field, "tensor 'f32.weight' data");
     assert!(matches!(p, Problem::OutOfRange { .. }));
 
     // A dimension so large the element count overflows.
-    let (field, _, _) = format_problem(patched(at + 8 + 10 + 4, &u64::MAX.to_le_bytes()).err().unwrap());
+    let (field, _, _) = format_problem(
+        patched(at + 8 + 10 + 4, &u64::MAX.to_le_bytes())
+            .err()
+            .unwrap(),
+    );
     assert_eq!(field, "tensor 'f32.weight' shape");
 
     // Misaligned offset.

@@ -198,7 +198,12 @@ pub mod testing {
                 forwards: 0,
             })
         }
-        fn forward(&self, st: &mut GpuLikeState, tokens: &[u32], want: Logits) -> Result<Vec<f32>, ModelError> {
+        fn forward(
+            &self,
+            st: &mut GpuLikeState,
+            tokens: &[u32],
+            want: Logits,
+        ) -> Result<Vec<f32>, ModelError> {
             st.forwards += 1;
             self.model.forward(&mut st.inner, tokens, want)
         }

@@ -230,7 +230,16 @@ fn attention_f16_flash(
     let t_len = q.len() / (s.n_heads * hd);
     let cells = fa::Cells::of(cache);
     let kv_row = s.n_kv_heads * hd;
-    let source = |kvh: usize| fa::KvSource { k_new, v_new, kc, vc, cache, p0, kv_row, kvh };
+    let source = |kvh: usize| fa::KvSource {
+        k_new,
+        v_new,
+        kc,
+        vc,
+        cache,
+        p0,
+        kv_row,
+        kvh,
+    };
     let invariant = hearth_kernels::cpu::packed::batch_invariant();
     if t_len >= fa::TILED_MIN_ROWS && !invariant {
         // Rows sharing a KV head go together (its tiles are converted once),
@@ -241,15 +250,20 @@ fn attention_f16_flash(
                 let idx: Vec<usize> = (0..t_len)
                     .flat_map(|t| (kvh * group..(kvh + 1) * group).map(move |h| t * s.n_heads + h))
                     .collect();
-                idx.chunks(ROWS_PER_TASK).map(|c| (kvh, c.to_vec())).collect::<Vec<_>>()
+                idx.chunks(ROWS_PER_TASK)
+                    .map(|c| (kvh, c.to_vec()))
+                    .collect::<Vec<_>>()
             })
             .collect();
         // Tasks are taken dynamically by the threads of the forward pass's pool.
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let slots: Vec<std::sync::Mutex<Vec<f32>>> = tasks.iter().map(|_| Default::default()).collect();
+        let slots: Vec<std::sync::Mutex<Vec<f32>>> =
+            tasks.iter().map(|_| Default::default()).collect();
         hearth_kernels::pool::global().run(|_, _| loop {
             let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some((kvh, idx)) = tasks.get(k) else { break };
+            let Some((kvh, idx)) = tasks.get(k) else {
+                break;
+            };
             let rows: Vec<(&[f32], usize, usize)> = idx
                 .iter()
                 .map(|&i| {
@@ -257,7 +271,8 @@ fn attention_f16_flash(
                     (&q[i * hd..(i + 1) * hd], qpos, cache.window_start(qpos))
                 })
                 .collect();
-            *slots[k].lock().unwrap() = fa::tiled_rows(&rows, &source(*kvh), cells, p0 + t_len - 1, s.scale);
+            *slots[k].lock().unwrap() =
+                fa::tiled_rows(&rows, &source(*kvh), cells, p0 + t_len - 1, s.scale);
         });
         let results: Vec<Vec<f32>> = slots.into_iter().map(|m| m.into_inner().unwrap()).collect();
         for ((_, idx), res) in tasks.iter().zip(&results) {
@@ -288,9 +303,13 @@ fn attention_f16_flash(
             // SAFETY: the rows of (t, heads) are written by this thread only.
             let mut outs: Vec<&mut [f32]> = heads
                 .clone()
-                .map(|h| unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add((t * s.n_heads + h) * hd), hd) })
+                .map(|h| unsafe {
+                    std::slice::from_raw_parts_mut(out_ptr.get().add((t * s.n_heads + h) * hd), hd)
+                })
                 .collect();
-            let qs: Vec<&[f32]> = heads.map(|h| &q[(t * s.n_heads + h) * hd..][..hd]).collect();
+            let qs: Vec<&[f32]> = heads
+                .map(|h| &q[(t * s.n_heads + h) * hd..][..hd])
+                .collect();
             let src = source(kvh);
             let qpos = p0 + t;
             let lo = cache.window_start(qpos);
@@ -386,7 +405,9 @@ pub fn gelu_f16_table(x: f32) -> f32 {
         static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
         let table = TABLE.get_or_init(|| {
             (0..=u16::MAX)
-                .map(|bits| half::f16::from_f32(gelu_tanh_fma(half::f16::from_bits(bits).to_f32())).to_f32())
+                .map(|bits| {
+                    half::f16::from_f32(gelu_tanh_fma(half::f16::from_bits(bits).to_f32())).to_f32()
+                })
                 .collect()
         });
         table[half::f16::from_f32(x).to_bits() as usize]

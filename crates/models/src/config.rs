@@ -107,29 +107,47 @@ impl ModelConfig {
         let arch_name = file.architecture().ok_or(ConfigError::NoArchitecture)?;
         let arch = Architecture::from_gguf_name(arch_name)
             .ok_or_else(|| ConfigError::UnsupportedArchitecture(arch_name.to_string()))?;
-        let vocab_from_tensor = file.tensor_info("token_embd.weight").map(|t| t.shape.get(1).copied().unwrap_or(0) as usize);
+        let vocab_from_tensor = file
+            .tensor_info("token_embd.weight")
+            .map(|t| t.shape.get(1).copied().unwrap_or(0) as usize);
         match arch {
             Architecture::MuseGlimmer => Ok(Self::muse_glimmer(file, vocab_from_tensor)),
             _ => Self::from_metadata(arch, file.metadata(), vocab_from_tensor),
         }
     }
 
-    fn from_metadata(arch: Architecture, md: &Metadata, vocab_from_tensor: Option<usize>) -> Result<ModelConfig, ConfigError> {
+    fn from_metadata(
+        arch: Architecture,
+        md: &Metadata,
+        vocab_from_tensor: Option<usize>,
+    ) -> Result<ModelConfig, ConfigError> {
         let a = arch.gguf_name();
         let key = |k: &str| format!("{a}.{k}");
-        let req = |k: &str| md.get_u64(&key(k)).map(|v| v as usize).ok_or_else(|| ConfigError::MissingKey(key(k)));
+        let req = |k: &str| {
+            md.get_u64(&key(k))
+                .map(|v| v as usize)
+                .ok_or_else(|| ConfigError::MissingKey(key(k)))
+        };
         let n_layers = req("block_count")?;
         let dim = req("embedding_length")?;
         let n_heads = req("attention.head_count")?;
         if n_heads == 0 || n_layers == 0 || dim == 0 {
-            return Err(ConfigError::Invalid(format!("{a}: zero layers, heads or width")));
+            return Err(ConfigError::Invalid(format!(
+                "{a}: zero layers, heads or width"
+            )));
         }
         let mut defaults_used = Vec::new();
-        let n_kv_heads = md.get_u64(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or_else(|| {
-            defaults_used.push("attention.head_count_kv = head_count");
-            n_heads
-        });
-        let head_dim = md.get_u64(&key("attention.key_length")).map(|v| v as usize).unwrap_or(dim / n_heads);
+        let n_kv_heads = md
+            .get_u64(&key("attention.head_count_kv"))
+            .map(|v| v as usize)
+            .unwrap_or_else(|| {
+                defaults_used.push("attention.head_count_kv = head_count");
+                n_heads
+            });
+        let head_dim = md
+            .get_u64(&key("attention.key_length"))
+            .map(|v| v as usize)
+            .unwrap_or(dim / n_heads);
         let ffn_dim = req("feed_forward_length")?;
         let vocab_size = md
             .get_u64(&key("vocab_size"))
@@ -137,17 +155,32 @@ impl ModelConfig {
             .or_else(|| md.get_array("tokenizer.ggml.tokens").map(|t| t.len()))
             .or(vocab_from_tensor)
             .ok_or_else(|| ConfigError::MissingKey(key("vocab_size")))?;
-        let context_length = md.get_u64(&key("context_length")).map(|v| v as usize).unwrap_or_else(|| {
-            defaults_used.push("context_length = 4096");
-            4096
-        });
-        let norm_eps = md.get_f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f32;
+        let context_length = md
+            .get_u64(&key("context_length"))
+            .map(|v| v as usize)
+            .unwrap_or_else(|| {
+                defaults_used.push("context_length = 4096");
+                4096
+            });
+        let norm_eps = md
+            .get_f64(&key("attention.layer_norm_rms_epsilon"))
+            .unwrap_or(1e-5) as f32;
         let rope_theta = md.get_f64(&key("rope.freq_base")).unwrap_or(10000.0) as f32;
-        let window = md.get_u64(&key("attention.sliding_window")).map(|v| v as usize);
+        let window = md
+            .get_u64(&key("attention.sliding_window"))
+            .map(|v| v as usize);
 
         let (rope_layout, rope_theta_sliding, layers) = match arch {
-            Architecture::Llama => (RopeLayout::Interleaved, rope_theta, vec![LayerKind::Global { rope: true }; n_layers]),
-            Architecture::Qwen2 => (RopeLayout::Neox, rope_theta, vec![LayerKind::Global { rope: true }; n_layers]),
+            Architecture::Llama => (
+                RopeLayout::Interleaved,
+                rope_theta,
+                vec![LayerKind::Global { rope: true }; n_layers],
+            ),
+            Architecture::Qwen2 => (
+                RopeLayout::Neox,
+                rope_theta,
+                vec![LayerKind::Global { rope: true }; n_layers],
+            ),
             Architecture::Gemma3 => {
                 // Gemma 3: five sliding-window layers, then one global layer (llama.cpp's swa pattern 6);
                 // local layers use RoPE base 10000.
@@ -156,7 +189,13 @@ impl ModelConfig {
                     512
                 });
                 let layers = (0..n_layers)
-                    .map(|i| if i % 6 < 5 { LayerKind::Sliding { window, rope: true } } else { LayerKind::Global { rope: true } })
+                    .map(|i| {
+                        if i % 6 < 5 {
+                            LayerKind::Sliding { window, rope: true }
+                        } else {
+                            LayerKind::Global { rope: true }
+                        }
+                    })
                     .collect();
                 (RopeLayout::Neox, 10000.0, layers)
             }
@@ -188,21 +227,36 @@ impl ModelConfig {
     fn muse_glimmer(file: &GgufFile, vocab_from_tensor: Option<usize>) -> ModelConfig {
         let md = file.metadata();
         let mut defaults_used = Vec::new();
-        let shape = |name: &str, axis: usize| file.tensor_info(name).and_then(|t| t.shape.get(axis).copied()).map(|v| v as usize);
-        let n_layers = (0..).take_while(|i| file.tensor_info(&format!("blk.{i}.attn_norm.weight")).is_some()).count();
+        let shape = |name: &str, axis: usize| {
+            file.tensor_info(name)
+                .and_then(|t| t.shape.get(axis).copied())
+                .map(|v| v as usize)
+        };
+        let n_layers = (0..)
+            .take_while(|i| {
+                file.tensor_info(&format!("blk.{i}.attn_norm.weight"))
+                    .is_some()
+            })
+            .count();
         let n_layers = if n_layers == 0 { 52 } else { n_layers };
         let dim = shape("token_embd.weight", 0).unwrap_or(6656);
-        let head_dim = md.get_u64("muse_glimmer.attention.key_length").map(|v| v as usize).unwrap_or_else(|| {
-            defaults_used.push("head_dim = 128");
-            128
-        });
+        let head_dim = md
+            .get_u64("muse_glimmer.attention.key_length")
+            .map(|v| v as usize)
+            .unwrap_or_else(|| {
+                defaults_used.push("head_dim = 128");
+                128
+            });
         let q_dim = shape("blk.0.attn_q.weight", 1).unwrap_or(4096);
         let kv_dim = shape("blk.0.attn_k.weight", 1).unwrap_or(256);
         let ffn_dim = shape("blk.0.ffn_gate.weight", 1).unwrap_or(19968);
-        let window = md.get_u64("muse_glimmer.attention.sliding_window").map(|v| v as usize).unwrap_or_else(|| {
-            defaults_used.push("sliding_window = 2048");
-            2048
-        });
+        let window = md
+            .get_u64("muse_glimmer.attention.sliding_window")
+            .map(|v| v as usize)
+            .unwrap_or_else(|| {
+                defaults_used.push("sliding_window = 2048");
+                2048
+            });
         defaults_used.extend([
             "norm_eps = 1e-5",
             "rope_theta = 500000",
@@ -252,7 +306,10 @@ pub fn muse_glimmer_layers(n_layers: usize, window: usize) -> Vec<LayerKind> {
     (0..n_layers)
         .map(|i| match pattern[(i + 4 - (n_layers % 4)) % 4] {
             0 => LayerKind::Global { rope: false },
-            w => LayerKind::Sliding { window: w, rope: true },
+            w => LayerKind::Sliding {
+                window: w,
+                rope: true,
+            },
         })
         .collect()
 }
@@ -265,7 +322,10 @@ mod tests {
     /// the 8-layer toy has globals {3, 7}; use_rope(i) = ((n - i - 1) mod 4) != 0.
     #[test]
     fn muse_glimmer_layer_schedule_matches_spec() {
-        for (n, globals) in [(52usize, (0..13).map(|k| 4 * k + 3).collect::<Vec<_>>()), (8, vec![3, 7])] {
+        for (n, globals) in [
+            (52usize, (0..13).map(|k| 4 * k + 3).collect::<Vec<_>>()),
+            (8, vec![3, 7]),
+        ] {
             let layers = muse_glimmer_layers(n, 16);
             let got: Vec<usize> = (0..n).filter(|&i| !layers[i].is_sliding()).collect();
             assert_eq!(got, globals);

@@ -41,7 +41,11 @@ pub enum DflashError {
     #[error("DFlash draft: missing tensor '{0}' (every draft parameter must be present)")]
     MissingTensor(String),
     #[error("DFlash draft: tensor '{name}' has shape {got:?}, expected {expected:?} (ggml order)")]
-    BadShape { name: String, expected: Vec<u64>, got: Vec<u64> },
+    BadShape {
+        name: String,
+        expected: Vec<u64>,
+        got: Vec<u64>,
+    },
     #[error("DFlash draft: tensor '{name}' has type {ty}, which hearth cannot compute with")]
     UnsupportedType { name: String, ty: GgmlType },
     #[error("DFlash draft does not match the target: {0}")]
@@ -78,13 +82,18 @@ impl DflashConfig {
         let int = |k: &str, d: usize| -> Result<usize, DflashError> {
             match md.get(k) {
                 None => Ok(d),
-                Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| DflashError::Invalid(format!("metadata '{k}' is not an integer"))),
+                Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| {
+                    DflashError::Invalid(format!("metadata '{k}' is not an integer"))
+                }),
             }
         };
         let float = |k: &str, d: f64| -> Result<f32, DflashError> {
             match md.get(k) {
                 None => Ok(d as f32),
-                Some(v) => v.as_f64().map(|x| x as f32).ok_or_else(|| DflashError::Invalid(format!("metadata '{k}' is not a number"))),
+                Some(v) => v
+                    .as_f64()
+                    .map(|x| x as f32)
+                    .ok_or_else(|| DflashError::Invalid(format!("metadata '{k}' is not a number"))),
             }
         };
         let target_layers = match md.get_array("dflash.target_layers") {
@@ -93,7 +102,9 @@ impl DflashConfig {
                 .iter()
                 .map(|v| v.as_u64().map(|x| x as usize))
                 .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| DflashError::Invalid("dflash.target_layers is not an integer array".into()))?,
+                .ok_or_else(|| {
+                    DflashError::Invalid("dflash.target_layers is not an integer array".into())
+                })?,
         };
         let n_layers = int("dflash.block_count", 5)?;
         let window = int("dflash.attention.sliding_window", 0)?;
@@ -104,7 +115,11 @@ impl DflashConfig {
                     .iter()
                     .map(|v| v.as_bool())
                     .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| DflashError::Invalid("dflash.attention.sliding_window_pattern is not a bool array".into()))?;
+                    .ok_or_else(|| {
+                        DflashError::Invalid(
+                            "dflash.attention.sliding_window_pattern is not a bool array".into(),
+                        )
+                    })?;
                 if pattern.len() != n_layers {
                     return Err(DflashError::Invalid(format!(
                         "sliding_window_pattern has {} entries for {n_layers} layers",
@@ -112,7 +127,9 @@ impl DflashConfig {
                     )));
                 }
                 if pattern.iter().any(|&s| s) && window == 0 {
-                    return Err(DflashError::Invalid("sliding layers without dflash.attention.sliding_window".into()));
+                    return Err(DflashError::Invalid(
+                        "sliding layers without dflash.attention.sliding_window".into(),
+                    ));
                 }
                 pattern.into_iter().map(|s| s.then_some(window)).collect()
             }
@@ -132,16 +149,28 @@ impl DflashConfig {
             windows,
         };
         if c.n_heads == 0 || c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0 {
-            return Err(DflashError::Invalid(format!("{} heads cannot share {} KV heads", c.n_heads, c.n_kv_heads)));
+            return Err(DflashError::Invalid(format!(
+                "{} heads cannot share {} KV heads",
+                c.n_heads, c.n_kv_heads
+            )));
         }
         if c.head_dim == 0 || c.head_dim % 2 != 0 || c.head_dim > 512 {
-            return Err(DflashError::Invalid(format!("head dim {} must be even and at most 512", c.head_dim)));
+            return Err(DflashError::Invalid(format!(
+                "head dim {} must be even and at most 512",
+                c.head_dim
+            )));
         }
         if c.block_size < 2 {
-            return Err(DflashError::Invalid(format!("block size {} must be at least 2", c.block_size)));
+            return Err(DflashError::Invalid(format!(
+                "block size {} must be at least 2",
+                c.block_size
+            )));
         }
         if c.target_layers.is_empty() || c.target_layers.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(DflashError::Invalid(format!("target_layers {:?} must be non-empty and ascending", c.target_layers)));
+            return Err(DflashError::Invalid(format!(
+                "target_layers {:?} must be non-empty and ascending",
+                c.target_layers
+            )));
         }
         Ok(c)
     }
@@ -216,44 +245,91 @@ impl DflashModel {
         let file = Arc::new(GgufFile::open(path)?);
         let arch = file.architecture();
         if arch != Some("dflash") {
-            return Err(DflashError::NotDflash(arch.unwrap_or("(missing)").to_string()));
+            return Err(DflashError::NotDflash(
+                arch.unwrap_or("(missing)").to_string(),
+            ));
         }
         let config = DflashConfig::from_metadata(file.metadata())?;
         let c = &config;
         let t = &target.config;
         if c.dim != t.dim {
-            return Err(DflashError::Mismatch(format!("draft width {} differs from the target's {}", c.dim, t.dim)));
+            return Err(DflashError::Mismatch(format!(
+                "draft width {} differs from the target's {}",
+                c.dim, t.dim
+            )));
         }
         if let Some(&l) = c.target_layers.iter().find(|&&l| l > t.n_layers) {
-            return Err(DflashError::Mismatch(format!("tapped layer {l} is past the target's {} layers", t.n_layers)));
+            return Err(DflashError::Mismatch(format!(
+                "tapped layer {l} is past the target's {} layers",
+                t.n_layers
+            )));
         }
         if c.mask_token as usize >= t.vocab_size {
-            return Err(DflashError::Mismatch(format!("mask token {} is outside the target vocabulary of {}", c.mask_token, t.vocab_size)));
+            return Err(DflashError::Mismatch(format!(
+                "mask token {} is outside the target vocabulary of {}",
+                c.mask_token, t.vocab_size
+            )));
         }
-        let (d, q, kv, f, hd) = (c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.ffn_dim, c.head_dim);
+        let (d, q, kv, f, hd) = (
+            c.dim,
+            c.n_heads * c.head_dim,
+            c.n_kv_heads * c.head_dim,
+            c.ffn_dim,
+            c.head_dim,
+        );
         let mat = |name: &str, rows: usize, cols: usize| -> Result<Mat, DflashError> {
-            let ti = file.tensor_info(name).ok_or_else(|| DflashError::MissingTensor(name.into()))?;
+            let ti = file
+                .tensor_info(name)
+                .ok_or_else(|| DflashError::MissingTensor(name.into()))?;
             let expected = vec![cols as u64, rows as u64];
             if ti.shape != expected {
-                return Err(DflashError::BadShape { name: name.into(), expected, got: ti.shape.clone() });
+                return Err(DflashError::BadShape {
+                    name: name.into(),
+                    expected,
+                    got: ti.shape.clone(),
+                });
             }
             if !matmul_supported(ti.ty) {
-                return Err(DflashError::UnsupportedType { name: name.into(), ty: ti.ty });
+                return Err(DflashError::UnsupportedType {
+                    name: name.into(),
+                    ty: ti.ty,
+                });
             }
             let start = (file.data_offset() + ti.offset) as usize;
             let range = start..start + ti.n_bytes() as usize;
-            let m = QMatrix { ty: ti.ty, rows, cols, data: &file.raw_bytes()[range.clone()] };
+            let m = QMatrix {
+                ty: ti.ty,
+                rows,
+                cols,
+                data: &file.raw_bytes()[range.clone()],
+            };
             let packed = PackedMatrix::pack(&m).map(Arc::new);
-            Ok(Mat { ty: ti.ty, rows, cols, range, packed })
+            Ok(Mat {
+                ty: ti.ty,
+                rows,
+                cols,
+                range,
+                packed,
+            })
         };
         let vector = |name: &str, len: usize| -> Result<Vec<f32>, DflashError> {
-            let ti = file.tensor_info(name).ok_or_else(|| DflashError::MissingTensor(name.into()))?;
+            let ti = file
+                .tensor_info(name)
+                .ok_or_else(|| DflashError::MissingTensor(name.into()))?;
             if ti.shape != [len as u64] {
-                return Err(DflashError::BadShape { name: name.into(), expected: vec![len as u64], got: ti.shape.clone() });
+                return Err(DflashError::BadShape {
+                    name: name.into(),
+                    expected: vec![len as u64],
+                    got: ti.shape.clone(),
+                });
             }
             let mut out = vec![0.0; len];
-            hearth_kernels::dequantize(ti.ty, file.tensor(name)?.data, &mut out)
-                .map_err(|_| DflashError::UnsupportedType { name: name.into(), ty: ti.ty })?;
+            hearth_kernels::dequantize(ti.ty, file.tensor(name)?.data, &mut out).map_err(|_| {
+                DflashError::UnsupportedType {
+                    name: name.into(),
+                    ty: ti.ty,
+                }
+            })?;
             Ok(out)
         };
         let fc = mat("fc.weight", d, c.target_layers.len() * d)?;
@@ -276,7 +352,14 @@ impl DflashModel {
                 down: mat(&n("ffn_down.weight"), d, f)?,
             });
         }
-        Ok(DflashModel { config, file, fc, hidden_norm, output_norm, layers })
+        Ok(DflashModel {
+            config,
+            file,
+            fc,
+            hidden_norm,
+            output_norm,
+            layers,
+        })
     }
 
     pub fn new_state(&self, max_ctx: usize) -> DflashState {
@@ -299,9 +382,16 @@ impl DflashModel {
     fn linear(&self, mode: Activations, w: &Mat, x: &[f32]) -> Vec<f32> {
         let n = x.len() / w.cols;
         let mut out = vec![0.0f32; n * w.rows];
-        let m = QMatrix { ty: w.ty, rows: w.rows, cols: w.cols, data: &self.file.raw_bytes()[w.range.clone()] };
+        let m = QMatrix {
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            data: &self.file.raw_bytes()[w.range.clone()],
+        };
         match (&w.packed, mode) {
-            (Some(p), Activations::Quantized) => matmul_packed(simd::active(), p, &m, x, n, &mut out),
+            (Some(p), Activations::Quantized) => {
+                matmul_packed(simd::active(), p, &m, x, n, &mut out)
+            }
             _ => matmul(&m, x, n, &mut out, mode),
         }
         out
@@ -311,7 +401,11 @@ impl DflashModel {
     /// writing them (rows that no sliding window will ever see, spec §7.4).
     pub fn skip_context(&self, st: &mut DflashState, n: usize) -> Result<(), DflashError> {
         if st.ctx_len + n > st.max_ctx {
-            return Err(DflashError::Invalid(format!("context position {} exceeds the draft cache of {}", st.ctx_len + n, st.max_ctx)));
+            return Err(DflashError::Invalid(format!(
+                "context position {} exceeds the draft cache of {}",
+                st.ctx_len + n,
+                st.max_ctx
+            )));
         }
         st.ctx_len += n;
         Ok(())
@@ -334,25 +428,49 @@ impl DflashModel {
         let (d, hd, nh, nkv) = (c.dim, c.head_dim, c.n_heads, c.n_kv_heads);
         let b = block.len();
         if b < 2 || b > c.block_size {
-            return Err(DflashError::Invalid(format!("block length {b} must be in 2..={}", c.block_size)));
+            return Err(DflashError::Invalid(format!(
+                "block length {b} must be in 2..={}",
+                c.block_size
+            )));
         }
         if n_out == 0 || n_out >= b {
-            return Err(DflashError::Invalid(format!("{n_out} draft rows requested from a block of {b}")));
+            return Err(DflashError::Invalid(format!(
+                "{n_out} draft rows requested from a block of {b}"
+            )));
         }
         let width = self.hidden_width();
         if hidden.len() % width != 0 {
-            return Err(DflashError::Invalid(format!("hidden rows of {} values are not multiples of {width}", hidden.len())));
+            return Err(DflashError::Invalid(format!(
+                "hidden rows of {} values are not multiples of {width}",
+                hidden.len()
+            )));
         }
-        if let Some(&bad) = block.iter().find(|&&t| t as usize >= target.config.vocab_size) {
-            return Err(ModelError::BadToken { token: bad, vocab: target.config.vocab_size }.into());
+        if let Some(&bad) = block
+            .iter()
+            .find(|&&t| t as usize >= target.config.vocab_size)
+        {
+            return Err(ModelError::BadToken {
+                token: bad,
+                vocab: target.config.vocab_size,
+            }
+            .into());
         }
         let n_new = hidden.len() / width;
         let c0 = st.ctx_len;
         let c1 = c0 + n_new;
         if c1 + b > st.max_ctx {
-            return Err(DflashError::Invalid(format!("draft positions up to {} exceed the draft cache of {}", c1 + b, st.max_ctx)));
+            return Err(DflashError::Invalid(format!(
+                "draft positions up to {} exceed the draft cache of {}",
+                c1 + b,
+                st.max_ctx
+            )));
         }
-        let rope = Rope { theta: c.rope_theta, layout: RopeLayout::Neox, n_rot: hd, iterative: false };
+        let rope = Rope {
+            theta: c.rope_theta,
+            layout: RopeLayout::Neox,
+            n_rot: hd,
+            iterative: false,
+        };
         let mode = target.activations();
 
         // §4.1 context features, shared by every layer.
@@ -405,7 +523,9 @@ impl DflashModel {
             rmsnorm(&mut h2, d, Some(&l.ffn_norm), c.eps);
             let mut g = self.linear(mode, &l.gate, &h2);
             let u = self.linear(mode, &l.up, &h2);
-            g.iter_mut().zip(&u).for_each(|(gi, ui)| *gi = silu(*gi) * ui);
+            g.iter_mut()
+                .zip(&u)
+                .for_each(|(gi, ui)| *gi = silu(*gi) * ui);
             let m = self.linear(mode, &l.down, &g);
             x.iter_mut().zip(&m).for_each(|(xi, mi)| *xi += mi);
         }
@@ -421,7 +541,18 @@ impl DflashModel {
     /// `lo..c1` (from the cache) and all B block keys. Scale 1/√head_dim,
     /// query head h uses KV head ⌊h / group⌋, f32 softmax. Returns [B, n_heads · hd].
     #[allow(clippy::too_many_arguments)]
-    fn attend(&self, q: &[f32], kb: &[f32], vb: &[f32], kc: &[f32], vc: &[f32], slots: usize, lo: usize, c1: usize, b: usize) -> Vec<f32> {
+    fn attend(
+        &self,
+        q: &[f32],
+        kb: &[f32],
+        vb: &[f32],
+        kc: &[f32],
+        vc: &[f32],
+        slots: usize,
+        lo: usize,
+        c1: usize,
+        b: usize,
+    ) -> Vec<f32> {
         let c = &self.config;
         let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
         let group = nh / nkv;

@@ -155,7 +155,11 @@ fn f16_chunk(
 /// `acc[i] = f16(acc[i] * s)`: ggml's `ggml_vec_scale_f16` on the f16 sum.
 #[inline(always)]
 fn scale_round_f16(acc: &mut [f32], s: f32) {
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx", target_feature = "f16c"))]
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx",
+        target_feature = "f16c"
+    ))]
     if acc.len() % 8 == 0 {
         use std::arch::x86_64::*;
         // SAFETY: the target features are enabled at compile time; loads and
@@ -170,26 +174,35 @@ fn scale_round_f16(acc: &mut [f32], s: f32) {
         }
         return;
     }
-    acc.iter_mut().for_each(|a| *a = f16::from_f32(*a * s).to_f32());
+    acc.iter_mut()
+        .for_each(|a| *a = f16::from_f32(*a * s).to_f32());
 }
 
 /// `acc[i] = f16(fma(v[i], s, acc[i]))`: ggml's `ggml_vec_mad_f16` on the f16 sum.
 #[inline(always)]
 fn fma_round_f16(acc: &mut [f32], v: &[f32], s: f32) {
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx", target_feature = "fma", target_feature = "f16c"))]
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
     if acc.len() % 8 == 0 && v.len() == acc.len() {
         use std::arch::x86_64::*;
         // SAFETY: as in scale_round_f16; `v` has `acc`'s length.
         unsafe {
             let sv = _mm256_set1_ps(s);
             for (a, b) in acc.chunks_exact_mut(8).zip(v.chunks_exact(8)) {
-                let x = _mm256_fmadd_ps(_mm256_loadu_ps(b.as_ptr()), sv, _mm256_loadu_ps(a.as_ptr()));
+                let x =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(b.as_ptr()), sv, _mm256_loadu_ps(a.as_ptr()));
                 _mm256_storeu_ps(a.as_mut_ptr(), _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(x)));
             }
         }
         return;
     }
-    acc.iter_mut().zip(v).for_each(|(a, &x)| *a = f16::from_f32(x.mul_add(s, *a)).to_f32());
+    acc.iter_mut()
+        .zip(v)
+        .for_each(|(a, &x)| *a = f16::from_f32(x.mul_add(s, *a)).to_f32());
 }
 
 fn round_f16(q: &[f32]) -> Vec<f32> {
@@ -208,7 +221,10 @@ pub(crate) fn f16_rows(
     outs: &mut [&mut [f32]],
 ) {
     let qvs: Vec<Vec<f32>> = qs.iter().map(|q| round_f16(q)).collect();
-    for ((_, sum, acc), out) in f16_chunk(&qvs, src, lo..=qpos, scale).into_iter().zip(outs.iter_mut()) {
+    for ((_, sum, acc), out) in f16_chunk(&qvs, src, lo..=qpos, scale)
+        .into_iter()
+        .zip(outs.iter_mut())
+    {
         let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
         out.iter_mut().zip(&acc).for_each(|(d, a)| *d = a * inv);
     }
@@ -243,7 +259,10 @@ pub(crate) fn split_kv_rows(
         let positions = (c0..(c0 + chunk).min(n_kv))
             .filter_map(|c| cells.pos(c, qpos))
             .filter(|&p| p >= lo && p <= qpos);
-        for (r, (mc, sc, vc)) in f16_chunk(&qvs, src, positions, scale).into_iter().enumerate() {
+        for (r, (mc, sc, vc)) in f16_chunk(&qvs, src, positions, scale)
+            .into_iter()
+            .enumerate()
+        {
             if sc == 0.0 {
                 continue;
             }
@@ -275,7 +294,13 @@ pub(crate) fn split_kv_rows(
 /// same chain as one score at a time). `rows[i] = (qrow, qpos, lo)`: the
 /// query (head_dim values), its position and the first position it sees.
 /// Returns the outputs, `rows.len() × head_dim`.
-pub(crate) fn tiled_rows(rows: &[(&[f32], usize, usize)], src: &KvSource, cells: Cells, last: usize, scale: f32) -> Vec<f32> {
+pub(crate) fn tiled_rows(
+    rows: &[(&[f32], usize, usize)],
+    src: &KvSource,
+    cells: Cells,
+    last: usize,
+    scale: f32,
+) -> Vec<f32> {
     let hd = src.hd();
     let n_kv = cells.n_kv(last);
     let mut vkq = vec![0.0f32; rows.len() * hd];
@@ -289,7 +314,9 @@ pub(crate) fn tiled_rows(rows: &[(&[f32], usize, usize)], src: &KvSource, cells:
     for c0 in (0..n_kv).step_by(KV_TILE) {
         let mut any = false;
         for (i, tp) in tile_pos.iter_mut().enumerate() {
-            *tp = cells.pos(c0 + i, last).filter(|&p| c0 + i < n_kv && p >= min_lo && p <= max_qpos);
+            *tp = cells
+                .pos(c0 + i, last)
+                .filter(|&p| c0 + i < n_kv && p >= min_lo && p <= max_qpos);
             if let Some(p) = *tp {
                 any = true;
                 src.load(p, true, &mut kbuf);
@@ -303,7 +330,8 @@ pub(crate) fn tiled_rows(rows: &[(&[f32], usize, usize)], src: &KvSource, cells:
             continue;
         }
         for (ri, &(q, qpos, lo)) in rows.iter().enumerate() {
-            let valid: [bool; KV_TILE] = std::array::from_fn(|i| tile_pos[i].is_some_and(|p| p >= lo && p <= qpos));
+            let valid: [bool; KV_TILE] =
+                std::array::from_fn(|i| tile_pos[i].is_some_and(|p| p >= lo && p <= qpos));
             if !valid.iter().any(|&v| v) {
                 continue;
             }
@@ -320,11 +348,17 @@ pub(crate) fn tiled_rows(rows: &[(&[f32], usize, usize)], src: &KvSource, cells:
                 chunk.copy_from_slice(&a);
             }
             for (score, &ok) in kq.iter_mut().zip(&valid) {
-                *score = if ok { *score * scale } else { f32::NEG_INFINITY };
+                *score = if ok {
+                    *score * scale
+                } else {
+                    f32::NEG_INFINITY
+                };
             }
             let (m, s) = &mut ms[ri];
             let out = &mut vkq[ri * hd..(ri + 1) * hd];
-            let tile_max = kq.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+            let tile_max = kq
+                .iter()
+                .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
             let mn = m.max(tile_max);
             if mn > *m {
                 let scale_old = (*m - mn).exp();
@@ -359,7 +393,10 @@ pub(crate) fn tiled_rows(rows: &[(&[f32], usize, usize)], src: &KvSource, cells:
             }
             for (i, &p) in kq.iter().enumerate() {
                 if p != 0.0 {
-                    out[whole..].iter_mut().zip(&vt[i * hd + whole..(i + 1) * hd]).for_each(|(a, &v)| *a = p.mul_add(v, *a));
+                    out[whole..]
+                        .iter_mut()
+                        .zip(&vt[i * hd + whole..(i + 1) * hd])
+                        .for_each(|(a, &v)| *a = p.mul_add(v, *a));
                 }
             }
         }

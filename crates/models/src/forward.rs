@@ -59,7 +59,9 @@ impl Model {
         taps: &[usize],
         hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>, ModelError> {
-        hearth_kernels::cpu::packed::with_batch_invariant(|| self.forward_tapped(state, tokens, want, taps, hidden))
+        hearth_kernels::cpu::packed::with_batch_invariant(|| {
+            self.forward_tapped(state, tokens, want, taps, hidden)
+        })
     }
 
     /// [`Model::forward`] that also records, for every token, the residual
@@ -77,7 +79,10 @@ impl Model {
     ) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
         if let Some(&bad) = taps.iter().find(|&&l| l > c.n_layers) {
-            let msg = format!("hidden-state tap at layer {bad}: the model has {} layers", c.n_layers);
+            let msg = format!(
+                "hidden-state tap at layer {bad}: the model has {} layers",
+                c.n_layers
+            );
             return Err(ModelError::Config(ConfigError::Invalid(msg)));
         }
         if tokens.is_empty() {
@@ -104,7 +109,14 @@ impl Model {
         for (ci, chunk) in tokens.chunks(MAX_CHUNK).enumerate() {
             let p0 = state.pos;
             let mut x = self.embed(chunk);
-            let mut tapped = vec![0.0f32; if taps.is_empty() { 0 } else { chunk.len() * taps.len() * c.dim }];
+            let mut tapped = vec![
+                0.0f32;
+                if taps.is_empty() {
+                    0
+                } else {
+                    chunk.len() * taps.len() * c.dim
+                }
+            ];
             for li in 0..c.n_layers {
                 tap_into(&mut tapped, &x, taps, li, c.dim);
                 let cache = &mut state.caches[li];

@@ -110,14 +110,37 @@ pub struct LayerKvCache {
 }
 
 impl LayerKvCache {
-    pub fn new(layout: CacheLayout, dtype: KvDtype, n_kv_heads: usize, head_dim: usize, slots: usize) -> Self {
+    pub fn new(
+        layout: CacheLayout,
+        dtype: KvDtype,
+        n_kv_heads: usize,
+        head_dim: usize,
+        slots: usize,
+    ) -> Self {
         let n = n_kv_heads * slots * head_dim;
         let data = match dtype {
-            KvDtype::F16 => KvData::F16 { k: vec![f16::ZERO; n], v: vec![f16::ZERO; n] },
-            KvDtype::Bf16 => KvData::Bf16 { k: vec![bf16::ZERO; n], v: vec![bf16::ZERO; n] },
-            KvDtype::F32 => KvData::F32 { k: vec![0.0; n], v: vec![0.0; n] },
+            KvDtype::F16 => KvData::F16 {
+                k: vec![f16::ZERO; n],
+                v: vec![f16::ZERO; n],
+            },
+            KvDtype::Bf16 => KvData::Bf16 {
+                k: vec![bf16::ZERO; n],
+                v: vec![bf16::ZERO; n],
+            },
+            KvDtype::F32 => KvData::F32 {
+                k: vec![0.0; n],
+                v: vec![0.0; n],
+            },
         };
-        LayerKvCache { layout, dtype, n_kv_heads, head_dim, slots, data, oldest_intact: 0 }
+        LayerKvCache {
+            layout,
+            dtype,
+            n_kv_heads,
+            head_dim,
+            slots,
+            data,
+            oldest_intact: 0,
+        }
     }
 
     pub fn bytes(&self) -> usize {
@@ -149,7 +172,14 @@ impl LayerKvCache {
             .flat_map(|i| (0..n_kv).map(move |h| (i, h)))
             .map(|(i, h)| (i * row + h * hd, self.row_offset(h, p0 + i)))
             .collect();
-        fn store<E: KvElem>(dst_k: &mut [E], dst_v: &mut [E], k: &[f32], v: &[f32], offs: &[(usize, usize)], hd: usize) {
+        fn store<E: KvElem>(
+            dst_k: &mut [E],
+            dst_v: &mut [E],
+            k: &[f32],
+            v: &[f32],
+            offs: &[(usize, usize)],
+            hd: usize,
+        ) {
             for &(src, dst) in offs {
                 for j in 0..hd {
                     dst_k[dst + j] = E::from_f32(k[src + j]);
@@ -187,7 +217,6 @@ impl LayerKvCache {
         self.oldest_intact = 0;
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -3,7 +3,9 @@
 //! output gate, sandwich post-norms, bf16 rounding at the spec's points, and
 //! the soft-capped output head.
 
-use crate::blocks::{self, attention, glu, rmsnorm, round_to_cache, sigmoid, silu, AttnShape, Rope};
+use crate::blocks::{
+    self, attention, glu, rmsnorm, round_to_cache, sigmoid, silu, AttnShape, Rope,
+};
 use crate::config::RopeLayout;
 use crate::kv_cache::LayerKvCache;
 use crate::weights::{Linear, Model, Numerics};
@@ -53,13 +55,24 @@ pub(crate) fn layer(m: &Model, li: usize, x: &mut [f32], cache: &mut LayerKvCach
     let mut q = linear_bf16(m, &l.wq, &h);
     let mut k = linear_bf16(m, &l.wk, &h);
     let v = linear_bf16(m, &l.wv, &h);
-    let gate = linear_bf16(m, l.attn_gate.as_ref().expect("muse_glimmer layers have a gate"), &h);
+    let gate = linear_bf16(
+        m,
+        l.attn_gate
+            .as_ref()
+            .expect("muse_glimmer layers have a gate"),
+        &h,
+    );
     for y in [&mut q, &mut k] {
         rmsnorm(y, hd, None, c.norm_eps);
         round_bf16(m, y);
     }
     if c.layers[li].uses_rope() {
-        let rope = Rope { theta: c.rope_theta, layout: RopeLayout::Interleaved, n_rot: hd, iterative: false };
+        let rope = Rope {
+            theta: c.rope_theta,
+            layout: RopeLayout::Interleaved,
+            n_rot: hd,
+            iterative: false,
+        };
         rope.apply_tokens(&mut q, c.n_heads, hd, p0);
         rope.apply_tokens(&mut k, c.n_kv_heads, hd, p0);
         round_bf16(m, &mut q);
@@ -68,7 +81,12 @@ pub(crate) fn layer(m: &Model, li: usize, x: &mut [f32], cache: &mut LayerKvCach
     let mut v = v;
     round_to_cache(&mut k, cache.dtype);
     round_to_cache(&mut v, cache.dtype);
-    let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd, scale: c.attn_scale };
+    let shape = AttnShape {
+        n_heads: c.n_heads,
+        n_kv_heads: c.n_kv_heads,
+        head_dim: hd,
+        scale: c.attn_scale,
+    };
     let mut y = vec![0.0f32; t * c.n_heads * hd];
     attention(&q, &k, &v, cache, p0, shape, &mut y);
     cache.write(p0, &k, &v);
@@ -76,7 +94,12 @@ pub(crate) fn layer(m: &Model, li: usize, x: &mut [f32], cache: &mut LayerKvCach
     y.iter_mut().zip(&gate).for_each(|(v, o)| *v *= sigmoid(*o));
     round_bf16(m, &mut y);
     let mut a = linear_bf16(m, &l.wo, &y);
-    rms_w(m, &mut a, l.post_attn_norm.as_deref().expect("sandwich norm"), POST_NORM_EPS);
+    rms_w(
+        m,
+        &mut a,
+        l.post_attn_norm.as_deref().expect("sandwich norm"),
+        POST_NORM_EPS,
+    );
     blocks::add(x, &a);
     round_bf16(m, x);
 
@@ -87,7 +110,12 @@ pub(crate) fn layer(m: &Model, li: usize, x: &mut [f32], cache: &mut LayerKvCach
     glu(&mut g, &linear_bf16(m, &l.ffn_up, &h), silu);
     round_bf16(m, &mut g);
     let mut d = linear_bf16(m, &l.ffn_down, &g);
-    rms_w(m, &mut d, l.post_ffn_norm.as_deref().expect("sandwich norm"), POST_NORM_EPS);
+    rms_w(
+        m,
+        &mut d,
+        l.post_ffn_norm.as_deref().expect("sandwich norm"),
+        POST_NORM_EPS,
+    );
     blocks::add(x, &d);
     round_bf16(m, x);
 }
@@ -110,8 +138,20 @@ mod tests {
     /// Spec §8.3 soft-cap table.
     #[test]
     fn soft_cap_table() {
-        for (z, want) in [(0.0, 0.0), (1.0, 0.1961098), (10.0, 1.9548997), (50.0, 9.0889368), (100.0, 15.0663433), (-100.0, -15.0663433), (1000.0, 19.9999999)] {
-            assert!((super::soft_cap(z) - want).abs() < 2e-6, "{z}: {}", super::soft_cap(z));
+        for (z, want) in [
+            (0.0, 0.0),
+            (1.0, 0.1961098),
+            (10.0, 1.9548997),
+            (50.0, 9.0889368),
+            (100.0, 15.0663433),
+            (-100.0, -15.0663433),
+            (1000.0, 19.9999999),
+        ] {
+            assert!(
+                (super::soft_cap(z) - want).abs() < 2e-6,
+                "{z}: {}",
+                super::soft_cap(z)
+            );
         }
     }
 }

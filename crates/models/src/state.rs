@@ -30,12 +30,18 @@ impl State {
             .map(|kind| {
                 let (layout, slots) = match *kind {
                     LayerKind::Global { .. } => (CacheLayout::Flat, max_ctx),
-                    LayerKind::Sliding { window, .. } => (CacheLayout::Ring { window }, (window + slack).min(max_ctx)),
+                    LayerKind::Sliding { window, .. } => {
+                        (CacheLayout::Ring { window }, (window + slack).min(max_ctx))
+                    }
                 };
                 LayerKvCache::new(layout, model.kv_dtype, c.n_kv_heads, c.head_dim, slots)
             })
             .collect();
-        State { pos: 0, max_ctx, caches }
+        State {
+            pos: 0,
+            max_ctx,
+            caches,
+        }
     }
 
     /// Bytes held by the KV caches.
@@ -47,7 +53,11 @@ impl State {
     /// conversation from an earlier point). Flat caches need nothing; a ring
     /// that has overwritten entries the new position still needs is an error.
     pub fn rollback(&mut self, pos: usize) -> Result<(), ModelError> {
-        assert!(pos <= self.pos, "rollback forward from {} to {pos}", self.pos);
+        assert!(
+            pos <= self.pos,
+            "rollback forward from {} to {pos}",
+            self.pos
+        );
         if self.caches.iter().any(|c| !c.can_serve(pos)) {
             return Err(ModelError::RolledBackTooFar { pos });
         }

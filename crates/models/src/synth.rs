@@ -547,7 +547,12 @@ pub fn fill_rows_pooled(
         return Ok(());
     }
     let mut distinct = vec![0u8; pool * rb];
-    fill_rows(t, seed, 0..pool.min(t.rows()), &mut distinct[..pool.min(t.rows()) * rb])?;
+    fill_rows(
+        t,
+        seed,
+        0..pool.min(t.rows()),
+        &mut distinct[..pool.min(t.rows()) * rb],
+    )?;
     for (i, dst) in out.chunks_exact_mut(rb).enumerate() {
         let src = (rows.start + i) % pool;
         dst.copy_from_slice(&distinct[src * rb..(src + 1) * rb]);

@@ -31,11 +31,16 @@ impl DflashShape {
     /// MASK.
     pub fn for_target(t: &ModelConfig) -> DflashShape {
         let n_taps = 5.min(t.n_layers.saturating_sub(3)).max(1);
-        let (lo, hi) = (2.min(t.n_layers), t.n_layers.saturating_sub(2).max(2.min(t.n_layers)));
+        let (lo, hi) = (
+            2.min(t.n_layers),
+            t.n_layers.saturating_sub(2).max(2.min(t.n_layers)),
+        );
         let target_layers = if n_taps == 1 {
             vec![lo]
         } else {
-            (0..n_taps).map(|j| lo + (j * (hi - lo) + (n_taps - 1) / 2) / (n_taps - 1)).collect()
+            (0..n_taps)
+                .map(|j| lo + (j * (hi - lo) + (n_taps - 1) / 2) / (n_taps - 1))
+                .collect()
         };
         DflashShape {
             n_layers: 2,
@@ -69,24 +74,49 @@ pub fn dflash_plan(target: &ModelConfig, s: &DflashShape) -> Result<SynthPlan, S
         return bad(format!("every draft dimension must be positive: {s:?}"));
     }
     if s.n_heads % s.n_kv_heads != 0 || s.head_dim % 2 != 0 {
-        return bad(format!("heads {} / kv heads {} / head dim {}: heads must share KV heads evenly, head dim even", s.n_heads, s.n_kv_heads, s.head_dim));
+        return bad(format!(
+            "heads {} / kv heads {} / head dim {}: heads must share KV heads evenly, head dim even",
+            s.n_heads, s.n_kv_heads, s.head_dim
+        ));
     }
     if s.block_size < 2 {
         return bad(format!("block size {} must be at least 2", s.block_size));
     }
-    if s.target_layers.is_empty() || s.target_layers.windows(2).any(|w| w[0] >= w[1]) || s.target_layers.iter().any(|&l| l > target.n_layers) {
-        return bad(format!("target layers {:?} must be ascending within 0..={}", s.target_layers, target.n_layers));
+    if s.target_layers.is_empty()
+        || s.target_layers.windows(2).any(|w| w[0] >= w[1])
+        || s.target_layers.iter().any(|&l| l > target.n_layers)
+    {
+        return bad(format!(
+            "target layers {:?} must be ascending within 0..={}",
+            s.target_layers, target.n_layers
+        ));
     }
     if s.mask_token as usize >= target.vocab_size {
-        return bad(format!("mask token {} outside the target vocabulary {}", s.mask_token, target.vocab_size));
+        return bad(format!(
+            "mask token {} outside the target vocabulary {}",
+            s.mask_token, target.vocab_size
+        ));
     }
-    let (d, q, kv, f, hd) = (target.dim as u64, (s.n_heads * s.head_dim) as u64, (s.n_kv_heads * s.head_dim) as u64, s.ffn_dim as u64, s.head_dim as u64);
+    let (d, q, kv, f, hd) = (
+        target.dim as u64,
+        (s.n_heads * s.head_dim) as u64,
+        (s.n_kv_heads * s.head_dim) as u64,
+        s.ffn_dim as u64,
+        s.head_dim as u64,
+    );
     let n_t = s.target_layers.len() as u64;
-    let linear = |fan_in: u64| Init::Normal { std: 1.0 / (fan_in as f32).sqrt() };
+    let linear = |fan_in: u64| Init::Normal {
+        std: 1.0 / (fan_in as f32).sqrt(),
+    };
     let gain = Init::Uniform { lo: 0.8, hi: 1.2 };
     let mut t = Vec::new();
     let mut mat = |name: String, cols: u64, rows: u64| {
-        t.push(TensorPlan { name, ty: weight_type(cols as usize), shape: vec![cols, rows], init: linear(cols) })
+        t.push(TensorPlan {
+            name,
+            ty: weight_type(cols as usize),
+            shape: vec![cols, rows],
+            init: linear(cols),
+        })
     };
     mat("fc.weight".into(), n_t * d, d);
     for i in 0..s.n_layers {
@@ -99,7 +129,14 @@ pub fn dflash_plan(target: &ModelConfig, s: &DflashShape) -> Result<SynthPlan, S
         mat(n("ffn_up.weight"), d, f);
         mat(n("ffn_down.weight"), f, d);
     }
-    let mut vec = |name: String, len: u64| t.push(TensorPlan { name, ty: GgmlType::F32, shape: vec![len], init: gain });
+    let mut vec = |name: String, len: u64| {
+        t.push(TensorPlan {
+            name,
+            ty: GgmlType::F32,
+            shape: vec![len],
+            init: gain,
+        })
+    };
     vec("enc.output_norm.weight".into(), d);
     vec("output_norm.weight".into(), d);
     for i in 0..s.n_layers {
@@ -111,8 +148,17 @@ pub fn dflash_plan(target: &ModelConfig, s: &DflashShape) -> Result<SynthPlan, S
 
     let u = |v: usize| Value::U32(v as u32);
     let mut m: Vec<(String, Value)> = vec![
-        ("general.architecture".into(), Value::String("dflash".into())),
-        ("general.name".into(), Value::String(format!("synthetic dflash {}L d{} (random weights)", s.n_layers, d))),
+        (
+            "general.architecture".into(),
+            Value::String("dflash".into()),
+        ),
+        (
+            "general.name".into(),
+            Value::String(format!(
+                "synthetic dflash {}L d{} (random weights)",
+                s.n_layers, d
+            )),
+        ),
         ("dflash.embedding_length".into(), u(target.dim)),
         ("dflash.block_count".into(), u(s.n_layers)),
         ("dflash.attention.head_count".into(), u(s.n_heads)),
@@ -122,18 +168,30 @@ pub fn dflash_plan(target: &ModelConfig, s: &DflashShape) -> Result<SynthPlan, S
         ("dflash.block_size".into(), u(s.block_size)),
         (
             "dflash.target_layers".into(),
-            Value::Array(hearth_gguf::ValueType::U32, s.target_layers.iter().map(|&l| u(l)).collect()),
+            Value::Array(
+                hearth_gguf::ValueType::U32,
+                s.target_layers.iter().map(|&l| u(l)).collect(),
+            ),
         ),
         ("dflash.rope.freq_base".into(), Value::F32(500000.0)),
-        ("dflash.attention.layer_norm_rms_epsilon".into(), Value::F32(1e-5)),
+        (
+            "dflash.attention.layer_norm_rms_epsilon".into(),
+            Value::F32(1e-5),
+        ),
         ("dflash.context_length".into(), u(target.context_length)),
-        ("tokenizer.ggml.mask_token_id".into(), u(s.mask_token as usize)),
+        (
+            "tokenizer.ggml.mask_token_id".into(),
+            u(s.mask_token as usize),
+        ),
     ];
     if let Some(w) = s.window {
         m.push(("dflash.attention.sliding_window".into(), u(w)));
         m.push((
             "dflash.attention.sliding_window_pattern".into(),
-            Value::Array(hearth_gguf::ValueType::Bool, vec![Value::Bool(true); s.n_layers]),
+            Value::Array(
+                hearth_gguf::ValueType::Bool,
+                vec![Value::Bool(true); s.n_layers],
+            ),
         ));
     }
     // `shape` is descriptive only for a draft: the target's layout.
@@ -148,5 +206,9 @@ pub fn dflash_plan(target: &ModelConfig, s: &DflashShape) -> Result<SynthPlan, S
         vocab_size: target.vocab_size,
         window: s.window.unwrap_or(0),
     };
-    Ok(SynthPlan { shape, metadata: m, tensors: t })
+    Ok(SynthPlan {
+        shape,
+        metadata: m,
+        tensors: t,
+    })
 }

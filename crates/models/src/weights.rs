@@ -303,13 +303,25 @@ impl Model {
             return;
         }
         let bytes = self.file.raw_bytes();
-        let mat = |l: &Linear| QMatrix { ty: l.ty, rows: l.rows, cols: l.cols, data: &bytes[l.range.clone()] };
+        let mat = |l: &Linear| QMatrix {
+            ty: l.ty,
+            rows: l.rows,
+            cols: l.cols,
+            data: &bytes[l.range.clone()],
+        };
         let pack = |l: &mut Linear| l.packed = PackedMatrix::pack(&mat(l)).map(Arc::new);
         for layer in &mut self.layers {
-            for l in [&mut layer.wq, &mut layer.wk, &mut layer.wv, &mut layer.wo, &mut layer.ffn_down] {
+            for l in [
+                &mut layer.wq,
+                &mut layer.wk,
+                &mut layer.wv,
+                &mut layer.wo,
+                &mut layer.ffn_down,
+            ] {
                 pack(l);
             }
-            layer.ffn_gate_up = PackedMatrix::pack_pair(&mat(&layer.ffn_gate), &mat(&layer.ffn_up)).map(Arc::new);
+            layer.ffn_gate_up =
+                PackedMatrix::pack_pair(&mat(&layer.ffn_gate), &mat(&layer.ffn_up)).map(Arc::new);
             if layer.ffn_gate_up.is_none() {
                 pack(&mut layer.ffn_gate);
                 pack(&mut layer.ffn_up);

@@ -21,10 +21,19 @@ fn read_npy_f32(path: &Path) -> (Vec<usize>, Vec<f32>) {
     assert_eq!(&bytes[..6], b"\x93NUMPY");
     let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
     let header = std::str::from_utf8(&bytes[10..10 + header_len]).unwrap();
-    assert!(header.contains("'descr': '<f4'") && header.contains("'fortran_order': False"), "{header}");
+    assert!(
+        header.contains("'descr': '<f4'") && header.contains("'fortran_order': False"),
+        "{header}"
+    );
     let shape_txt = &header[header.find("'shape': (").unwrap() + 10..];
-    let shape: Vec<usize> = shape_txt[..shape_txt.find(')').unwrap()].split(',').filter_map(|s| s.trim().parse().ok()).collect();
-    let data = bytes[10 + header_len..].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let shape: Vec<usize> = shape_txt[..shape_txt.find(')').unwrap()]
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let data = bytes[10 + header_len..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
     (shape, data)
 }
 
@@ -33,7 +42,16 @@ fn check(window: Option<usize>, tag: &str) {
     std::fs::create_dir_all(&dir).unwrap();
     let target_path = dir.join("target.gguf");
     let plan = SynthPlan::new(&SynthShape::small(Architecture::MuseGlimmer)).unwrap();
-    write_gguf(&plan, &SynthOptions { seed: 11, ..Default::default() }, std::fs::File::create(&target_path).unwrap(), |_| {}).unwrap();
+    write_gguf(
+        &plan,
+        &SynthOptions {
+            seed: 11,
+            ..Default::default()
+        },
+        std::fs::File::create(&target_path).unwrap(),
+        |_| {},
+    )
+    .unwrap();
     let mut target = Model::load(&target_path).unwrap();
     target.set_numerics(Numerics::F32);
 
@@ -42,21 +60,42 @@ fn check(window: Option<usize>, tag: &str) {
     shape.window = window;
     let draft_path = dir.join("draft.gguf");
     let dplan = dflash_plan(&target.config, &shape).unwrap();
-    write_gguf(&dplan, &SynthOptions { seed: 5, ..Default::default() }, std::fs::File::create(&draft_path).unwrap(), |_| {}).unwrap();
+    write_gguf(
+        &dplan,
+        &SynthOptions {
+            seed: 5,
+            ..Default::default()
+        },
+        std::fs::File::create(&draft_path).unwrap(),
+        |_| {},
+    )
+    .unwrap();
     let draft = DflashModel::load(&draft_path, &target).unwrap();
     assert_eq!(draft.config.target_layers, vec![2, 3, 4, 5, 6]);
 
     // 30 prompt tokens, then a verify pass of 4; block length 6 (< the trained 8).
     let tokens: Vec<u32> = (0..36).map(|i| (i * 53 + 7) % 511).collect();
     let (s0, s1, b) = (30usize, 34usize, 6usize);
-    let list = tokens.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let list = tokens
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = dir.join("ref.npy");
     let status = Command::new("python3")
         .arg(root.join("tests/reference/dflash_ref.py"))
         .arg(&target_path)
         .arg(&draft_path)
-        .args(["--tokens", &list, "--split", &format!("{s0},{s1}"), "--block", &b.to_string(), "--out"])
+        .args([
+            "--tokens",
+            &list,
+            "--split",
+            &format!("{s0},{s1}"),
+            "--block",
+            &b.to_string(),
+            "--out",
+        ])
         .arg(&out)
         .status()
         .expect("python3 (with numpy and gguf: pip install -r scripts/requirements.txt)");
@@ -70,21 +109,38 @@ fn check(window: Option<usize>, tag: &str) {
     let mut dstate = draft.new_state(64);
     let mask = draft.config.mask_token;
     let mut h0 = Vec::new();
-    target.forward_tapped(&mut state, &tokens[..s0], Logits::None, &taps, &mut h0).unwrap();
+    target
+        .forward_tapped(&mut state, &tokens[..s0], Logits::None, &taps, &mut h0)
+        .unwrap();
     let mut block = vec![mask; b];
     block[0] = tokens[s0];
-    let mut got = draft.forward(&target, &mut dstate, &h0, &block, b - 1).unwrap();
+    let mut got = draft
+        .forward(&target, &mut dstate, &h0, &block, b - 1)
+        .unwrap();
     let mut h1 = Vec::new();
-    target.forward_tapped(&mut state, &tokens[s0..s1], Logits::All, &taps, &mut h1).unwrap();
+    target
+        .forward_tapped(&mut state, &tokens[s0..s1], Logits::All, &taps, &mut h1)
+        .unwrap();
     block[0] = tokens[s1];
-    got.extend(draft.forward(&target, &mut dstate, &h1, &block, b - 1).unwrap());
+    got.extend(
+        draft
+            .forward(&target, &mut dstate, &h1, &block, b - 1)
+            .unwrap(),
+    );
     assert_eq!(dstate.ctx_len, s1);
 
     let max_abs = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let max_diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let max_diff = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
     eprintln!("{tag}: max |draft logit| {max_abs}, max |diff| {max_diff}");
     assert!(max_abs > 1.0, "degenerate logits");
-    assert!(max_diff <= 1e-3 * max_abs, "{tag}: max |diff| {max_diff} > 1e-3 * {max_abs}");
+    assert!(
+        max_diff <= 1e-3 * max_abs,
+        "{tag}: max |diff| {max_diff} > 1e-3 * {max_abs}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -107,23 +163,47 @@ fn dflash_rejects_a_mismatched_or_incomplete_draft() {
         let mut s = SynthShape::small(Architecture::Qwen2);
         s.dim = dim;
         s.head_dim = dim / s.n_heads;
-        write_gguf(&SynthPlan::new(&s).unwrap(), &SynthOptions::default(), std::fs::File::create(path).unwrap(), |_| {}).unwrap();
+        write_gguf(
+            &SynthPlan::new(&s).unwrap(),
+            &SynthOptions::default(),
+            std::fs::File::create(path).unwrap(),
+            |_| {},
+        )
+        .unwrap();
         Model::load(path).unwrap()
     };
     let t256 = small(256, &dir.join("t256.gguf"));
     let t512 = small(512, &dir.join("t512.gguf"));
     let mut plan = dflash_plan(&t256.config, &DflashShape::for_target(&t256.config)).unwrap();
     let p = dir.join("d.gguf");
-    write_gguf(&plan, &SynthOptions::default(), std::fs::File::create(&p).unwrap(), |_| {}).unwrap();
-    let e = DflashModel::load(&p, &t512).err().expect("width mismatch must fail");
+    write_gguf(
+        &plan,
+        &SynthOptions::default(),
+        std::fs::File::create(&p).unwrap(),
+        |_| {},
+    )
+    .unwrap();
+    let e = DflashModel::load(&p, &t512)
+        .err()
+        .expect("width mismatch must fail");
     assert!(e.to_string().contains("differs from the target"), "{e}");
     // A target is not a draft.
-    let e = DflashModel::load(dir.join("t256.gguf"), &t256).err().expect("not a draft");
+    let e = DflashModel::load(dir.join("t256.gguf"), &t256)
+        .err()
+        .expect("not a draft");
     assert!(e.to_string().contains("expected \"dflash\""), "{e}");
     // A missing tensor is named.
     plan.tensors.retain(|t| t.name != "blk.1.ffn_up.weight");
-    write_gguf(&plan, &SynthOptions::default(), std::fs::File::create(&p).unwrap(), |_| {}).unwrap();
-    let e = DflashModel::load(&p, &t256).err().expect("missing tensor must fail");
+    write_gguf(
+        &plan,
+        &SynthOptions::default(),
+        std::fs::File::create(&p).unwrap(),
+        |_| {},
+    )
+    .unwrap();
+    let e = DflashModel::load(&p, &t256)
+        .err()
+        .expect("missing tensor must fail");
     assert!(e.to_string().contains("blk.1.ffn_up.weight"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -58,7 +58,8 @@ pub struct ServerOptions {
 #[derive(Clone)]
 pub struct SpecOptions {
     pub kind: String,
-    pub prepare: Arc<dyn Fn(&Arc<Model>) -> Result<(scheduler::MakeDrafter, usize), String> + Send + Sync>,
+    pub prepare:
+        Arc<dyn Fn(&Arc<Model>) -> Result<(scheduler::MakeDrafter, usize), String> + Send + Sync>,
 }
 
 impl std::fmt::Debug for SpecOptions {
@@ -132,13 +133,21 @@ pub fn run_on<B: Backend + 'static>(
         Some(s) => {
             let (make, n_draft) = (s.prepare)(&model).map_err(ServerError::Config)?;
             store.set_ring_slack(n_draft);
-            *metrics.spec_config.lock().unwrap_or_else(|e| e.into_inner()) = Some((s.kind.clone(), n_draft));
+            *metrics
+                .spec_config
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some((s.kind.clone(), n_draft));
             eprintln!("hearth serve: speculative decoding with {} (up to {n_draft} draft tokens per verify pass)", s.kind);
-            Some(scheduler::SpecRuntime { kind: s.kind.clone(), n_draft, make })
+            Some(scheduler::SpecRuntime {
+                kind: s.kind.clone(),
+                n_draft,
+                make,
+            })
         }
     };
     let capacity = store.capacity();
-    let (engine, engine_thread) = scheduler::spawn(backend, tokenizer, store, metrics.clone(), spec);
+    let (engine, engine_thread) =
+        scheduler::spawn(backend, tokenizer, store, metrics.clone(), spec);
     eprintln!(
         "hearth serve: model '{}' loaded in {:.1} s ({}); context {} tokens; up to {capacity} sessions x {:.1} MiB KV",
         opts.model_id,

@@ -44,7 +44,12 @@ impl Metrics {
 
     /// Speculative decoding counters (nothing when speculation is off).
     fn render_spec(&self, s: &mut String) {
-        let Some((kind, k)) = self.spec_config.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+        let Some((kind, k)) = self
+            .spec_config
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        else {
             return;
         };
         let st = self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -52,14 +57,29 @@ impl Metrics {
         let mut counter = |name: &str, help: &str, v: u64| {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
         };
-        counter("hearth_spec_target_forwards_total", "Target verify passes (one per speculative cycle).", st.target_forwards);
-        counter("hearth_spec_drafted_tokens_total", "Draft tokens proposed.", st.drafted);
-        counter("hearth_spec_accepted_tokens_total", "Draft tokens accepted by verification.", st.accepted);
+        counter(
+            "hearth_spec_target_forwards_total",
+            "Target verify passes (one per speculative cycle).",
+            st.target_forwards,
+        );
+        counter(
+            "hearth_spec_drafted_tokens_total",
+            "Draft tokens proposed.",
+            st.drafted,
+        );
+        counter(
+            "hearth_spec_accepted_tokens_total",
+            "Draft tokens accepted by verification.",
+            st.accepted,
+        );
         let _ = writeln!(s, "# HELP hearth_spec_mean_accepted Mean draft tokens accepted per verify pass.\n# TYPE hearth_spec_mean_accepted gauge\nhearth_spec_mean_accepted {}", st.mean_accepted());
         let _ = writeln!(s, "# HELP hearth_spec_tokens_per_target_forward Tokens committed per target verify pass.\n# TYPE hearth_spec_tokens_per_target_forward gauge\nhearth_spec_tokens_per_target_forward {}", st.tokens_per_forward());
         let _ = writeln!(s, "# HELP hearth_spec_acceptance_by_position Fraction of drafts accepted at each draft position (0-based).\n# TYPE hearth_spec_acceptance_by_position gauge");
         for (i, a) in st.acceptance_by_position().iter().enumerate() {
-            let _ = writeln!(s, "hearth_spec_acceptance_by_position{{position=\"{i}\"}} {a}");
+            let _ = writeln!(
+                s,
+                "hearth_spec_acceptance_by_position{{position=\"{i}\"}} {a}"
+            );
         }
     }
 

@@ -105,7 +105,8 @@ impl EngineHandle {
 }
 
 /// Builds a session's drafter: (context size, the request's sampling).
-pub type MakeDrafter = Arc<dyn Fn(usize, &SamplerConfig) -> Result<Box<dyn Drafter + Send>, String> + Send + Sync>;
+pub type MakeDrafter =
+    Arc<dyn Fn(usize, &SamplerConfig) -> Result<Box<dyn Drafter + Send>, String> + Send + Sync>;
 
 /// Speculative decoding for every session: the drafter kind (for metrics),
 /// K, and how to build a session's drafter.
@@ -276,7 +277,9 @@ impl<'a, B: Backend> Engine<'a, B> {
                         .send(Event::Failed(ApiError::capacity(e.to_string())));
                 }
                 Err(e) => {
-                    let _ = job.events.send(Event::Failed(ApiError::server(e.to_string())));
+                    let _ = job
+                        .events
+                        .send(Event::Failed(ApiError::server(e.to_string())));
                 }
                 Ok(Acquire::Ready(mut lease)) => {
                     if let Err(e) = self.attach_drafter(&mut lease, &job.sampling) {
@@ -328,8 +331,14 @@ impl<'a, B: Backend> Engine<'a, B> {
 
     /// With speculation on: gives the session a drafter if it has none (a
     /// new session: nothing resident yet) and tells it the request's sampling.
-    fn attach_drafter(&self, lease: &mut Lease<B::State>, sampling: &SamplerConfig) -> Result<(), String> {
-        let Some(spec) = &self.spec else { return Ok(()) };
+    fn attach_drafter(
+        &self,
+        lease: &mut Lease<B::State>,
+        sampling: &SamplerConfig,
+    ) -> Result<(), String> {
+        let Some(spec) = &self.spec else {
+            return Ok(());
+        };
         let session = &mut lease.session;
         if session.drafter.is_none() {
             // A drafter must have seen every resident position.
@@ -382,7 +391,9 @@ impl<'a, B: Backend> Engine<'a, B> {
             return Step::Finished(FinishReason::Length);
         }
         let t = Instant::now();
-        let k = n_draft.min((a.job.max_tokens - a.generated).saturating_sub(1)).min(max_ctx - pos - 1);
+        let k = n_draft
+            .min((a.job.max_tokens - a.generated).saturating_sub(1))
+            .min(max_ctx - pos - 1);
         // The drafter is taken out of the session for the cycle and put back.
         let Some(mut drafter) = session.drafter.take() else {
             return Step::Failed("speculation without a drafter".into());
@@ -413,7 +424,13 @@ impl<'a, B: Backend> Engine<'a, B> {
         sampler: &mut Sampler,
         pending: u32,
         k: usize,
-    ) -> Result<(hearth_engine::spec::Draft, hearth_engine::spec::verify::BlockOutcome), String> {
+    ) -> Result<
+        (
+            hearth_engine::spec::Draft,
+            hearth_engine::spec::verify::BlockOutcome,
+        ),
+        String,
+    > {
         let draft = if k > 0 {
             let mut context = session.resident().to_vec();
             context.push(pending);
@@ -436,9 +453,14 @@ impl<'a, B: Backend> Engine<'a, B> {
         let vocab = self.model.config().vocab_size;
         let out = verify_block(sampler, &rows, vocab, &draft.tokens, draft.probs.as_deref());
         let kept = out.accepted + 1;
-        session.state.rollback(pos + kept).map_err(|e| e.to_string())?;
+        session
+            .state
+            .rollback(pos + kept)
+            .map_err(|e| e.to_string())?;
         session.push_fed(&block[..kept]);
-        drafter.commit(&block[..kept], &hidden[..kept * width]).map_err(|e| e.to_string())?;
+        drafter
+            .commit(&block[..kept], &hidden[..kept * width])
+            .map_err(|e| e.to_string())?;
         Ok((draft, out))
     }
 
@@ -457,12 +479,20 @@ impl<'a, B: Backend> Engine<'a, B> {
                 Logits::None
             };
             let t = Instant::now();
-            let taps = session.drafter.as_ref().map(|d| d.taps().to_vec()).unwrap_or_default();
+            let taps = session
+                .drafter
+                .as_ref()
+                .map(|d| d.taps().to_vec())
+                .unwrap_or_default();
             let mut hidden = Vec::new();
-            let out = match self.model.forward_tapped(&mut session.state, chunk, want, &taps, &mut hidden) {
-                Ok(l) => l,
-                Err(e) => return Step::Failed(e.to_string()),
-            };
+            let out =
+                match self
+                    .model
+                    .forward_tapped(&mut session.state, chunk, want, &taps, &mut hidden)
+                {
+                    Ok(l) => l,
+                    Err(e) => return Step::Failed(e.to_string()),
+                };
             if let Some(d) = session.drafter.as_mut() {
                 if let Err(e) = d.commit(chunk, &hidden) {
                     return Step::Failed(e.to_string());

@@ -21,7 +21,6 @@ use hearth_server::scheduler::{self, Event, Job, MakeDrafter, SpecRuntime};
 use hearth_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
-
 fn model_path(file: &str) -> PathBuf {
     let dir = match std::env::var_os("HEARTH_HOME") {
         Some(h) if !h.is_empty() => PathBuf::from(h).join("models"),

@@ -30,13 +30,23 @@ pub(crate) struct BareJsonFallback {
 
 impl BareJsonFallback {
     pub fn new(inner: Box<dyn OutputParser + Send>, tools: ToolSet, id_prefix: String) -> Self {
-        BareJsonFallback { inner, tools, id_prefix, state: State::Undecided, held: String::new() }
+        BareJsonFallback {
+            inner,
+            tools,
+            id_prefix,
+            state: State::Undecided,
+            held: String::new(),
+        }
     }
 
     /// Whether `held` (trimmed) can still turn out to be a bare call.
     fn may_be_call(held: &str) -> bool {
         let t = held.trim_start();
-        t.is_empty() || t.starts_with('{') || t.starts_with('[') || "```".starts_with(t) || t.starts_with("```")
+        t.is_empty()
+            || t.starts_with('{')
+            || t.starts_with('[')
+            || "```".starts_with(t)
+            || t.starts_with("```")
     }
 
     fn route(&mut self, events: Vec<ChatEvent>, out: &mut Vec<ChatEvent>) {
@@ -84,10 +94,16 @@ impl BareJsonFallback {
                 let obj = item.as_object()?;
                 let name = obj.get("name")?.as_str()?;
                 let (name, registered) = self.tools.normalize(name);
-                let args = obj.get("arguments").or_else(|| obj.get("parameters")).cloned().unwrap_or(Value::Null);
+                let args = obj
+                    .get("arguments")
+                    .or_else(|| obj.get("parameters"))
+                    .cloned()
+                    .unwrap_or(Value::Null);
                 let args = match args {
                     Value::Null => Value::Object(Default::default()),
-                    Value::String(s) => serde_json::from_str::<Value>(&s).ok().filter(Value::is_object)?,
+                    Value::String(s) => serde_json::from_str::<Value>(&s)
+                        .ok()
+                        .filter(Value::is_object)?,
                     v @ Value::Object(_) => v,
                     _ => return None,
                 };
@@ -118,10 +134,21 @@ impl OutputParser for BareJsonFallback {
                 self.held.clear();
                 for (index, (name, arguments)) in calls.into_iter().enumerate() {
                     let id = format!("{}{index}", self.id_prefix);
-                    out.push(ChatEvent::ToolCallStart { index, id: id.clone(), name: name.clone() });
-                    out.push(ChatEvent::ToolCall { index, id, name, arguments });
+                    out.push(ChatEvent::ToolCallStart {
+                        index,
+                        id: id.clone(),
+                        name: name.clone(),
+                    });
+                    out.push(ChatEvent::ToolCall {
+                        index,
+                        id,
+                        name,
+                        arguments,
+                    });
                 }
-                out.push(ChatEvent::End { finish_reason: FinishReason::ToolCalls });
+                out.push(ChatEvent::End {
+                    finish_reason: FinishReason::ToolCalls,
+                });
                 return out;
             }
             self.release(&mut out);

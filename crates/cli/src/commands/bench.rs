@@ -56,8 +56,16 @@ struct Summary {
 fn summarize(mut xs: Vec<f64>) -> Summary {
     xs.sort_by(f64::total_cmp);
     let n = xs.len();
-    let median = if n % 2 == 1 { xs[n / 2] } else { (xs[n / 2 - 1] + xs[n / 2]) / 2.0 };
-    Summary { median, min: xs[0], max: xs[n - 1] }
+    let median = if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    };
+    Summary {
+        median,
+        min: xs[0],
+        max: xs[n - 1],
+    }
 }
 
 /// Random token ids, as llama-bench uses.
@@ -79,7 +87,11 @@ fn run_tg(model: &Model, n: usize, depth: usize, seed: u64) -> Result<f64> {
     let tokens = random_tokens(n, model.config.vocab_size, seed);
     let mut state = model.new_state(depth + n + 1);
     if depth > 0 {
-        model.forward(&mut state, &random_tokens(depth, model.config.vocab_size, seed + 1000), Logits::Last)?;
+        model.forward(
+            &mut state,
+            &random_tokens(depth, model.config.vocab_size, seed + 1000),
+            Logits::Last,
+        )?;
     }
     let t0 = Instant::now();
     for &t in &tokens {
@@ -99,11 +111,23 @@ pub fn run(args: Args) -> Result<()> {
             return Ok(());
         }
         let path = crate::registry::resolve_model(args.model.as_deref())?;
-        let model = std::sync::Arc::new(Model::load_unpacked(&path).with_context(|| format!("loading {}", path.display()))?);
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let model = std::sync::Arc::new(
+            Model::load_unpacked(&path).with_context(|| format!("loading {}", path.display()))?,
+        );
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let mut depths = vec![0];
         depths.extend(args.depth.iter().copied().filter(|&d| d > 0));
-        let opts = crate::cuda::BenchOpts { n_prompt: args.n_prompt, n_gen: args.n_gen, reps: args.reps.max(1), depths, roofline: args.roofline, graphs: !args.no_graph };
+        let opts = crate::cuda::BenchOpts {
+            n_prompt: args.n_prompt,
+            n_gen: args.n_gen,
+            reps: args.reps.max(1),
+            depths,
+            roofline: args.roofline,
+            graphs: !args.no_graph,
+        };
         return crate::cuda::bench(model, &name, &opts);
     }
     let threads = rayon::current_num_threads();
@@ -112,17 +136,30 @@ pub fn run(args: Args) -> Result<()> {
     let reps = args.reps.max(1);
     let measure = |f: &dyn Fn(u64) -> Result<f64>| -> Result<Summary> {
         f(0)?; // warm-up
-        Ok(summarize((1..=reps as u64).map(f).collect::<Result<Vec<_>>>()?))
+        Ok(summarize(
+            (1..=reps as u64).map(f).collect::<Result<Vec<_>>>()?,
+        ))
     };
-    let pp = if args.n_prompt > 0 { Some(measure(&|s| run_pp(&model, args.n_prompt, s))?) } else { None };
-    let tg = if args.n_gen > 0 { Some(measure(&|s| run_tg(&model, args.n_gen, 0, s))?) } else { None };
+    let pp = if args.n_prompt > 0 {
+        Some(measure(&|s| run_pp(&model, args.n_prompt, s))?)
+    } else {
+        None
+    };
+    let tg = if args.n_gen > 0 {
+        Some(measure(&|s| run_tg(&model, args.n_gen, 0, s))?)
+    } else {
+        None
+    };
     let mut tg_depth = Vec::new();
     for &d in args.depth.iter().filter(|&&d| d > 0 && args.n_gen > 0) {
         tg_depth.push((d, measure(&|s| run_tg(&model, args.n_gen, d, s))?));
     }
     let weight_gb = model.weight_bytes() as f64 / 1e9;
     let tg_gbps = tg.as_ref().map(|t| t.median * weight_gb);
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     if args.json {
         let j = serde_json::json!({
             "model": name,
@@ -141,14 +178,35 @@ pub fn run(args: Args) -> Result<()> {
     println!("model: {name} ({weight_gb:.2} GB of weights read per token), threads: {threads}, kernels: {isa}, reps: {reps} (+1 warm-up)");
     println!("{:>8} {:>12} {:>12} {:>12}", "test", "tok/s", "min", "max");
     if let Some(s) = &pp {
-        println!("{:>8} {:>12.2} {:>12.2} {:>12.2}", format!("pp{}", args.n_prompt), s.median, s.min, s.max);
+        println!(
+            "{:>8} {:>12.2} {:>12.2} {:>12.2}",
+            format!("pp{}", args.n_prompt),
+            s.median,
+            s.min,
+            s.max
+        );
     }
     if let Some(s) = &tg {
-        println!("{:>8} {:>12.2} {:>12.2} {:>12.2}", format!("tg{}", args.n_gen), s.median, s.min, s.max);
-        println!("decode weight bandwidth: {:.2} GB/s", tg_gbps.unwrap_or(0.0));
+        println!(
+            "{:>8} {:>12.2} {:>12.2} {:>12.2}",
+            format!("tg{}", args.n_gen),
+            s.median,
+            s.min,
+            s.max
+        );
+        println!(
+            "decode weight bandwidth: {:.2} GB/s",
+            tg_gbps.unwrap_or(0.0)
+        );
     }
     for (d, s) in &tg_depth {
-        println!("{:>8} {:>12.2} {:>12.2} {:>12.2}", format!("tg{}@d{d}", args.n_gen), s.median, s.min, s.max);
+        println!(
+            "{:>8} {:>12.2} {:>12.2} {:>12.2}",
+            format!("tg{}@d{d}", args.n_gen),
+            s.median,
+            s.min,
+            s.max
+        );
     }
     Ok(())
 }

@@ -24,7 +24,10 @@ pub fn run(args: Args) -> Result<()> {
     let file = GgufFile::open(&path)?;
     let config = ModelConfig::from_gguf(&file);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&file, config.as_ref().ok(), args.full))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&to_json(&file, config.as_ref().ok(), args.full))?
+        );
         return Ok(());
     }
     print_tables(&file, &config, args.full);
@@ -63,7 +66,11 @@ struct TypeStats {
 fn type_stats(file: &GgufFile) -> BTreeMap<GgmlType, TypeStats> {
     let mut by_type: BTreeMap<GgmlType, TypeStats> = BTreeMap::new();
     for t in file.tensors() {
-        let s = by_type.entry(t.ty).or_insert(TypeStats { count: 0, bytes: 0, elements: 0 });
+        let s = by_type.entry(t.ty).or_insert(TypeStats {
+            count: 0,
+            bytes: 0,
+            elements: 0,
+        });
         s.count += 1;
         s.bytes += t.n_bytes();
         s.elements += t.n_elements();
@@ -92,12 +99,19 @@ fn config_json(c: &ModelConfig) -> Json {
 }
 
 fn layers_where(c: &ModelConfig, pred: impl Fn(LayerKind) -> bool) -> Vec<usize> {
-    c.layers.iter().enumerate().filter(|(_, l)| pred(**l)).map(|(i, _)| i).collect()
+    c.layers
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| pred(**l))
+        .map(|(i, _)| i)
+        .collect()
 }
 
 fn to_json(file: &GgufFile, config: Option<&ModelConfig>, full: bool) -> Json {
     let stats = type_stats(file);
-    let (bytes, elements) = stats.values().fold((0, 0), |(b, e), s| (b + s.bytes, e + s.elements));
+    let (bytes, elements) = stats
+        .values()
+        .fold((0, 0), |(b, e), s| (b + s.bytes, e + s.elements));
     json!({
         "path": file.path(),
         "version": file.version(),
@@ -124,7 +138,11 @@ fn human_bytes(b: u64) -> String {
         x /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{b} B") } else { format!("{x:.2} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{x:.2} {}", UNITS[u])
+    }
 }
 
 /// "0-4,6-10" style ranges.
@@ -136,14 +154,30 @@ fn ranges(xs: &[usize]) -> String {
         while j + 1 < xs.len() && xs[j + 1] == xs[j] + 1 {
             j += 1;
         }
-        out.push(if i == j { xs[i].to_string() } else { format!("{}-{}", xs[i], xs[j]) });
+        out.push(if i == j {
+            xs[i].to_string()
+        } else {
+            format!("{}-{}", xs[i], xs[j])
+        });
         i = j + 1;
     }
-    if out.is_empty() { "none".into() } else { out.join(",") }
+    if out.is_empty() {
+        "none".into()
+    } else {
+        out.join(",")
+    }
 }
 
-fn print_tables(file: &GgufFile, config: &Result<ModelConfig, hearth_models::ConfigError>, full: bool) {
-    println!("{}  ({})", file.path().display(), human_bytes(file.file_size()));
+fn print_tables(
+    file: &GgufFile,
+    config: &Result<ModelConfig, hearth_models::ConfigError>,
+    full: bool,
+) {
+    println!(
+        "{}  ({})",
+        file.path().display(),
+        human_bytes(file.file_size())
+    );
     println!(
         "GGUF v{}, alignment {}, {} metadata keys, {} tensors, data at byte {}",
         file.version(),
@@ -159,15 +193,37 @@ fn print_tables(file: &GgufFile, config: &Result<ModelConfig, hearth_models::Con
             _ => println!("  {k} = {v}"),
         }
     }
-    let name_w = file.tensors().iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
+    let name_w = file
+        .tensors()
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
     println!("\ntensors (shape in ggml order, innermost first):");
-    println!("  {:name_w$}  {:7}  {:>22}  {:>12}", "name", "type", "shape", "bytes");
+    println!(
+        "  {:name_w$}  {:7}  {:>22}  {:>12}",
+        "name", "type", "shape", "bytes"
+    );
     for t in file.tensors() {
-        let shape = t.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(" x ");
-        println!("  {:name_w$}  {:7}  {:>22}  {:>12}", t.name, t.ty.name(), shape, human_bytes(t.n_bytes()));
+        let shape = t
+            .shape
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" x ");
+        println!(
+            "  {:name_w$}  {:7}  {:>22}  {:>12}",
+            t.name,
+            t.ty.name(),
+            shape,
+            human_bytes(t.n_bytes())
+        );
     }
     let stats = type_stats(file);
-    let (bytes, elements) = stats.values().fold((0, 0), |(b, e), s| (b + s.bytes, e + s.elements));
+    let (bytes, elements) = stats
+        .values()
+        .fold((0, 0), |(b, e), s| (b + s.bytes, e + s.elements));
     println!("\nby type:");
     for (t, s) in &stats {
         println!(
@@ -218,7 +274,10 @@ fn print_tables(file: &GgufFile, config: &Result<ModelConfig, hearth_models::Con
             if !nope.is_empty() {
                 println!("  NoPE (no positional encoding) layers: {}", ranges(&nope));
             }
-            println!("  rope theta {} ({:?} layout), rms eps {:e}", c.rope_theta, c.rope_layout, c.norm_eps);
+            println!(
+                "  rope theta {} ({:?} layout), rms eps {:e}",
+                c.rope_theta, c.rope_layout, c.norm_eps
+            );
             for d in &c.defaults_used {
                 println!("  default used (not in GGUF): {d}");
             }

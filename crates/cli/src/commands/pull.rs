@@ -21,8 +21,17 @@ pub fn run(args: Args) -> Result<()> {
             println!("packaged models (stored in {}):", models_dir().display());
             for m in &reg.models {
                 let here = models_dir().join(&m.file).is_file();
-                let default = if m.name == reg.default { " (default)" } else { "" };
-                println!("  {:20} {:10} {}{default}", m.name, if here { "downloaded" } else { "-" }, m.description);
+                let default = if m.name == reg.default {
+                    " (default)"
+                } else {
+                    ""
+                };
+                println!(
+                    "  {:20} {:10} {}{default}",
+                    m.name,
+                    if here { "downloaded" } else { "-" },
+                    m.description
+                );
             }
             return Ok(());
         }

@@ -77,24 +77,43 @@ pub fn run(args: Args) -> Result<()> {
     crate::init_threads(args.threads)?;
     let prompt = match (&args.prompt, &args.file) {
         (Some(p), _) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading prompt file {}", f.display()))?,
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading prompt file {}", f.display()))?,
         (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
     };
     let path = crate::registry::resolve_model(args.model.as_deref())?;
     args.spec.check(args.device)?;
     // The GPU copies the file's blocks itself: no CPU repacking for it.
-    let load = if args.device == Device::Cuda { Model::load_unpacked } else { Model::load };
+    let load = if args.device == Device::Cuda {
+        Model::load_unpacked
+    } else {
+        Model::load
+    };
     let model = Arc::new(load(&path).with_context(|| format!("loading {}", path.display()))?);
-    let tokenizer = Tokenizer::from_gguf(model.file().metadata()).context("building the tokenizer")?;
-    let text = if args.chat { chat_prompt(&tokenizer, &prompt)? } else { prompt };
+    let tokenizer =
+        Tokenizer::from_gguf(model.file().metadata()).context("building the tokenizer")?;
+    let text = if args.chat {
+        chat_prompt(&tokenizer, &prompt)?
+    } else {
+        prompt
+    };
     let ids = tokenizer.encode(&text, true, args.chat);
     if ids.is_empty() {
         bail!("the prompt is empty after tokenization");
     }
     if ids.len() >= args.ctx {
-        bail!("prompt of {} tokens does not fit the context of {} (raise -c)", ids.len(), args.ctx);
+        bail!(
+            "prompt of {} tokens does not fit the context of {} (raise -c)",
+            ids.len(),
+            args.ctx
+        );
     }
-    let job = Job { args: &args, model: &model, tokenizer: &tokenizer, ids: &ids };
+    let job = Job {
+        args: &args,
+        model: &model,
+        tokenizer: &tokenizer,
+        ids: &ids,
+    };
     #[cfg(feature = "cuda")]
     if args.device == Device::Cuda {
         let gm = crate::cuda::load(model.clone())?;
@@ -106,12 +125,21 @@ pub fn run(args: Args) -> Result<()> {
         let g = job.generate(&gm, factory)?;
         let bytes = g.state.kv_bytes();
         let mib = bytes as f64 / (1u64 << 20) as f64;
-        let kv = format!("KV cache: {mib:.1} MiB on the GPU (device: cuda; rings of window + {} slots)", hearth_cuda::GPU_CHUNK);
+        let kv = format!(
+            "KV cache: {mib:.1} MiB on the GPU (device: cuda; rings of window + {} slots)",
+            hearth_cuda::GPU_CHUNK
+        );
         return job.report(&path, &g.stats, g.spec.as_ref(), &kv, bytes);
     }
     let factory = args.spec.factory(&model, |p| Ok(Model::load(p)?))?;
     let g = job.generate(&*model, factory)?;
-    job.report(&path, &g.stats, g.spec.as_ref(), &kv_summary(&model, &g.state), g.state.kv_bytes())
+    job.report(
+        &path,
+        &g.stats,
+        g.spec.as_ref(),
+        &kv_summary(&model, &g.state),
+        g.state.kv_bytes(),
+    )
 }
 
 /// What a generation left: the state, its statistics and, when speculating,
@@ -152,31 +180,74 @@ impl Job<'_> {
             seed: args.seed,
         };
         let mut sampler = Sampler::new(config)?;
-        let params = GenerateParams { max_tokens: args.n_predict.min(args.ctx - self.ids.len()), stop: args.stop.clone(), ignore_eos: false };
+        let params = GenerateParams {
+            max_tokens: args.n_predict.min(args.ctx - self.ids.len()),
+            stop: args.stop.clone(),
+            ignore_eos: false,
+        };
         let mut out = std::io::stdout().lock();
         let on_text = |t: &str| {
             let ok = out.write_all(t.as_bytes()).and_then(|_| out.flush());
-            if ok.is_ok() { Flow::Continue } else { Flow::Stop }
+            if ok.is_ok() {
+                Flow::Continue
+            } else {
+                Flow::Stop
+            }
         };
         Ok(match &factory {
             None => {
                 let mut state = backend.new_state(args.ctx, 0)?;
-                let stats = generate(backend, &mut state, self.tokenizer, &mut sampler, self.ids, &params, on_text)?;
-                Generated { state, stats, spec: None }
+                let stats = generate(
+                    backend,
+                    &mut state,
+                    self.tokenizer,
+                    &mut sampler,
+                    self.ids,
+                    &params,
+                    on_text,
+                )?;
+                Generated {
+                    state,
+                    stats,
+                    spec: None,
+                }
             }
             Some(f) => {
                 let mut setup = f.make(&args.spec, self.model, args.ctx, &config)?;
                 // Rings keep K extra slots so rejected positions can be rolled back.
                 let mut state = backend.new_state(args.ctx, setup.n_draft)?;
-                let spec = SpecParams { n_draft: setup.n_draft };
-                let (stats, sp) = generate_speculative(backend, &mut state, self.tokenizer, &mut sampler, setup.drafter.as_mut(), self.ids, &params, spec, on_text)?;
-                Generated { state, stats, spec: Some((setup.n_draft, sp)) }
+                let spec = SpecParams {
+                    n_draft: setup.n_draft,
+                };
+                let (stats, sp) = generate_speculative(
+                    backend,
+                    &mut state,
+                    self.tokenizer,
+                    &mut sampler,
+                    setup.drafter.as_mut(),
+                    self.ids,
+                    &params,
+                    spec,
+                    on_text,
+                )?;
+                Generated {
+                    state,
+                    stats,
+                    spec: Some((setup.n_draft, sp)),
+                }
             }
         })
     }
 
     /// The stderr summary and `--stats-json`.
-    fn report(&self, path: &Path, stats: &GenerationStats, spec_stats: Option<&(usize, SpecStats)>, kv: &str, kv_bytes: usize) -> Result<()> {
+    fn report(
+        &self,
+        path: &Path,
+        stats: &GenerationStats,
+        spec_stats: Option<&(usize, SpecStats)>,
+        kv: &str,
+        kv_bytes: usize,
+    ) -> Result<()> {
         let args = self.args;
         eprintln!();
         eprintln!(
@@ -221,7 +292,8 @@ impl Job<'_> {
                     o.extend(e);
                 }
             }
-            std::fs::write(p, serde_json::to_string_pretty(&json)? + "\n").with_context(|| format!("writing {}", p.display()))?;
+            std::fs::write(p, serde_json::to_string_pretty(&json)? + "\n")
+                .with_context(|| format!("writing {}", p.display()))?;
         }
         Ok(())
     }
@@ -229,7 +301,11 @@ impl Job<'_> {
 
 /// "spec: …" line: how much speculation bought.
 pub fn spec_summary(kind: &str, n_draft: usize, s: &SpecStats) -> String {
-    let by_pos: Vec<String> = s.acceptance_by_position().iter().map(|a| format!("{a:.2}")).collect();
+    let by_pos: Vec<String> = s
+        .acceptance_by_position()
+        .iter()
+        .map(|a| format!("{a:.2}"))
+        .collect();
     format!(
         "spec: {kind}, n_draft {n_draft} | {} target forwards, {:.2} tokens per forward, mean accepted {:.2}, acceptance {:.1}% | by position [{}] | draft {:.2} s, verify {:.2} s",
         s.target_forwards,
@@ -273,11 +349,17 @@ pub fn kv_summary(model: &Model, state: &hearth_models::State) -> String {
 /// (the full template engine lives in the chat layer).
 fn chat_prompt(tok: &Tokenizer, user: &str) -> Result<String> {
     if tok.token_id("<|im_start|>").is_some() {
-        Ok(format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"))
+        Ok(format!(
+            "<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+        ))
     } else if tok.token_id("<start_of_turn>").is_some() {
-        Ok(format!("<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"))
+        Ok(format!(
+            "<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
+        ))
     } else if tok.token_id("<|start|>").is_some() && tok.token_id("<|message|>").is_some() {
-        Ok(format!("<|start|>user<|message|>{user}<|eot|><|start|>assistant"))
+        Ok(format!(
+            "<|start|>user<|message|>{user}<|eot|><|start|>assistant"
+        ))
     } else {
         bail!("--chat: no known chat format for this model's vocabulary")
     }

@@ -2,9 +2,9 @@
 //! sessions). Loopback only unless told otherwise.
 
 use std::path::Path;
+use std::sync::Arc;
 #[cfg(feature = "cuda")]
 use std::sync::OnceLock;
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
@@ -97,7 +97,10 @@ pub fn run(args: Args) -> Result<()> {
         let gpu: Arc<OnceLock<Arc<hearth_cuda::Gpu>>> = Arc::default();
         let draft_gpu = gpu.clone();
         options.spec = spec_options(&args.spec, move |p| {
-            let gpu = draft_gpu.get().context("the GPU is opened with the target")?.clone();
+            let gpu = draft_gpu
+                .get()
+                .context("the GPU is opened with the target")?
+                .clone();
             crate::cuda::upload(gpu, Arc::new(Model::load_unpacked(p)?))
         });
         let load = move |path: &Path| {
@@ -120,7 +123,11 @@ fn spec_options<B: Backend + 'static>(
     args: &SpecArgs,
     load_draft: impl Fn(&Path) -> Result<B> + Send + Sync + 'static,
 ) -> Option<SpecOptions> {
-    if args.spec == SpecKind::None && args.draft_model.is_none() && args.block_length.is_none() && args.n_draft.is_none() {
+    if args.spec == SpecKind::None
+        && args.draft_model.is_none()
+        && args.block_length.is_none()
+        && args.n_draft.is_none()
+    {
         return None;
     }
     let args = args.clone();
@@ -134,11 +141,17 @@ fn spec_options<B: Backend + 'static>(
         let target = target.clone();
         let args = args.clone();
         let make: MakeDrafter = Arc::new(move |max_ctx: usize, sampling: &SamplerConfig| {
-            factory.make(&args, &target, max_ctx, sampling).map(|s| s.drafter).map_err(|e| format!("{e:#}"))
+            factory
+                .make(&args, &target, max_ctx, sampling)
+                .map(|s| s.drafter)
+                .map_err(|e| format!("{e:#}"))
         });
         Ok((make, n_draft))
     };
-    Some(SpecOptions { kind, prepare: Arc::new(prepare) })
+    Some(SpecOptions {
+        kind,
+        prepare: Arc::new(prepare),
+    })
 }
 
 /// A packaged name as given (or the default's), else the file stem.

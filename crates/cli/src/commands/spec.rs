@@ -74,7 +74,10 @@ impl SpecArgs {
             return Ok(());
         }
         if self.spec != SpecKind::Dflash && self.block_length.is_some() {
-            bail!("--block-length is for --spec dflash (use --n-draft for {})", self.spec.as_str());
+            bail!(
+                "--block-length is for --spec dflash (use --n-draft for {})",
+                self.spec.as_str()
+            );
         }
         if self.n_draft == Some(0) {
             bail!("--n-draft must be at least 1");
@@ -102,7 +105,8 @@ impl SpecArgs {
             SpecKind::Draft => {
                 let name = self.draft_model.as_deref().context("--spec draft needs --draft-model M (a small model with the target's vocabulary)")?;
                 let path = crate::registry::resolve_model(Some(name))?;
-                let m = load_draft(&path).with_context(|| format!("loading the draft model {}", path.display()))?;
+                let m = load_draft(&path)
+                    .with_context(|| format!("loading the draft model {}", path.display()))?;
                 if m.config().vocab_size != target.config.vocab_size {
                     bail!(
                         "draft model {} has a vocabulary of {}, the target {}: they must match",
@@ -115,7 +119,8 @@ impl SpecArgs {
             }
             SpecKind::Dflash => {
                 let path = self.draft_model.as_deref().context("--spec dflash needs --draft-model FILE (a dflash GGUF; `hearth synth --arch dflash --target T` writes a synthetic one)")?;
-                let d = DflashModel::load(path, target).with_context(|| format!("loading the DFlash draft {path}"))?;
+                let d = DflashModel::load(path, target)
+                    .with_context(|| format!("loading the DFlash draft {path}"))?;
                 let bmax = d.config.block_size;
                 if let Some(b) = self.block_length {
                     if !(2..=bmax).contains(&b) {
@@ -138,7 +143,9 @@ impl SpecArgs {
         match factory {
             DrafterFactory::Ngram => self.n_draft.unwrap_or(3),
             DrafterFactory::Draft(_) => self.n_draft.unwrap_or(3),
-            DrafterFactory::Dflash(d) => self.n_draft.unwrap_or(self.block_length.unwrap_or(d.config.block_size) - 1),
+            DrafterFactory::Dflash(d) => self
+                .n_draft
+                .unwrap_or(self.block_length.unwrap_or(d.config.block_size) - 1),
         }
     }
 }
@@ -146,12 +153,29 @@ impl SpecArgs {
 impl<B: Backend + 'static> DrafterFactory<B> {
     /// A drafter for one session of `target` (the host model: vocabulary,
     /// DFlash's embeddings and head) with context `max_ctx`.
-    pub fn make(&self, args: &SpecArgs, target: &Arc<Model>, max_ctx: usize, sampling: &SamplerConfig) -> Result<SpecSetup> {
+    pub fn make(
+        &self,
+        args: &SpecArgs,
+        target: &Arc<Model>,
+        max_ctx: usize,
+        sampling: &SamplerConfig,
+    ) -> Result<SpecSetup> {
         let n_draft = args.n_draft(self);
         let drafter: Box<dyn Drafter + Send> = match self {
             DrafterFactory::Ngram => Box::new(NgramDrafter::default()),
-            DrafterFactory::Draft(m) => Box::new(DraftModelDrafter::new(m.clone(), target.config.vocab_size, max_ctx, n_draft, sampling)?),
-            DrafterFactory::Dflash(d) => Box::new(DflashDrafter::new(d.clone(), target.clone(), max_ctx, args.block_length)?),
+            DrafterFactory::Draft(m) => Box::new(DraftModelDrafter::new(
+                m.clone(),
+                target.config.vocab_size,
+                max_ctx,
+                n_draft,
+                sampling,
+            )?),
+            DrafterFactory::Dflash(d) => Box::new(DflashDrafter::new(
+                d.clone(),
+                target.clone(),
+                max_ctx,
+                args.block_length,
+            )?),
         };
         Ok(SpecSetup { drafter, n_draft })
     }

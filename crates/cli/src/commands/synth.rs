@@ -149,8 +149,10 @@ fn dflash_plan_for(args: &Args) -> Result<SynthPlan> {
     if args.preset.is_some() || args.dim.is_some() || args.vocab.is_some() {
         bail!("--arch dflash takes its width and vocabulary from --target (no --preset, --dim or --vocab)");
     }
-    let file = hearth_gguf::GgufFile::open(target).with_context(|| format!("reading {}", target.display()))?;
-    let config = hearth_models::ModelConfig::from_gguf(&file).with_context(|| format!("reading {}", target.display()))?;
+    let file = hearth_gguf::GgufFile::open(target)
+        .with_context(|| format!("reading {}", target.display()))?;
+    let config = hearth_models::ModelConfig::from_gguf(&file)
+        .with_context(|| format!("reading {}", target.display()))?;
     let mut s = DflashShape::for_target(&config);
     let set = |field: &mut usize, v: Option<usize>| *field = v.unwrap_or(*field);
     set(&mut s.n_layers, args.layers);
@@ -192,7 +194,8 @@ pub fn run(args: Args) -> Result<()> {
     let mut shape = shape(&args)?;
     let tokenizer = match &args.tokenizer_from {
         Some(path) => {
-            let f = hearth_gguf::GgufFile::open(path).with_context(|| format!("--tokenizer-from {}", path.display()))?;
+            let f = hearth_gguf::GgufFile::open(path)
+                .with_context(|| format!("--tokenizer-from {}", path.display()))?;
             let keys: Vec<(String, hearth_gguf::Value)> = f
                 .metadata()
                 .iter()
@@ -203,7 +206,12 @@ pub fn run(args: Args) -> Result<()> {
                 .metadata()
                 .get_array("tokenizer.ggml.tokens")
                 .map(|t| t.len())
-                .ok_or_else(|| anyhow::anyhow!("--tokenizer-from {}: no tokenizer.ggml.tokens", path.display()))?;
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--tokenizer-from {}: no tokenizer.ggml.tokens",
+                        path.display()
+                    )
+                })?;
             shape.vocab_size = n;
             Some(keys)
         }
@@ -244,7 +252,13 @@ fn write(args: &Args, plan: &SynthPlan) -> Result<()> {
     let total = plan.data_bytes();
     if args.dry_run {
         for t in &plan.tensors {
-            println!("{:40} {:5} {:?} {}", t.name, t.ty.name(), t.shape, t.n_bytes());
+            println!(
+                "{:40} {:5} {:?} {}",
+                t.name,
+                t.ty.name(),
+                t.shape,
+                t.n_bytes()
+            );
         }
         return Ok(());
     }
@@ -262,13 +276,21 @@ fn write(args: &Args, plan: &SynthPlan) -> Result<()> {
     let opts = SynthOptions {
         seed: args.seed,
         // Pooled rows are mostly copies: larger chunks amortize the pool.
-        chunk_bytes: if args.row_pool.is_some() { 64 << 20 } else { 8 << 20 },
+        chunk_bytes: if args.row_pool.is_some() {
+            64 << 20
+        } else {
+            8 << 20
+        },
         ..SynthOptions::default()
     };
     let t0 = Instant::now();
-    let written = write_gguf_pooled(plan, &opts, args.row_pool, BufWriter::with_capacity(1 << 20, file), |n| {
-        bar.inc(n)
-    });
+    let written = write_gguf_pooled(
+        plan,
+        &opts,
+        args.row_pool,
+        BufWriter::with_capacity(1 << 20, file),
+        |n| bar.inc(n),
+    );
     bar.finish_and_clear();
     let finished = written
         .map_err(anyhow::Error::from)

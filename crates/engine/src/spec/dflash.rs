@@ -31,23 +31,39 @@ pub struct DflashDrafter {
 
 impl DflashDrafter {
     /// `block_length`: B, in 2..=block_size (default: the trained block size).
-    pub fn new(draft: Arc<DflashModel>, target: Arc<Model>, max_ctx: usize, block_length: Option<usize>) -> Result<Self, SpecError> {
+    pub fn new(
+        draft: Arc<DflashModel>,
+        target: Arc<Model>,
+        max_ctx: usize,
+        block_length: Option<usize>,
+    ) -> Result<Self, SpecError> {
         let bmax = draft.config.block_size;
         let b = block_length.unwrap_or(bmax);
         if !(2..=bmax).contains(&b) {
-            return Err(SpecError::Config(format!("--block-length {b} must be in 2..={bmax} (the draft's trained block size)")));
+            return Err(SpecError::Config(format!(
+                "--block-length {b} must be in 2..={bmax} (the draft's trained block size)"
+            )));
         }
         let taps = draft.config.target_layers.clone();
         // Room for the block's positions past the context.
         let state = draft.new_state(max_ctx + bmax);
-        Ok(DflashDrafter { draft, target, state, backlog: Vec::new(), block_length: b, taps })
+        Ok(DflashDrafter {
+            draft,
+            target,
+            state,
+            backlog: Vec::new(),
+            block_length: b,
+            taps,
+        })
     }
 
     /// Changes B without reloading (takes effect at the next proposal).
     pub fn set_block_length(&mut self, b: usize) -> Result<(), SpecError> {
         let bmax = self.draft.config.block_size;
         if !(2..=bmax).contains(&b) {
-            return Err(SpecError::Config(format!("block length {b} must be in 2..={bmax}")));
+            return Err(SpecError::Config(format!(
+                "block length {b} must be in 2..={bmax}"
+            )));
         }
         self.block_length = b;
         Ok(())
@@ -89,17 +105,26 @@ impl Drafter for DflashDrafter {
         }
         let mut block = vec![self.draft.config.mask_token; b];
         block[0] = context[f];
-        let logits = self.draft.forward(&self.target, &mut self.state, &self.backlog, &block, n)?;
+        let logits = self
+            .draft
+            .forward(&self.target, &mut self.state, &self.backlog, &block, n)?;
         self.backlog.clear();
         let vocab = self.target.config.vocab_size;
         let tokens = logits.chunks_exact(vocab).map(argmax).collect();
-        Ok(Draft { tokens, probs: None })
+        Ok(Draft {
+            tokens,
+            probs: None,
+        })
     }
 
     fn commit(&mut self, tokens: &[u32], hidden: &[f32]) -> Result<(), SpecError> {
         let width = self.draft.hidden_width();
         if hidden.len() != tokens.len() * width {
-            return Err(SpecError::Config(format!("DFlash: {} hidden values for {} tokens of width {width}", hidden.len(), tokens.len())));
+            return Err(SpecError::Config(format!(
+                "DFlash: {} hidden values for {} tokens of width {width}",
+                hidden.len(),
+                tokens.len()
+            )));
         }
         self.backlog.extend_from_slice(hidden);
         // §7.4: with an all-sliding draft, rows older than W_d are never seen.

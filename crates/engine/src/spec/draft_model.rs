@@ -45,9 +45,16 @@ impl<B: Backend> DraftModelDrafter<B> {
                 model.config().vocab_size
             )));
         }
-        let state = model.new_state(max_ctx, n_draft + 1).map_err(SpecError::Draft)?;
+        let state = model
+            .new_state(max_ctx, n_draft + 1)
+            .map_err(SpecError::Draft)?;
         let sampler = draft_sampler(target_sampling)?;
-        Ok(DraftModelDrafter { model, state, fed: Vec::new(), sampler })
+        Ok(DraftModelDrafter {
+            model,
+            state,
+            fed: Vec::new(),
+            sampler,
+        })
     }
 
     /// Rolls the state back to its common prefix with `context` (keeping at
@@ -63,7 +70,10 @@ impl<B: Backend> DraftModelDrafter<B> {
             }
         }
         let rest = &context[self.fed.len()..];
-        let logits = self.model.forward(&mut self.state, rest, Logits::Last).map_err(SpecError::Draft)?;
+        let logits = self
+            .model
+            .forward(&mut self.state, rest, Logits::Last)
+            .map_err(SpecError::Draft)?;
         self.fed.extend_from_slice(rest);
         Ok(logits)
     }
@@ -88,7 +98,10 @@ impl<B: Backend> Drafter for DraftModelDrafter<B> {
             };
             tokens.push(t);
             if i + 1 < k {
-                logits = self.model.forward(&mut self.state, &[t], Logits::Last).map_err(SpecError::Draft)?;
+                logits = self
+                    .model
+                    .forward(&mut self.state, &[t], Logits::Last)
+                    .map_err(SpecError::Draft)?;
                 self.fed.push(t);
             }
         }
@@ -127,8 +140,14 @@ fn draft_sampler(target: &SamplerConfig) -> Result<Option<Sampler>, SpecError> {
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         // Independent of the target's stream, reproducible when seeded.
-        seed: if target.seed == 0 { 0 } else { target.seed.wrapping_add(0x5eed) },
+        seed: if target.seed == 0 {
+            0
+        } else {
+            target.seed.wrapping_add(0x5eed)
+        },
         ..*target
     };
-    Sampler::new(cfg).map(Some).map_err(|e| SpecError::Config(e.to_string()))
+    Sampler::new(cfg)
+        .map(Some)
+        .map_err(|e| SpecError::Config(e.to_string()))
 }

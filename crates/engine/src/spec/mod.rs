@@ -133,7 +133,9 @@ impl SpecStats {
             self.accepted_at.resize(drafted, 0);
         }
         self.drafted_at[..drafted].iter_mut().for_each(|n| *n += 1);
-        self.accepted_at[..accepted].iter_mut().for_each(|n| *n += 1);
+        self.accepted_at[..accepted]
+            .iter_mut()
+            .for_each(|n| *n += 1);
     }
 
     pub fn merge(&mut self, o: &SpecStats) {

@@ -45,7 +45,10 @@ impl NgramDrafter {
 
 impl Drafter for NgramDrafter {
     fn propose(&mut self, context: &[u32], k: usize) -> Result<Draft, SpecError> {
-        Ok(Draft { tokens: self.lookup(context, k), probs: None })
+        Ok(Draft {
+            tokens: self.lookup(context, k),
+            probs: None,
+        })
     }
 
     fn commit(&mut self, _tokens: &[u32], _hidden: &[f32]) -> Result<(), SpecError> {

@@ -41,7 +41,11 @@ pub fn accept_or_resample(sampler: &mut Sampler, p: &[f32], q: Option<&[f32]>, d
     let di = d as usize;
     if sampler.is_greedy() {
         let best = argmax(p);
-        return if best == d { Verdict::Accept } else { Verdict::Reject(best) };
+        return if best == d {
+            Verdict::Accept
+        } else {
+            Verdict::Reject(best)
+        };
     }
     let pd = p.get(di).copied().unwrap_or(0.0);
     let qd = match q {
@@ -108,7 +112,11 @@ pub fn verify_block(
     draft: &[u32],
     draft_probs: Option<&[Vec<f32>]>,
 ) -> BlockOutcome {
-    assert_eq!(logits.len(), (draft.len() + 1) * vocab, "verify_block: logits are not [K+1, vocab]");
+    assert_eq!(
+        logits.len(),
+        (draft.len() + 1) * vocab,
+        "verify_block: logits are not [K+1, vocab]"
+    );
     let rows: Vec<&[f32]> = logits.chunks_exact(vocab).collect();
     for (i, &d) in draft.iter().enumerate() {
         let verdict = if sampler.is_greedy() && !sampler.has_penalties() {
@@ -128,13 +136,19 @@ pub fn verify_block(
             Verdict::Accept => sampler.accept(d),
             Verdict::Reject(t) => {
                 sampler.accept(t);
-                return BlockOutcome { accepted: i, next: t };
+                return BlockOutcome {
+                    accepted: i,
+                    next: t,
+                };
             }
         }
     }
     let bonus = sampler.sample(rows[draft.len()]);
     sampler.accept(bonus);
-    BlockOutcome { accepted: draft.len(), next: bonus }
+    BlockOutcome {
+        accepted: draft.len(),
+        next: bonus,
+    }
 }
 
 #[cfg(test)]
@@ -143,15 +157,25 @@ mod tests {
     use crate::sampler::SamplerConfig;
 
     fn sampling(seed: u64) -> Sampler {
-        Sampler::new(SamplerConfig { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..SamplerConfig::default() })
-            .unwrap()
+        Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed,
+            ..SamplerConfig::default()
+        })
+        .unwrap()
     }
 
     /// Spec §11.9: excluding token 1 from [0.2, 0.5, 0.3] gives [0.4, 0, 0.6].
     #[test]
     fn exclusion_renormalises() {
         let r = residual_distribution(&[0.2, 0.5, 0.3], None, 1).unwrap();
-        assert!((r[0] - 0.4).abs() < 1e-6 && r[1] == 0.0 && (r[2] - 0.6).abs() < 1e-6, "{r:?}");
+        assert!(
+            (r[0] - 0.4).abs() < 1e-6 && r[1] == 0.0 && (r[2] - 0.6).abs() < 1e-6,
+            "{r:?}"
+        );
     }
 
     /// Spec §11.9: residual of p = [0.1, 0.6, 0.3] against q = [0.2, 0.2, 0.6] is [0, 1, 0].
@@ -174,7 +198,10 @@ mod tests {
         b.uniform();
         assert_eq!(a.uniform(), b.uniform());
         // p(d) = 1: always accepted, one draw.
-        assert_eq!(accept_or_resample(&mut a, &[0.0, 1.0, 0.0], None, 1), Verdict::Accept);
+        assert_eq!(
+            accept_or_resample(&mut a, &[0.0, 1.0, 0.0], None, 1),
+            Verdict::Accept
+        );
         b.uniform();
         assert_eq!(a.uniform(), b.uniform());
     }
@@ -185,10 +212,28 @@ mod tests {
         // vocab 3; rows' argmaxes: 2, 1, 0
         let logits = [0.0, 1.0, 2.0, 0.0, 3.0, 1.0, 5.0, 0.0, 0.0];
         let out = verify_block(&mut s, &logits, 3, &[2, 1], None);
-        assert_eq!(out, BlockOutcome { accepted: 2, next: 0 });
+        assert_eq!(
+            out,
+            BlockOutcome {
+                accepted: 2,
+                next: 0
+            }
+        );
         let out = verify_block(&mut s, &logits, 3, &[2, 0], None);
-        assert_eq!(out, BlockOutcome { accepted: 1, next: 1 });
+        assert_eq!(
+            out,
+            BlockOutcome {
+                accepted: 1,
+                next: 1
+            }
+        );
         let out = verify_block(&mut s, &logits, 3, &[1, 1], None);
-        assert_eq!(out, BlockOutcome { accepted: 0, next: 2 });
+        assert_eq!(
+            out,
+            BlockOutcome {
+                accepted: 0,
+                next: 2
+            }
+        );
     }
 }

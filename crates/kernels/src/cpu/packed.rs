@@ -119,14 +119,21 @@ impl HugeBuf {
     const ALIGN: usize = 2 << 20;
 
     fn zeroed(len: usize) -> HugeBuf {
-        let layout = std::alloc::Layout::from_size_align(len.max(1), Self::ALIGN).expect("buffer size");
+        let layout =
+            std::alloc::Layout::from_size_align(len.max(1), Self::ALIGN).expect("buffer size");
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc(layout) };
-        let Some(ptr) = std::ptr::NonNull::new(ptr) else { std::alloc::handle_alloc_error(layout) };
+        let Some(ptr) = std::ptr::NonNull::new(ptr) else {
+            std::alloc::handle_alloc_error(layout)
+        };
         #[cfg(target_os = "linux")]
         // SAFETY: advice on memory we own; failure is harmless.
         unsafe {
-            libc::madvise(ptr.as_ptr() as *mut libc::c_void, layout.size(), libc::MADV_HUGEPAGE);
+            libc::madvise(
+                ptr.as_ptr() as *mut libc::c_void,
+                layout.size(),
+                libc::MADV_HUGEPAGE,
+            );
         }
         // SAFETY: `len` bytes were allocated.
         unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
@@ -148,7 +155,8 @@ impl HugeBuf {
 
 impl Drop for HugeBuf {
     fn drop(&mut self) {
-        let layout = std::alloc::Layout::from_size_align(self.len.max(1), Self::ALIGN).expect("buffer size");
+        let layout =
+            std::alloc::Layout::from_size_align(self.len.max(1), Self::ALIGN).expect("buffer size");
         // SAFETY: allocated in `zeroed` with this layout.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
     }
@@ -224,11 +232,24 @@ impl PackedMatrix {
         for g in 0..pa.groups {
             // SAFETY: both sources hold `groups * chunk` bytes, the destination twice that.
             unsafe {
-                std::ptr::copy_nonoverlapping(pa.group(g), data.as_mut_ptr().add(2 * g * chunk), chunk);
-                std::ptr::copy_nonoverlapping(pb.group(g), data.as_mut_ptr().add((2 * g + 1) * chunk), chunk);
+                std::ptr::copy_nonoverlapping(
+                    pa.group(g),
+                    data.as_mut_ptr().add(2 * g * chunk),
+                    chunk,
+                );
+                std::ptr::copy_nonoverlapping(
+                    pb.group(g),
+                    data.as_mut_ptr().add((2 * g + 1) * chunk),
+                    chunk,
+                );
             }
         }
-        Some(PackedMatrix { rows: 2 * a.rows, groups: 2 * pa.groups, data, ..pa })
+        Some(PackedMatrix {
+            rows: 2 * a.rows,
+            groups: 2 * pa.groups,
+            data,
+            ..pa
+        })
     }
 
     /// Bytes held.
@@ -242,7 +263,6 @@ impl PackedMatrix {
         unsafe { self.data.as_ptr().add(g * self.blocks * self.block_bytes) }
     }
 }
-
 
 /// Writes `dst[8r + i] = src[r][off + i]` for i < 8: one unit.
 fn unit(src: &[&[u8]; GROUP], off: usize, dst: &mut [u8]) {
@@ -375,7 +395,8 @@ fn par_tokens<B: Send>(out: &mut [B], n: usize, f: impl Fn(usize, &mut [B]) + Sy
     let work = |range: std::ops::Range<usize>| {
         for t in range {
             // SAFETY: token t's items are written by one thread only.
-            let items = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(t * per_token), per_token) };
+            let items =
+                unsafe { std::slice::from_raw_parts_mut(ptr.get().add(t * per_token), per_token) };
             f(t, items);
         }
     };
@@ -402,7 +423,14 @@ fn quantize_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Acts {
             };
             let corr = b
                 .iter()
-                .map(|blk| std::array::from_fn(|g| -off * blk.qs[4 * g..4 * g + 4].iter().map(|&q| q as i32).sum::<i32>()))
+                .map(|blk| {
+                    std::array::from_fn(|g| {
+                        -off * blk.qs[4 * g..4 * g + 4]
+                            .iter()
+                            .map(|&q| q as i32)
+                            .sum::<i32>()
+                    })
+                })
                 .collect();
             Acts::Q8_0(b, corr)
         }
@@ -413,7 +441,11 @@ fn quantize_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Acts {
         }
         Q4_K | Q6_K => {
             let invariant = batch_invariant();
-            let gemm_rows = if ty == Q4_K && !invariant { n - n % 4 } else { 0 };
+            let gemm_rows = if ty == Q4_K && !invariant {
+                n - n % 4
+            } else {
+                0
+            };
             let mut b = vec![BlockQ8K::default(); n * cols / QK_K];
             par_tokens(&mut b, n, |t, out| {
                 if t < gemm_rows {
@@ -503,13 +535,23 @@ unsafe fn dot_q0<S: Simd, const NT: usize>(
             let raw = S::load(units.add(64 * u));
             let (mut lo, mut hi) = (S::nib_lo(raw), S::nib_hi(raw));
             if q5 {
-                lo = S::set_bit4(lo, std::ptr::read_unaligned(blk.add(16 + 8 * u) as *const u64));
-                hi = S::set_bit4(hi, std::ptr::read_unaligned(blk.add(16 + 8 * (2 + u)) as *const u64));
+                lo = S::set_bit4(
+                    lo,
+                    std::ptr::read_unaligned(blk.add(16 + 8 * u) as *const u64),
+                );
+                hi = S::set_bit4(
+                    hi,
+                    std::ptr::read_unaligned(blk.add(16 + 8 * (2 + u)) as *const u64),
+                );
             }
             for (q, v) in [(lo, u), (hi, 2 + u)] {
                 for t in 0..NT {
                     let c = yb(&sums, t, b);
-                    let i = S::dot_u8(S::splat2(c[2 * v], c[2 * v + 1]), q, a64(&yb(&y, t, b).qs, 8 * v));
+                    let i = S::dot_u8(
+                        S::splat2(c[2 * v], c[2 * v + 1]),
+                        q,
+                        a64(&yb(&y, t, b).qs, 8 * v),
+                    );
                     acc[t][v] = S::fma(d[t], S::cvt(i), acc[t][v]);
                 }
             }
@@ -524,7 +566,10 @@ unsafe fn dot_q0<S: Simd, const NT: usize>(
 
 /// Q4_1 weights · Q8_1 activations.
 #[inline(always)]
-unsafe fn dot_q4_1<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8_1]; NT]) -> [[f32; 8]; NT] {
+unsafe fn dot_q4_1<S: Simd, const NT: usize>(
+    w: *const u8,
+    y: [&[BlockQ8_1]; NT],
+) -> [[f32; 8]; NT] {
     let (mut acc, mut summs) = ([[S::fzero(); 4]; NT], [S::fzero(); NT]);
     assert!(y.iter().all(|r| r.len() == y[0].len()));
     for b in 0..y[0].len() {
@@ -558,7 +603,11 @@ unsafe fn dot_q4_1<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8_1]; NT]
 
 /// Q4_K weights · Q8_K activations (llama.cpp's repacked gemv or gemm order).
 #[inline(always)]
-unsafe fn dot_q4_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT], order: Order) -> [[f32; 8]; NT] {
+unsafe fn dot_q4_k<S: Simd, const NT: usize>(
+    w: *const u8,
+    y: [&[BlockQ8K]; NT],
+    order: Order,
+) -> [[f32; 8]; NT] {
     let (mut acc, mut acc_m) = ([S::fzero(); NT], [S::fzero(); NT]);
     assert!(y.iter().all(|r| r.len() == y[0].len()));
     for b in 0..y[0].len() {
@@ -571,7 +620,11 @@ unsafe fn dot_q4_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
             d[t] = S::fmul(dx, dy);
             dmin[t] = S::fmul(dmx, dy);
         }
-        let (sc, mn, qs) = (blk.add(layout::Q4_K_SC), blk.add(layout::Q4_K_MN), blk.add(layout::Q4_K_QS));
+        let (sc, mn, qs) = (
+            blk.add(layout::Q4_K_SC),
+            blk.add(layout::Q4_K_MN),
+            blk.add(layout::Q4_K_QS),
+        );
         let (mut isum, mut msum) = ([S::izero(); NT], [S::izero(); NT]);
         for p in 0..4 {
             let (mut il, mut ih) = ([S::izero(); NT], [S::izero(); NT]);
@@ -592,7 +645,10 @@ unsafe fn dot_q4_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
                 let by = yb(&y, t, b);
                 let bs = |j: usize| by.bsums[2 * j] as i32 + by.bsums[2 * j + 1] as i32;
                 let pi = S::add(S::mul(il[t], s0), S::mul(ih[t], s1));
-                let pm = S::add(S::mul(m0, S::splat2(bs(j0), bs(j0))), S::mul(m1, S::splat2(bs(j1), bs(j1))));
+                let pm = S::add(
+                    S::mul(m0, S::splat2(bs(j0), bs(j0))),
+                    S::mul(m1, S::splat2(bs(j1), bs(j1))),
+                );
                 if order == Order::Batch {
                     acc[t] = S::fma(S::cvt(S::pair_sum(pi)), d[t], acc[t]);
                     acc_m[t] = S::fma(S::cvt(pm), dmin[t], acc_m[t]);
@@ -621,13 +677,21 @@ unsafe fn dot_q4_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
 
 /// Q6_K weights · Q8_K activations (`vec_dot` lanes, or the tiled per-block order).
 #[inline(always)]
-unsafe fn dot_q6_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT], order: Order) -> [[f32; 8]; NT] {
+unsafe fn dot_q6_k<S: Simd, const NT: usize>(
+    w: *const u8,
+    y: [&[BlockQ8K]; NT],
+    order: Order,
+) -> [[f32; 8]; NT] {
     let (mut lanes_acc, mut acc) = ([[S::fzero(); 4]; NT], [S::fzero(); NT]);
     assert!(y.iter().all(|r| r.len() == y[0].len()));
     for b in 0..y[0].len() {
         let blk = w.add(b * layout::Q6_K);
         prefetch_ahead::<S>(blk, layout::Q6_K);
-        let (sc, ql, qh) = (blk.add(layout::Q6_K_SC), blk.add(layout::Q6_K_QL), blk.add(layout::Q6_K_QH));
+        let (sc, ql, qh) = (
+            blk.add(layout::Q6_K_SC),
+            blk.add(layout::Q6_K_QL),
+            blk.add(layout::Q6_K_QH),
+        );
         let mut l = [[S::izero(); 4]; NT];
         for n in 0..2 {
             for u in 0..4 {
@@ -645,7 +709,10 @@ unsafe fn dot_q6_k<S: Simd, const NT: usize>(w: *const u8, y: [&[BlockQ8K]; NT],
                     let g = idx / 16;
                     let s = S::rows_bytes::<true>(sc.add(8 * g), sc.add(8 * g));
                     for t in 0..NT {
-                        l[t][u] = S::add(l[t][u], S::mul(S::dot_u8(S::izero(), q, a64(&yb(&y, t, b).qs, idx)), s));
+                        l[t][u] = S::add(
+                            l[t][u],
+                            S::mul(S::dot_u8(S::izero(), q, a64(&yb(&y, t, b).qs, idx)), s),
+                        );
                     }
                 }
             }
@@ -710,18 +777,37 @@ const TOKEN_TILE: usize = 32;
 
 /// One group against tokens `t0..t0 + NT`.
 #[inline(always)]
-unsafe fn group_values<S: Simd, const NT: usize>(pm: &PackedMatrix, acts: &Acts, _n: usize, g: usize, t0: usize) -> [[f32; 8]; NT] {
+unsafe fn group_values<S: Simd, const NT: usize>(
+    pm: &PackedMatrix,
+    acts: &Acts,
+    _n: usize,
+    g: usize,
+    t0: usize,
+) -> [[f32; 8]; NT] {
     let nb = pm.blocks;
     let w = pm.group(g);
     let rows = |t: usize| t * nb..(t + 1) * nb;
     match acts {
-        Acts::Q8_0(y, s) => dot_q0::<S, NT>(pm.ty, w, std::array::from_fn(|i| &y[rows(t0 + i)]), std::array::from_fn(|i| &s[rows(t0 + i)])),
+        Acts::Q8_0(y, s) => dot_q0::<S, NT>(
+            pm.ty,
+            w,
+            std::array::from_fn(|i| &y[rows(t0 + i)]),
+            std::array::from_fn(|i| &s[rows(t0 + i)]),
+        ),
         Acts::Q8_1(y) => dot_q4_1::<S, NT>(w, std::array::from_fn(|i| &y[rows(t0 + i)])),
         Acts::Q8K(y, gemm_rows, tiled) => {
             let ys = std::array::from_fn(|i| &y[rows(t0 + i)]);
             if pm.ty == GgmlType::Q4_K {
                 // Token blocks start at multiples of 4, so a block is all gemm or all gemv.
-                dot_q4_k::<S, NT>(w, ys, if t0 < *gemm_rows { Order::Batch } else { Order::Vec })
+                dot_q4_k::<S, NT>(
+                    w,
+                    ys,
+                    if t0 < *gemm_rows {
+                        Order::Batch
+                    } else {
+                        Order::Vec
+                    },
+                )
             } else {
                 dot_q6_k::<S, NT>(w, ys, if *tiled { Order::Batch } else { Order::Vec })
             }
@@ -731,7 +817,14 @@ unsafe fn group_values<S: Simd, const NT: usize>(pm: &PackedMatrix, acts: &Acts,
 
 /// One group against tokens `t0..t0 + NT`, results written to `out`.
 #[inline(always)]
-unsafe fn group_tokens<S: Simd, const NT: usize>(pm: &PackedMatrix, acts: &Acts, n: usize, g: usize, t0: usize, out: *mut f32) {
+unsafe fn group_tokens<S: Simd, const NT: usize>(
+    pm: &PackedMatrix,
+    acts: &Acts,
+    n: usize,
+    g: usize,
+    t0: usize,
+    out: *mut f32,
+) {
     let v = group_values::<S, NT>(pm, acts, n, g, t0);
     for (i, row) in v.iter().enumerate() {
         std::ptr::copy_nonoverlapping(row.as_ptr(), out.add((t0 + i) * pm.rows + g * GROUP), GROUP);
@@ -744,7 +837,14 @@ pub type GluAct<'a> = &'a (dyn Fn(usize, f32, f32) -> f32 + Sync);
 /// For a [`PackedMatrix::pack_pair`] matrix: pairs of groups `pairs` for all
 /// tokens, `out[t, 8i + r] = act(8i + r, gate, up)` (`out` is [n, rows / 2]).
 #[inline(always)]
-unsafe fn run_pairs<S: Simd>(pm: &PackedMatrix, acts: &Acts, n: usize, pairs: std::ops::Range<usize>, act: GluAct, out: *mut f32) {
+unsafe fn run_pairs<S: Simd>(
+    pm: &PackedMatrix,
+    acts: &Acts,
+    n: usize,
+    pairs: std::ops::Range<usize>,
+    act: GluAct,
+    out: *mut f32,
+) {
     let half = pm.rows / 2;
     let emit = |i: usize, t: usize, g: &[f32; 8], u: &[f32; 8]| {
         for r in 0..GROUP {
@@ -756,14 +856,20 @@ unsafe fn run_pairs<S: Simd>(pm: &PackedMatrix, acts: &Acts, n: usize, pairs: st
         for i in pairs.clone() {
             let mut t = t0;
             while t + 4 <= t1 {
-                let (g, u) = (group_values::<S, 4>(pm, acts, n, 2 * i, t), group_values::<S, 4>(pm, acts, n, 2 * i + 1, t));
+                let (g, u) = (
+                    group_values::<S, 4>(pm, acts, n, 2 * i, t),
+                    group_values::<S, 4>(pm, acts, n, 2 * i + 1, t),
+                );
                 for k in 0..4 {
                     emit(i, t + k, &g[k], &u[k]);
                 }
                 t += 4;
             }
             while t < t1 {
-                let (g, u) = (group_values::<S, 1>(pm, acts, n, 2 * i, t), group_values::<S, 1>(pm, acts, n, 2 * i + 1, t));
+                let (g, u) = (
+                    group_values::<S, 1>(pm, acts, n, 2 * i, t),
+                    group_values::<S, 1>(pm, acts, n, 2 * i + 1, t),
+                );
                 emit(i, t, &g[0], &u[0]);
                 t += 1;
             }
@@ -773,7 +879,13 @@ unsafe fn run_pairs<S: Simd>(pm: &PackedMatrix, acts: &Acts, n: usize, pairs: st
 
 /// Computes output rows `groups` (in units of 8) for all `n` tokens.
 #[inline(always)]
-unsafe fn run_groups<S: Simd>(pm: &PackedMatrix, acts: &Acts, n: usize, groups: std::ops::Range<usize>, out: *mut f32) {
+unsafe fn run_groups<S: Simd>(
+    pm: &PackedMatrix,
+    acts: &Acts,
+    n: usize,
+    groups: std::ops::Range<usize>,
+    out: *mut f32,
+) {
     for t0 in (0..n).step_by(TOKEN_TILE) {
         let t1 = (t0 + TOKEN_TILE).min(n);
         for g in groups.clone() {
@@ -826,7 +938,11 @@ unsafe fn run_neon(pm: &PackedMatrix, acts: &Acts, n: usize, work: &Work, out: *
 }
 
 unsafe fn run_isa(isa: Isa, pm: &PackedMatrix, acts: &Acts, n: usize, work: &Work, out: *mut f32) {
-    assert!(isa.supported(), "{} is not supported on this machine", isa.name());
+    assert!(
+        isa.supported(),
+        "{} is not supported on this machine",
+        isa.name()
+    );
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => run_avx512(pm, acts, n, work, out),
@@ -841,9 +957,20 @@ unsafe fn run_isa(isa: Isa, pm: &PackedMatrix, acts: &Acts, n: usize, work: &Wor
 /// A gated MLP's first half in one pass: `pm` is gate and up packed by
 /// [`PackedMatrix::pack_pair`]; `out[t, j] = act(j, gate[t, j], up[t, j])`
 /// ([n, rows / 2]). The products are the same as two [`matmul_packed`] calls.
-pub fn matmul_packed_glu(isa: Isa, pm: &PackedMatrix, x: &[f32], n: usize, act: GluAct, out: &mut [f32]) {
+pub fn matmul_packed_glu(
+    isa: Isa,
+    pm: &PackedMatrix,
+    x: &[f32],
+    n: usize,
+    act: GluAct,
+    out: &mut [f32],
+) {
     assert_eq!(x.len(), n * pm.cols, "matmul: x is not [n, cols]");
-    assert_eq!(out.len(), n * pm.rows / 2, "matmul: out is not [n, rows / 2]");
+    assert_eq!(
+        out.len(),
+        n * pm.rows / 2,
+        "matmul: out is not [n, rows / 2]"
+    );
     let acts = quantize_acts(pm.ty, x, n, pm.cols);
     let outp = SendPtr(out.as_mut_ptr());
     pool::global().run(|i, nt| {
@@ -926,13 +1053,25 @@ mod tests {
         for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0] {
             let (rows, cols) = (16, 4 * 256);
             let wq = random_matrix(ty, rows, cols, &mut rng);
-            let m = QMatrix { ty, rows, cols, data: &wq };
+            let m = QMatrix {
+                ty,
+                rows,
+                cols,
+                data: &wq,
+            };
             let pm = PackedMatrix::pack(&m).unwrap();
             for n in [4, 5, 9] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
                 let mut single = vec![0.0f32; n * rows];
                 for t in 0..n {
-                    matmul_packed(Isa::detect(), &pm, &m, &x[t * cols..(t + 1) * cols], 1, &mut single[t * rows..(t + 1) * rows]);
+                    matmul_packed(
+                        Isa::detect(),
+                        &pm,
+                        &m,
+                        &x[t * cols..(t + 1) * cols],
+                        1,
+                        &mut single[t * rows..(t + 1) * rows],
+                    );
                 }
                 let (mut inv, mut batched) = (vec![0.0f32; n * rows], vec![0.0f32; n * rows]);
                 with_batch_invariant(|| matmul_packed(Isa::detect(), &pm, &m, &x, n, &mut inv));
@@ -941,10 +1080,16 @@ mod tests {
                 for (i, (a, b)) in inv.iter().zip(&single).enumerate() {
                     assert_eq!(a.to_bits(), b.to_bits(), "{ty} n {n} [{i}]");
                 }
-                differed |= batched.iter().zip(&single).any(|(a, b)| a.to_bits() != b.to_bits());
+                differed |= batched
+                    .iter()
+                    .zip(&single)
+                    .any(|(a, b)| a.to_bits() != b.to_bits());
             }
         }
-        assert!(differed, "the batched orders should differ from one-row products somewhere");
+        assert!(
+            differed,
+            "the batched orders should differ from one-row products somewhere"
+        );
     }
 
     /// The fused gate/up pass gives exactly the two separate products, combined.
@@ -953,21 +1098,49 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
         for ty in [GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q4_1] {
             let (rows, cols) = (24, 2 * ty.block_size().max(256));
-            let (wa, wb) = (random_matrix(ty, rows, cols, &mut rng), random_matrix(ty, rows, cols, &mut rng));
-            let (a, b) = (QMatrix { ty, rows, cols, data: &wa }, QMatrix { ty, rows, cols, data: &wb });
+            let (wa, wb) = (
+                random_matrix(ty, rows, cols, &mut rng),
+                random_matrix(ty, rows, cols, &mut rng),
+            );
+            let (a, b) = (
+                QMatrix {
+                    ty,
+                    rows,
+                    cols,
+                    data: &wa,
+                },
+                QMatrix {
+                    ty,
+                    rows,
+                    cols,
+                    data: &wb,
+                },
+            );
             let pair = PackedMatrix::pack_pair(&a, &b).unwrap();
-            let (pa, pb) = (PackedMatrix::pack(&a).unwrap(), PackedMatrix::pack(&b).unwrap());
+            let (pa, pb) = (
+                PackedMatrix::pack(&a).unwrap(),
+                PackedMatrix::pack(&b).unwrap(),
+            );
             let act = |j: usize, g: f32, u: f32| g * (j as f32 + 0.5) - u;
             for n in [1, 5, 9] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
                 for isa in Isa::available() {
-                    let (mut ga, mut gb, mut fused) = (vec![0.0f32; n * rows], vec![0.0f32; n * rows], vec![0.0f32; n * rows]);
+                    let (mut ga, mut gb, mut fused) = (
+                        vec![0.0f32; n * rows],
+                        vec![0.0f32; n * rows],
+                        vec![0.0f32; n * rows],
+                    );
                     matmul_packed(isa, &pa, &a, &x, n, &mut ga);
                     matmul_packed(isa, &pb, &b, &x, n, &mut gb);
                     matmul_packed_glu(isa, &pair, &x, n, &act, &mut fused);
                     for i in 0..n * rows {
                         let want = act(i % rows, ga[i], gb[i]);
-                        assert_eq!(fused[i].to_bits(), want.to_bits(), "{ty} {} n {n} [{i}]", isa.name());
+                        assert_eq!(
+                            fused[i].to_bits(),
+                            want.to_bits(),
+                            "{ty} {} n {n} [{i}]",
+                            isa.name()
+                        );
                     }
                 }
             }
