@@ -9,6 +9,7 @@
 #   LLAMACPP_VERSION  sdist version (default 11434.0.0)
 #   LLAMACPP_CUDA=1   also build the CUDA backend (GPU machine only)
 #   LLAMACPP_JOBS     parallel compile jobs (default: nproc)
+#   LLAMACPP_TOOLS    space-separated subset of the tools to build (default: all of them)
 # CPU flags: GGML_NATIVE=ON (the committed parity fixtures were made with a native build on an
 # AMD EPYC without AVX-512), except on a CPU with AMX: a native build there enables ggml's AMX
 # kernels and extra buffer types, so the build is GGML_NATIVE=OFF with explicit AVX-512
@@ -38,6 +39,7 @@ build="$cache/build-$ver-$variant$suffix"
 # in build order: the ones the fixture scripts need first, llama-server (the slowest) last
 tools=(llama-debug llama-completion llama-tokenize llama-gguf llama-speculative-simple test-llama-archs
        llama-mtmd-cli llama-mtmd-debug llama-bench llama-server)
+[[ -n "${LLAMACPP_TOOLS:-}" ]] && read -r -a tools <<< "$LLAMACPP_TOOLS"
 libs=(src/libllama.a tools/mtmd/libmtmd.a common/libllama-common.a)
 
 all_built=1

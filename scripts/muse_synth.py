@@ -5,6 +5,7 @@ the tokenizer and chat template are copied from a packaged model (smollm2-135m, 
 with scripts/fetch_models.py) so text prompts tokenize like a real model's.
 
     python3 scripts/muse_synth.py OUT_DIR [NAME ...]      # default: every file below
+    python3 scripts/muse_synth.py --tokenizer-only OUT.gguf  # just the copied tokenizer keys
 
 Files (SHAPES / DRAFTS below say exactly what each holds):
   muse-a.gguf   Q4_K_M-style mix (Q4_K, Q6_K for attn_v/ffn_down on the "more bits" layers
@@ -162,6 +163,11 @@ def encode(x: np.ndarray, qtype) -> tuple[np.ndarray, object]:
 
 
 def packaged_gguf(name: str) -> Path:
+    """The packaged model's GGUF (scripts/fetch_models.py). MUSE_SYNTH_TOKENIZER_GGUF=FILE
+    overrides it with any GGUF holding the same tokenizer.* keys (e.g. one written by
+    `muse_synth.py --tokenizer-only OUT` on a machine without network access)."""
+    if os.environ.get("MUSE_SYNTH_TOKENIZER_GGUF"):
+        return Path(os.environ["MUSE_SYNTH_TOKENIZER_GGUF"])
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_models.py"), name],
                          check=True, capture_output=True, text=True)
     return Path(res.stdout.strip().splitlines()[-1])
@@ -448,6 +454,23 @@ def write_draft(path: Path, name: str, tok_src: Path) -> dict:
     return {"arch": arch, "n_vocab": V, "mask_token_id": mask_id, "tensor_types": W.types, **s}
 
 
+def tokenizer_digest(src: Path) -> str:
+    """sha256 over the tokenizer.* keys (names, types, values), independent of the file they came from."""
+    h = hashlib.sha256()
+    for key, val, vtype, sub in tokenizer_fields(src):
+        h.update(repr((key, int(vtype), None if sub is None else int(sub), val)).encode())
+    return h.hexdigest()
+
+
+def write_tokenizer_only(path: Path, src: Path) -> None:
+    w = gguf.GGUFWriter(str(path), "llama")
+    copy_tokenizer(w, src)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -462,13 +485,17 @@ def write(name: str, out_dir: Path, tok_src: Path | None = None) -> tuple[Path, 
     tmp = path.with_suffix(".gguf.partial")
     info = write_muse(tmp, name, tok_src) if name in SHAPES else write_draft(tmp, name, tok_src)
     tmp.replace(path)
-    info["tokenizer_from"] = f"{TOKENIZER_MODEL} ({tok_src.name}, sha256 {sha256(tok_src)})"
+    info["tokenizer_from"] = TOKENIZER_MODEL
+    info["tokenizer_digest"] = tokenizer_digest(tok_src)
     return path, info
 
 
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(__doc__)
+    if sys.argv[1] == "--tokenizer-only":
+        write_tokenizer_only(Path(sys.argv[2]), packaged_gguf(TOKENIZER_MODEL))
+        return
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
     names = sys.argv[2:] or [*SHAPES, *DRAFTS]

@@ -12,6 +12,8 @@
 //
 // Unlike llama-completion it writes token ids and raw logits (llama_get_logits_ith,
 // before any sampler) as JSON. Floats are printed with %.9g, which round-trips f32.
+// With PARITY_DUMP_LOGITS=FILE in the environment it also writes all n_vocab raw logits
+// of the last prompt position to FILE as little-endian f32 (scripts/make_muse_fixtures.py).
 //
 // Built by make_parity_fixtures.py against the static libs of the reference build;
 // the binary lives in the cache dir, never in the repo.
@@ -146,6 +148,14 @@ int main(int argc, char ** argv) {
 
     // The raw logits of the last prompt position, copied before the sampler touches anything.
     std::vector<float> prompt_logits(llama_get_logits_ith(ctx, -1), llama_get_logits_ith(ctx, -1) + n_vocab);
+    if (const char * path = getenv("PARITY_DUMP_LOGITS")) {
+        FILE * fl = fopen(path, "wb");
+        if (fl == nullptr || fwrite(prompt_logits.data(), sizeof(float), n_vocab, fl) != (size_t) n_vocab) {
+            LOG_ERR("cannot write %s\n", path);
+            return 1;
+        }
+        fclose(fl);
+    }
 
     std::vector<int>                generated;
     std::vector<std::vector<float>> step_top_logits;  // per step: top-5 raw logits
