@@ -10,19 +10,21 @@ into tests/fixtures/muse_glimmer/ (issue 15). Run from the repository root:
 2. Text model, per shape and prompt: scripts/parity_dump.cpp (llama-completion's code path,
    the settings of the existing parity fixtures: -n 64 --temp 0 -t 2 -c 2048 -no-cnv,
    flash attention auto, F16 KV cache) records the prompt ids, the last-position logits
-   (top 100 in JSON, all n_vocab as f32 in logits/<shape>.<prompt>.f32), the greedy 64-token
+   (top 100 in JSON, sha256 of all n_vocab f32; the f32 themselves in logits/<shape>.<prompt>.f32
+   for three of the four prompts), the greedy 64-token
    continuation and per-step top-5; every record is cross-checked against llama-tokenize,
    llama-completion's stdout and llama-debug --save-logits exactly as
    scripts/make_parity_fixtures.py does (its make_record is reused).
 3. Drafters (target muse-a): scripts/muse_spec_dump.cpp (llama-speculative-simple's loop,
    draft type read from the GGUF, --spec-draft-n-max 7, --no-spec-draft-backend-sampling,
    same -n/-t/-c as above) records, per drafting round, the draft, the accepted tokens and
-   the drafter's output rows: DFlash1 the raw draft logits of every noise-block row (top 32
-   + sha256 of the full f32 row; round 0's rows in full as spec/<draft>.<prompt>.round0.f32),
+   the drafter's output rows: DFlash1 the raw draft logits of every noise-block row (top 8
+   + sha256 of the full f32 row; rows 1-2 of the first round in full under spec/),
    DFlash2 the selector lattice rows (candidate ids + top_k x top_k scores in JSON, sha256 of
    the full row). Checks: each DFlash1 drafted token is the argmax of its row; the DFlash2
    draft is the greedy lattice walk over the rows; the speculative output is compared with
-   plain greedy (recorded, not required: llama.cpp's verify batches are not batch-invariant).
+   plain greedy (recorded, not required: llama.cpp's verify batches are not batch-invariant),
+   and the stock llama-speculative-simple's stdout for the same arguments is recorded.
 
 The committed fixtures come from a build whose CPU backend uses AVX-512 (as the existing
 parity fixtures: hearth's llama.cpp-numerics mode reproduces ggml's AVX-512 kernels). On a
@@ -52,7 +54,9 @@ SPEC_SRC = ROOT / "scripts" / "muse_spec_dump.cpp"
 TEXT_SHAPES = ["muse-a", "muse-b", "muse-c"]
 DRAFTS = ["dflash-a", "dflash2-a"]
 SPEC_N_MAX = 7
-ROW_TOP = 32
+ROW_TOP = 8
+FULL_LOGITS = {"short", "chat", "long_code"}  # prompts whose all-vocab logits are committed as .f32
+FULL_DRAFT_ROWS = (1, 3)  # round 0 rows [1, 3) of the first spec prompt are committed as .f32
 
 CHATML = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
           f"<|im_start|>user\n{mpf.USER_MSG}<|im_end|>\n<|im_start|>assistant\n")
@@ -60,14 +64,14 @@ CHATML = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trai
 
 def prompts() -> list[tuple[str, str]]:
     return [
-        ("capital", mpf.CAPITAL),
+        ("short", mpf.CAPITAL),  # not named "capital": make_record would add its 16-token UTF-8 check
         ("chat", CHATML),
         ("unicode", "Zürich → 東京: 9 580 km, ✈️ 13 h. Prix du café : 4,50 €. In English, the distance in miles is"),
         ("long_code", (mpf.PROMPT_DIR / "long_code.py").read_text(encoding="utf-8")),
     ]
 
 
-SPEC_PROMPTS = ["capital", "long_code"]
+SPEC_PROMPTS = ["short", "long_code"]
 
 
 def sha256_bytes(b: bytes) -> str:
@@ -124,9 +128,10 @@ def text_fixture(tools: dict, gguf: Path, shape: str, info: dict, version: str) 
             top = rec["last_logits"]
             mpf.check([vals[i] for i in top["top_ids"]] == [mpf.f32(x) for x in top["top_logits"]],
                       f"{shape}/{name}: full logits file disagrees with the JSON top 100")
-            rel = f"logits/{shape}.{name}.f32"
-            (OUT_DIR / rel).write_bytes(raw)
-            rec["last_logits"]["all_f32_file"] = rel
+            if name in FULL_LOGITS:
+                rel = f"logits/{shape}.{name}.f32"
+                (OUT_DIR / rel).write_bytes(raw)
+                rec["last_logits"]["all_f32_file"] = rel
             rec["last_logits"]["all_f32_sha256"] = sha256_bytes(raw)
             records.append(rec)
     long_rec = next(r for r in records if r["name"] == "long_code")
@@ -136,7 +141,8 @@ def text_fixture(tools: dict, gguf: Path, shape: str, info: dict, version: str) 
         "about": ("Golden forward-pass data from llama.cpp 11434 (CPU) for a synthetic muse-glimmer GGUF "
                   "written by scripts/muse_synth.py (regenerate it, check gguf_sha256). Record format as in "
                   "tests/fixtures/parity/*.json (see its 'about'); in addition last_logits.all_f32_file holds "
-                  "all n_vocab raw logits of the last prompt position, little-endian f32. Written by "
+                  "all n_vocab raw logits of the last prompt position, little-endian f32 (for the prompts in "
+                  "FULL_LOGITS; every prompt has all_f32_sha256, the sha256 of those n_vocab f32). Written by "
                   "scripts/make_muse_fixtures.py."),
         "model": shape,
         "gguf": gguf.name,
@@ -227,10 +233,11 @@ def spec_fixture(tools: dict, target: Path, draft: Path, dname: str, plain: dict
                         argmax = [t["ids"][0] for t in tops[1:]]
                         mpf.check(argmax[:len(r["draft"])] == r["draft"],
                                   f"{dname}/{pname}: draft {r['draft']} != row argmax {argmax}")
-                        if not rounds:
-                            rel = f"spec/{dname}.{pname}.round0.f32"
-                            (OUT_DIR / rel).write_bytes(b"".join(rb))
-                            rec["rows_f32_file"] = rel
+                        if not rounds and pname == SPEC_PROMPTS[0]:
+                            a, b = FULL_DRAFT_ROWS
+                            rel = f"spec/{dname}.{pname}.round0.rows{a}-{b - 1}.f32"
+                            (OUT_DIR / rel).write_bytes(b"".join(rb[a:b]))
+                            rec["rows_f32_file"] = {"file": rel, "rows": list(range(a, b))}
                 rounds.append(rec)
             gen = d["generated_ids"]
             greedy = plain[pname]["greedy_ids"]
@@ -258,17 +265,20 @@ def spec_fixture(tools: dict, target: Path, draft: Path, dname: str, plain: dict
                     "n_block": d["n_block"], "mask_token_id": d["mask_token_id"], "target_layer_ids": d["target_layer_ids"],
                     "draft_arch": d["draft_arch"], "is_dflash2": d["is_dflash2"], "selector_top_k": d["selector_top_k"],
                     "use_ckpt_tgt": d["use_ckpt_tgt"], "use_ckpt_dft": d["use_ckpt_dft"],
-                    "log": [l for l in res.stderr.splitlines() if "DFlash" in l or "dflash" in l or "speculative" in l][:20],
+                    "log": [re.sub(r"^[0-9.]+ [A-Z] ", "", l) for l in res.stderr.splitlines()
+                            if "DFlash" in l or "block_size=" in l or "n_max=" in l],
                 }
     return {
         "about": ("Golden speculative-decoding data from llama.cpp 11434 (CPU), drafter " + dname + " on target "
                   "muse-a (both from scripts/muse_synth.py; check the sha256s). rounds[i]: n_past (target tokens "
                   "before id_last), id_last, draft (the drafted ids), accepted (ids the target sampler accepted: "
                   "matching draft prefix + 1), and the drafter's output rows for that noise block "
-                  "[id_last, mask x n_max] at positions n_past..: DFlash1 rows_top (top 32 raw draft logits per row, "
-                  "ties: lower id first) + row_sha256 (sha256 of the row's n_vocab little-endian f32), round 0 in "
-                  "full in rows_f32_file; DFlash2 lattice_rows (row i: top_k candidate ids as floats, then top_k x "
+                  "[id_last, mask x n_max] at positions n_past..: DFlash1 rows_top (top 8 raw draft logits per row, "
+                  "ties: lower id first) + row_sha256 (sha256 of the row's n_vocab little-endian f32), two rows of "
+                  "the first round in full in rows_f32_file; DFlash2 lattice_rows (row i: top_k candidate ids as floats, then top_k x "
                   "top_k scores, predecessor-major) + lattice_row_sha256 over the full n_embd-float row. "
+                  "stock_speculative_simple_stdout_tail: the last 400 characters of the stock tool's stdout for the "
+                  "same arguments (its text ends with the generated tokens). "
                   "Written by scripts/make_muse_fixtures.py."),
         "draft": dname,
         "draft_gguf_sha256": muse_synth.sha256(draft),
