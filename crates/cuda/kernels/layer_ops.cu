@@ -4,7 +4,7 @@
 // product), QK-norm + RoPE + KV-cache write, and SwiGLU / sigmoid gate +
 // quantization.
 
-#define NORM_MUSE 8  // Muse Glimmer's RMS_w: bf16(bf16(u) * bf16(g)) (spec §3.1)
+#define NORM_BF16_GAIN 8  // bf16(bf16(u) * bf16(g)): the gain applied at bf16 rounding points (Muse Glimmer spec §3.1)
 
 // Quantizes the 32 values held by a warp (one per lane) into block b.
 __device__ __forceinline__ void quantize_lane(float v, int b, int lane, i8* xq, float* xd, float* xs) {
@@ -58,7 +58,7 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, float* __restric
     auto finish = [&](float xv, float gain, float old, int b) {
         const int i = b * 32 + lane;
         float r;
-        if (flags & NORM_MUSE) {
+        if (flags & NORM_BF16_GAIN) {
             r = round_bf16(xv * scale);
             if (g) r = round_bf16(r * round_bf16(gain));
         } else {
@@ -81,7 +81,7 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, float* __restric
     }
 }
 
-#define HEAD_QK_NORM 1  // scaleless RMSNorm per head (Muse Glimmer)
+#define HEAD_QK_RMS 1   // RMSNorm of each q and k head, without a gain
 #define HEAD_ROPE 2
 #define HEAD_NEOX 4     // rotate halves (x[i], x[i + d/2]) instead of adjacent pairs
 #define HEAD_BF16 8     // round to bf16 after the norm and after RoPE
@@ -123,7 +123,7 @@ extern "C" __global__ void prepare_heads(float* __restrict__ q, const float* __r
     float x0 = src[a_idx], x1 = src[b_idx];
     const bool is_v = !is_q && !is_k;
     if (!is_v) {
-        if (flags & HEAD_QK_NORM) {
+        if (flags & HEAD_QK_RMS) {
             __shared__ float red[32];
             float ss = warp_sum(x0 * x0 + x1 * x1);
             if (i % WARP == 0) red[i / WARP] = ss;

@@ -1,12 +1,13 @@
 //! The forward pass on the GPU: per-session state (KV caches and scratch on
-//! the device), one layer function per architecture family, the output head,
-//! and the decode step captured as a CUDA graph.
+//! the device), one decoder layer that walks the architecture's description
+//! (`hearth_models::arch`), the output head, and the decode step captured as
+//! a CUDA graph.
 //!
 //! Positions are read by the kernels from a device word (`pos`), so the graph
 //! captured for one decode step stays valid for every later step: the host
 //! only uploads the token's embedding row and the position before replaying.
 
-use hearth_models::{blocks, Architecture, LayerKind, Logits, ModelError};
+use hearth_models::{blocks, LayerKind, LayerSpec, Logits, ModelError, QkNorm};
 
 use crate::driver::{DevBuf, Gpu, Graph};
 use crate::error::{CudaError, Result};
@@ -19,8 +20,6 @@ pub const GPU_CHUNK: usize = 512;
 const LOGIT_ROWS: usize = 16;
 /// Keys per decode split at least (two 32-key tiles of the attention kernel).
 const ATT_TILE: usize = 64;
-/// Muse Glimmer's post-norm epsilon (spec §1).
-const POST_NORM_EPS: f32 = 1e-8;
 
 /// One layer's K and V caches, [n_kv, slots, head_dim] each, f16 or bf16.
 pub struct GpuKv {
@@ -282,11 +281,20 @@ impl GpuModel {
         for (row, &t) in st.host_x.chunks_exact_mut(c.dim).zip(tokens) {
             e.dequantize_row(t as usize, row);
         }
-        if c.arch == Architecture::MuseGlimmer {
-            // §3.2: e = bf16(RMS_0(bf16(E[t]))).
-            blocks::round_bf16(&mut st.host_x);
+        let arch = &self.model.arch;
+        if let Some(s) = arch.embed.scale {
+            st.host_x.iter_mut().for_each(|v| *v *= s);
+        }
+        if arch.embed.rms_norm {
+            // Muse Glimmer §3.2: e = bf16(RMS_0(bf16(E[t]))).
+            let round = |x: &mut [f32]| {
+                if arch.bf16_activations {
+                    blocks::round_bf16(x)
+                }
+            };
+            round(&mut st.host_x);
             blocks::rmsnorm(&mut st.host_x, c.dim, None, c.norm_eps);
-            blocks::round_bf16(&mut st.host_x);
+            round(&mut st.host_x);
         }
         self.gpu.upload(st.s.x.ptr, &st.host_x)
     }
@@ -294,10 +302,7 @@ impl GpuModel {
     /// All layers for `t` tokens already in x, then the head for the last `rows` rows.
     fn layers_and_head(&self, st: &mut GpuState, t: usize, rows: usize) -> Result<()> {
         for li in 0..self.layers.len() {
-            match self.model.config.arch {
-                Architecture::MuseGlimmer => self.muse_layer(st, li, t)?,
-                _ => self.llama_layer(st, li, t)?,
-            }
+            self.layer(st, li, t)?;
         }
         if rows > 0 {
             self.head(st, t - rows, rows)?;
@@ -327,7 +332,7 @@ impl GpuModel {
         flags: i32,
     ) -> Result<()> {
         if t >= st.gemm_min_tokens && crate::gemm::supported(w) {
-            let bf16 = self.model.config.arch == Architecture::MuseGlimmer;
+            let bf16 = self.model.arch.bf16_activations;
             crate::gemm::gemm(
                 &self.gpu,
                 w,
@@ -484,23 +489,35 @@ impl GpuModel {
         )
     }
 
-    /// QK-norm / RoPE of the new tokens' heads (RoPE on the layers that use
-    /// it) and their keys and values written to layer li's cache; `flags`
-    /// are the family's HEAD_* flags besides HEAD_ROPE.
-    fn prepare_heads(&self, st: &GpuState, li: usize, t: usize, flags: i32) -> Result<()> {
+    /// QK-norm / RoPE of the new tokens' heads and their keys and values
+    /// written to layer li's cache, as the layer's description says.
+    fn prepare_heads(&self, st: &GpuState, li: usize, t: usize) -> Result<()> {
         let c = &self.model.config;
-        let rope = if self.layers[li].kind.uses_rope() {
-            ops::HEAD_ROPE
-        } else {
-            0
-        };
+        let spec: &LayerSpec = &self.model.arch.layers[li];
+        let mut flags = 0;
+        if let Some(rope) = spec.rope {
+            flags |= ops::HEAD_ROPE;
+            if rope.layout == hearth_models::RopeLayout::Neox {
+                flags |= ops::HEAD_NEOX;
+            }
+        }
+        match spec.qk_norm {
+            QkNorm::None => {}
+            QkNorm::Scaleless => flags |= ops::HEAD_QK_RMS,
+            QkNorm::Gains => {
+                return Err(CudaError::Unsupported("QK-norm with learned gains".into()))
+            }
+        }
+        if self.model.arch.bf16_activations {
+            flags |= ops::HEAD_BF16 | ops::HEAD_KV_BF16;
+        }
         let prep = HeadPrep {
             n_heads: c.n_heads,
             n_kv: c.n_kv_heads,
             head_dim: c.head_dim,
-            theta: c.rope_theta,
+            theta: spec.rope.map_or(c.rope_theta, |r| r.theta),
             eps: c.norm_eps,
-            flags: flags | rope,
+            flags,
         };
         let (s, kv) = (&st.s, &st.caches[li]);
         ops::prepare_heads(
@@ -518,138 +535,110 @@ impl GpuModel {
         )
     }
 
-    /// llama / qwen2 layer: x += Wo·attn(rope(q), rope(k), v); x += W_down·(silu(W_gate h) ⊙ W_up h).
-    fn llama_layer(&self, st: &GpuState, li: usize, t: usize) -> Result<()> {
+    /// Decoder layer li over t tokens in x (the walk of
+    /// `hearth_models::LayerSpec`; what the kernels cannot do yet is refused
+    /// at upload, `model::check_supported`):
+    /// x += post_norm(Wo · [gate ·] attn(rope(qk_norm(q)), rope(qk_norm(k)), v));
+    /// x += post_norm(W_down · (silu(W_gate h) ⊙ W_up h)).
+    fn layer(&self, st: &GpuState, li: usize, t: usize) -> Result<()> {
         let c = &self.model.config;
+        let spec: &LayerSpec = &self.model.arch.layers[li];
         let l: &GpuLayer = &self.layers[li];
-        let s = &st.s;
+        let (g, s) = (&*self.gpu, &st.s);
+        // The Muse Glimmer spec's bf16 rounding points: projections' outputs,
+        // weighted norms (bf16(bf16(u) · bf16(g))), q/k, the KV cache.
+        let bf16 = self.model.arch.bf16_activations;
+        let (out_bf, norm_bf) = if bf16 {
+            (ops::OUT_BF16, ops::NORM_BF16_GAIN)
+        } else {
+            (0, 0)
+        };
+        // Sublayer outputs go to tmp when a post-norm adds them to x, else
+        // straight into x.
+        let (sub_out, sub_flags) = match spec.post_norm_eps {
+            Some(_) => (s.tmp.ptr, out_bf),
+            None => (s.x.ptr, ops::OUT_ADD | out_bf),
+        };
+        let post_norm = |gain: u64| -> Result<()> {
+            match spec.post_norm_eps {
+                Some(eps) => ops::rmsnorm(
+                    g,
+                    s.tmp.ptr,
+                    s.x.ptr,
+                    gain,
+                    t,
+                    c.dim,
+                    eps,
+                    norm_bf | ops::OUT_ADD | out_bf,
+                    None,
+                ),
+                None => Ok(()),
+            }
+        };
+
         // Attention block.
-        self.norm_and_project(
-            st,
-            &l.attn_in,
-            t,
-            l.attn_norm,
-            0,
-            &[
-                (Proj::Q, &l.wq, s.q.ptr, l.bq),
-                (Proj::K, &l.wk, s.k.ptr, l.bk),
-                (Proj::V, &l.wv, s.v.ptr, l.bv),
-            ],
-            0,
-        )?;
-        let neox = c.rope_layout == hearth_models::RopeLayout::Neox;
-        self.prepare_heads(st, li, t, if neox { ops::HEAD_NEOX } else { 0 })?;
-        self.attention(st, li, t, false, 0, true)?;
-        self.linear(st, &l.wo, t, s.att.ptr, s.x.ptr, 0, ops::OUT_ADD)?;
+        let mut items = vec![
+            (Proj::Q, &l.wq, s.q.ptr, l.bq),
+            (Proj::K, &l.wk, s.k.ptr, l.bk),
+            (Proj::V, &l.wv, s.v.ptr, l.bv),
+        ];
+        let gate = match (spec.output_gate, &l.attn_gate) {
+            (true, Some(gate)) => Some(gate),
+            (true, None) => {
+                return Err(CudaError::Unsupported(
+                    "a gated attention layer without its gate".into(),
+                ))
+            }
+            (false, _) => None,
+        };
+        if let Some(gate) = gate {
+            items.push((Proj::Gate, gate, s.gate.ptr, 0));
+        }
+        self.norm_and_project(st, &l.attn_in, t, l.attn_norm, norm_bf, &items, out_bf)?;
+        self.prepare_heads(st, li, t)?;
+        match gate {
+            Some(_) => {
+                self.attention(st, li, t, bf16, out_bf, false)?;
+                self.glu_and_project(
+                    st,
+                    t,
+                    (s.att.ptr, s.gate.ptr, ops::GLU_GATE, out_bf),
+                    c.n_heads * c.head_dim,
+                    &l.wo,
+                    sub_out,
+                    sub_flags,
+                )?;
+            }
+            None => {
+                self.attention(st, li, t, bf16, 0, true)?;
+                self.linear(st, &l.wo, t, s.att.ptr, sub_out, 0, sub_flags)?;
+            }
+        }
+        post_norm(l.post_attn_norm)?;
+
         // MLP block.
         self.norm_and_project(
             st,
             &l.ffn_in,
             t,
             l.ffn_norm,
-            0,
+            norm_bf,
             &[
                 (Proj::FfnGate, &l.ffn_gate, s.fg.ptr, 0),
                 (Proj::FfnUp, &l.ffn_up, s.fu.ptr, 0),
             ],
-            0,
+            out_bf,
         )?;
         self.glu_and_project(
             st,
             t,
-            (s.fg.ptr, s.fu.ptr, ops::GLU_SWIGLU, 0),
+            (s.fg.ptr, s.fu.ptr, ops::GLU_SWIGLU, out_bf),
             c.ffn_dim,
             &l.ffn_down,
-            s.x.ptr,
-            ops::OUT_ADD,
-        )
-    }
-
-    /// Muse Glimmer layer (spec §3.3-3.5) with the spec's bf16 rounding points.
-    fn muse_layer(&self, st: &GpuState, li: usize, t: usize) -> Result<()> {
-        let c = &self.model.config;
-        let l: &GpuLayer = &self.layers[li];
-        let (g, s) = (&*self.gpu, &st.s);
-        let bf = ops::OUT_BF16;
-        let muse = ops::NORM_MUSE;
-        // §3.4 attention.
-        let gate = l.attn_gate.as_ref().ok_or_else(|| {
-            CudaError::Unsupported("muse_glimmer layer without an output gate".into())
-        })?;
-        self.norm_and_project(
-            st,
-            &l.attn_in,
-            t,
-            l.attn_norm,
-            muse,
-            &[
-                (Proj::Q, &l.wq, s.q.ptr, 0),
-                (Proj::K, &l.wk, s.k.ptr, 0),
-                (Proj::V, &l.wv, s.v.ptr, 0),
-                (Proj::Gate, gate, s.gate.ptr, 0),
-            ],
-            bf,
+            sub_out,
+            sub_flags,
         )?;
-        self.prepare_heads(
-            st,
-            li,
-            t,
-            ops::HEAD_QK_NORM | ops::HEAD_BF16 | ops::HEAD_KV_BF16,
-        )?;
-        self.attention(st, li, t, true, bf, false)?;
-        self.glu_and_project(
-            st,
-            t,
-            (s.att.ptr, s.gate.ptr, ops::GLU_GATE, bf),
-            c.n_heads * c.head_dim,
-            &l.wo,
-            s.tmp.ptr,
-            bf,
-        )?;
-        ops::rmsnorm(
-            g,
-            s.tmp.ptr,
-            s.x.ptr,
-            l.post_attn_norm,
-            t,
-            c.dim,
-            POST_NORM_EPS,
-            muse | ops::OUT_ADD | bf,
-            None,
-        )?;
-        // §3.5 MLP.
-        self.norm_and_project(
-            st,
-            &l.ffn_in,
-            t,
-            l.ffn_norm,
-            muse,
-            &[
-                (Proj::FfnGate, &l.ffn_gate, s.fg.ptr, 0),
-                (Proj::FfnUp, &l.ffn_up, s.fu.ptr, 0),
-            ],
-            bf,
-        )?;
-        self.glu_and_project(
-            st,
-            t,
-            (s.fg.ptr, s.fu.ptr, ops::GLU_SWIGLU, bf),
-            c.ffn_dim,
-            &l.ffn_down,
-            s.tmp.ptr,
-            bf,
-        )?;
-        ops::rmsnorm(
-            g,
-            s.tmp.ptr,
-            s.x.ptr,
-            l.post_ffn_norm,
-            t,
-            c.dim,
-            POST_NORM_EPS,
-            muse | ops::OUT_ADD | bf,
-            None,
-        )
+        post_norm(l.post_ffn_norm)
     }
 
     /// Final norm and LM head for rows first..first+n of x into the logits buffer.
@@ -658,10 +647,14 @@ impl GpuModel {
         let (g, s) = (&*self.gpu, &st.s);
         let a8 = Self::q8(st);
         let x = s.x.ptr + (first * c.dim * 4) as u64;
-        let (norm_flags, out_flags) = match c.arch {
-            Architecture::MuseGlimmer => (ops::NORM_MUSE, ops::OUT_BF16 | ops::OUT_SOFTCAP),
-            _ => (0, 0),
+        let arch = &self.model.arch;
+        let (norm_flags, mut out_flags) = match arch.bf16_activations {
+            true => (ops::NORM_BF16_GAIN, ops::OUT_BF16),
+            false => (0, 0),
         };
+        if arch.softcap.is_some() {
+            out_flags |= ops::OUT_SOFTCAP;
+        }
         ops::rmsnorm(
             g,
             x,
@@ -689,7 +682,7 @@ impl GpuModel {
             }
             .into());
         }
-        let bf16 = self.model.config.arch == Architecture::MuseGlimmer;
+        let bf16 = self.model.arch.bf16_activations;
         for (i, kv) in st.caches.iter().enumerate() {
             for (j, buf) in [&kv.k, &kv.v].into_iter().enumerate() {
                 self.gpu.fill_random(

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use hearth_models::{Architecture, LayerKind, Linear, Model};
+use hearth_models::{ArchSpec, FfnAct, LayerKind, Linear, Model, QkNorm};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::driver::{DevBuf, Gpu};
@@ -77,6 +77,33 @@ pub struct GpuModel {
 }
 
 const ALIGN: usize = 256;
+
+/// What an architecture's description asks of the GPU layer walk
+/// (forward.rs) that its kernels cannot do yet; empty when it runs. gemma3
+/// lists three features and needs nothing else: a gain vector in
+/// `prepare_heads`' QK-norm, q scaled there before attention, and a GELU
+/// mode (ggml's f16-table GELU) in `glu_q8`.
+pub fn missing_features(spec: &ArchSpec) -> Vec<&'static str> {
+    let mut missing = Vec::new();
+    let any = |f: &dyn Fn(&hearth_models::LayerSpec) -> bool| spec.layers.iter().any(f);
+    if any(&|l| l.qk_norm == QkNorm::Gains) {
+        missing.push("QK-norm with learned gains");
+    }
+    if any(&|l| l.scale_q_first) {
+        missing.push("q scaled before attention");
+    }
+    if any(&|l| l.ffn_act == FfnAct::GeluF16) {
+        missing.push("a GELU-gated MLP");
+    }
+    // The kernels' OUT_SOFTCAP computes Muse Glimmer's 20·tanh(z·0.19611613513/20).
+    if spec
+        .softcap
+        .is_some_and(|s| (s.cap, s.multiplier) != (20.0, 0.196_116_14))
+    {
+        missing.push("this logit soft-cap");
+    }
+    missing
+}
 
 /// A matrix placement in the arena: type, rows, cols, body offset, scales offset (MAX = none).
 type Mat = (WeightKind, usize, usize, usize, usize);
@@ -235,14 +262,13 @@ impl GpuModel {
     /// Copies `model`'s weights to the GPU. `progress` shows a bar on stderr.
     pub fn upload(gpu: Arc<Gpu>, model: Arc<Model>, progress: bool) -> Result<GpuModel> {
         let c = &model.config;
-        match c.arch {
-            Architecture::Llama | Architecture::Qwen2 | Architecture::MuseGlimmer => {}
-            a => {
-                return Err(CudaError::Unsupported(format!(
-                    "the {} architecture (supported: llama, qwen2, muse_glimmer)",
-                    a.gguf_name()
-                )))
-            }
+        let missing = missing_features(&model.arch);
+        if !missing.is_empty() {
+            return Err(CudaError::Unsupported(format!(
+                "the {} architecture: the GPU kernels lack {} (supported: llama, qwen2, muse_glimmer)",
+                c.arch.gguf_name(),
+                missing.join(", ")
+            )));
         }
         ops::check_attn_shape(c.n_heads, c.n_kv_heads, c.head_dim)?;
         if c.dim % 32 != 0 || c.ffn_dim % 32 != 0 {

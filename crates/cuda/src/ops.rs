@@ -47,8 +47,8 @@ pub fn uses_pdl(name: &str) -> bool {
 pub const OUT_BF16: i32 = 1;
 pub const OUT_ADD: i32 = 2;
 pub const OUT_SOFTCAP: i32 = 4;
-pub const NORM_MUSE: i32 = 8;
-pub const HEAD_QK_NORM: i32 = 1;
+pub const NORM_BF16_GAIN: i32 = 8;
+pub const HEAD_QK_RMS: i32 = 1;
 pub const HEAD_ROPE: i32 = 2;
 pub const HEAD_NEOX: i32 = 4;
 pub const HEAD_BF16: i32 = 8;

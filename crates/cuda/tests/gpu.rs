@@ -669,7 +669,7 @@ fn rmsnorm_matches_cpu_reference() {
         let gain: Vec<f32> = (0..dim).map(|_| rng.gen_range(0.5f32..1.5)).collect();
         let (xb, gb) = (upload_f32(&g, &x), upload_f32(&g, &gain));
         let out = upload_f32(&g, &vec![f32::NAN; rows * dim]);
-        let flags = if muse { ops::NORM_MUSE } else { 0 };
+        let flags = if muse { ops::NORM_BF16_GAIN } else { 0 };
         ops::rmsnorm(&g, xb.ptr, out.ptr, gb.ptr, rows, dim, 1e-5, flags, None).unwrap();
         let got = download_f32(&g, &out, rows * dim);
         let mut want = x.clone();

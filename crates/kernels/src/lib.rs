@@ -13,3 +13,4 @@ pub mod quant;
 pub use quant::{dequantize, dequantize_row, quantize, row_size, QuantError};
 
 pub use cpu::matmul::{matmul, Activations, QMatrix};
+pub use cpu::RowOrder;

@@ -1,5 +1,7 @@
 //! Developer tool: last-position top-5 logits of raw token ids, in both numerics.
 //! `cargo run --release -p hearth-models --example logits -- MODEL.gguf 1,2,3`
+//! With `HEARTH_DUMP=DIR`, every intermediate of the pass is written to DIR
+//! (named like llama.cpp's graph tensors; see `Model::set_dump_dir`).
 
 use hearth_models::{Logits, Model, Numerics};
 
@@ -12,14 +14,12 @@ fn main() {
     // With HEARTH_DUMP set, run only the Reference numerics so the dumped
     // intermediates are llama.cpp-comparable (not overwritten by the F32 run).
     let all = [Numerics::Reference, Numerics::F32];
-    let runs = if std::env::var_os("HEARTH_DUMP").is_some() {
-        &all[..1]
-    } else {
-        &all[..]
-    };
+    let dump = std::env::var_os("HEARTH_DUMP").map(std::path::PathBuf::from);
+    let runs = if dump.is_some() { &all[..1] } else { &all[..] };
     for &numerics in runs {
         let mut model = Model::load(&args[1]).expect("load");
         model.set_numerics(numerics);
+        model.set_dump_dir(dump.clone());
         let mut st = model.new_state(4096);
         let logits = model.forward(&mut st, &ids, Logits::Last).unwrap();
         let mut order: Vec<usize> = (0..logits.len()).collect();

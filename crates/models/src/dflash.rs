@@ -24,12 +24,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hearth_gguf::{GgmlType, GgufFile, Metadata};
-use hearth_kernels::cpu::packed::{matmul_packed, PackedMatrix};
+use hearth_kernels::cpu::interleaved::{matmul_packed, PackedMatrix};
 use hearth_kernels::cpu::simd;
-use hearth_kernels::{matmul, Activations, QMatrix};
+use hearth_kernels::{matmul, Activations, QMatrix, RowOrder};
 
+use crate::arch::names::{self, Blk};
 use crate::blocks::{rmsnorm, silu, Rope};
 use crate::config::RopeLayout;
+use crate::forward::Pass;
 use crate::weights::{matmul_supported, Model, ModelError};
 
 #[derive(Debug, thiserror::Error)]
@@ -332,24 +334,23 @@ impl DflashModel {
             })?;
             Ok(out)
         };
-        let fc = mat("fc.weight", d, c.target_layers.len() * d)?;
-        let hidden_norm = vector("enc.output_norm.weight", d)?;
-        let output_norm = vector("output_norm.weight", d)?;
+        let fc = mat(names::DFLASH_FC, d, c.target_layers.len() * d)?;
+        let hidden_norm = vector(names::DFLASH_HIDDEN_NORM, d)?;
+        let output_norm = vector(names::OUTPUT_NORM, d)?;
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
-            let n = |s: &str| format!("blk.{i}.{s}");
             layers.push(DraftLayer {
-                attn_norm: vector(&n("attn_norm.weight"), d)?,
-                wq: mat(&n("attn_q.weight"), q, d)?,
-                wk: mat(&n("attn_k.weight"), kv, d)?,
-                wv: mat(&n("attn_v.weight"), kv, d)?,
-                wo: mat(&n("attn_output.weight"), d, q)?,
-                q_norm: vector(&n("attn_q_norm.weight"), hd)?,
-                k_norm: vector(&n("attn_k_norm.weight"), hd)?,
-                ffn_norm: vector(&n("ffn_norm.weight"), d)?,
-                gate: mat(&n("ffn_gate.weight"), f, d)?,
-                up: mat(&n("ffn_up.weight"), f, d)?,
-                down: mat(&n("ffn_down.weight"), d, f)?,
+                attn_norm: vector(&Blk::AttnNorm.of(i), d)?,
+                wq: mat(&Blk::AttnQ.of(i), q, d)?,
+                wk: mat(&Blk::AttnK.of(i), kv, d)?,
+                wv: mat(&Blk::AttnV.of(i), kv, d)?,
+                wo: mat(&Blk::AttnOutput.of(i), d, q)?,
+                q_norm: vector(&Blk::AttnQNorm.of(i), hd)?,
+                k_norm: vector(&Blk::AttnKNorm.of(i), hd)?,
+                ffn_norm: vector(&Blk::FfnNorm.of(i), d)?,
+                gate: mat(&Blk::FfnGate.of(i), f, d)?,
+                up: mat(&Blk::FfnUp.of(i), f, d)?,
+                down: mat(&Blk::FfnDown.of(i), d, f)?,
             });
         }
         Ok(DflashModel {
@@ -390,9 +391,9 @@ impl DflashModel {
         };
         match (&w.packed, mode) {
             (Some(p), Activations::Quantized) => {
-                matmul_packed(simd::active(), p, &m, x, n, &mut out)
+                matmul_packed(simd::active(), p, &m, x, n, &mut out, RowOrder::Batched)
             }
-            _ => matmul(&m, x, n, &mut out, mode),
+            _ => matmul(&m, x, n, &mut out, mode, RowOrder::Batched),
         }
         out
     }
@@ -534,7 +535,7 @@ impl DflashModel {
         // §4.4 output norm and the target's lm_head, rows 1..=n_out only.
         let mut out = x[d..(n_out + 1) * d].to_vec();
         rmsnorm(&mut out, d, Some(&self.output_norm), c.eps);
-        Ok(target.linear(&target.output, &out))
+        Ok(target.linear(&Pass::plain(), &target.output, &out))
     }
 
     /// Non-causal attention of the B block queries over context positions

@@ -1,15 +1,18 @@
 //! The forward driver shared by all architectures: validation, chunking,
-//! embedding lookup, the output head. The per-layer math lives in one file per
-//! architecture (llama.rs, gemma3.rs, muse_glimmer.rs).
+//! embedding lookup, the output head. The per-layer math is `layer.rs`,
+//! driven by the architecture's description (`arch.rs`).
 
-use hearth_kernels::cpu::packed::{matmul_packed, matmul_packed_glu, GluAct, PackedMatrix};
+use std::path::Path;
+
+use hearth_kernels::cpu::interleaved::{matmul_packed, matmul_packed_glu, GluAct, PackedMatrix};
 use hearth_kernels::cpu::simd;
-use hearth_kernels::{matmul, Activations};
+use hearth_kernels::{matmul, Activations, RowOrder};
 
-use crate::config::{Architecture, ConfigError};
+use crate::blocks::rmsnorm;
+use crate::config::ConfigError;
+use crate::layer;
 use crate::state::State;
 use crate::weights::{Layer, Linear, Model, ModelError, Numerics};
-use crate::{blocks, gemma3, llama, muse_glimmer};
 
 /// Which logits a forward call returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,6 +27,34 @@ pub enum Logits {
 
 /// Tokens processed per pass through the layers (bounds scratch memory).
 pub const MAX_CHUNK: usize = 512;
+
+/// How one forward pass computes, passed down as a value: the row order of
+/// multi-token matmuls and attention, and where to dump intermediates.
+pub(crate) struct Pass<'a> {
+    pub order: RowOrder,
+    /// Debug aid ([`Model::set_dump_dir`]): every named intermediate is
+    /// written as raw little-endian f32 to `DIR/<name>-<layer>.bin`, named
+    /// like llama.cpp's graph tensors (attn_norm, Qcur, kqv_out, l_out, ...)
+    /// so it can be diffed against a dump of the reference.
+    pub dump: Option<&'a Path>,
+}
+
+impl Pass<'_> {
+    /// Llama.cpp's batched orders, no dumping.
+    pub fn plain() -> Pass<'static> {
+        Pass {
+            order: RowOrder::Batched,
+            dump: None,
+        }
+    }
+
+    pub fn dump(&self, name: &str, layer: usize, x: &[f32]) {
+        if let Some(dir) = self.dump {
+            let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let _ = std::fs::write(dir.join(format!("{name}-{layer}.bin")), bytes);
+        }
+    }
+}
 
 /// Copies `x` ([T, dim]) into tap slot `taps.position(layer)` of `tapped`
 /// ([T, taps.len() * dim]) when `layer` is tapped.
@@ -50,7 +81,7 @@ impl Model {
     /// A speculative verify pass: [`Model::forward_tapped`] with
     /// batch-invariant numerics, so the K+1 rows equal K+1 single-token
     /// decode steps bit for bit (greedy speculative output is then exactly
-    /// plain greedy output; see `hearth_kernels::cpu::packed::with_batch_invariant`).
+    /// plain greedy output; see [`RowOrder::Invariant`]).
     pub fn forward_verify(
         &self,
         state: &mut State,
@@ -59,16 +90,14 @@ impl Model {
         taps: &[usize],
         hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>, ModelError> {
-        hearth_kernels::cpu::packed::with_batch_invariant(|| {
-            self.forward_tapped(state, tokens, want, taps, hidden)
-        })
+        self.forward_ordered(state, tokens, want, taps, hidden, RowOrder::Invariant)
     }
 
     /// [`Model::forward`] that also records, for every token, the residual
     /// stream entering each layer in `taps` (ascending; `n_layers` means the
     /// last layer's output, 0 the embedding output). Rows are appended to
     /// `hidden` as [T, taps.len() * dim], taps concatenated in the given order
-    /// (DFlash's target hidden states, ../shared/spec/dflash.md §3).
+    /// (DFlash's target hidden states, docs/spec/dflash.md §3).
     pub fn forward_tapped(
         &self,
         state: &mut State,
@@ -77,7 +106,24 @@ impl Model {
         taps: &[usize],
         hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>, ModelError> {
+        self.forward_ordered(state, tokens, want, taps, hidden, RowOrder::Batched)
+    }
+
+    /// [`Model::forward_tapped`] with multi-token rows computed in `order`.
+    pub fn forward_ordered(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+        order: RowOrder,
+    ) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
+        let pass = Pass {
+            order,
+            dump: self.dump_dir.as_deref(),
+        };
         if let Some(&bad) = taps.iter().find(|&&l| l > c.n_layers) {
             let msg = format!(
                 "hidden-state tap at layer {bad}: the model has {} layers",
@@ -108,7 +154,7 @@ impl Model {
         let n_chunks = tokens.len().div_ceil(MAX_CHUNK);
         for (ci, chunk) in tokens.chunks(MAX_CHUNK).enumerate() {
             let p0 = state.pos;
-            let mut x = self.embed(chunk);
+            let mut x = self.embed(&pass, chunk);
             let mut tapped = vec![
                 0.0f32;
                 if taps.is_empty() {
@@ -119,14 +165,7 @@ impl Model {
             ];
             for li in 0..c.n_layers {
                 tap_into(&mut tapped, &x, taps, li, c.dim);
-                let cache = &mut state.caches[li];
-                match c.arch {
-                    Architecture::Llama | Architecture::Qwen2 => {
-                        llama::layer(self, li, &mut x, cache, p0)
-                    }
-                    Architecture::Gemma3 => gemma3::layer(self, li, &mut x, cache, p0),
-                    Architecture::MuseGlimmer => muse_glimmer::layer(self, li, &mut x, cache, p0),
-                }
+                layer::layer(self, &pass, li, &mut x, &mut state.caches[li], p0);
             }
             tap_into(&mut tapped, &x, taps, c.n_layers, c.dim);
             hidden.extend_from_slice(&tapped);
@@ -136,85 +175,78 @@ impl Model {
                 Logits::Last if ci + 1 == n_chunks => x[(chunk.len() - 1) * c.dim..].to_vec(),
                 _ => continue,
             };
-            logits.extend(self.head(rows));
+            logits.extend(self.head(&pass, rows));
         }
         Ok(logits)
     }
 
     /// Token embeddings, [T, dim]: rows of `token_embd` dequantized on demand.
-    fn embed(&self, tokens: &[u32]) -> Vec<f32> {
+    fn embed(&self, pass: &Pass, tokens: &[u32]) -> Vec<f32> {
         let c = &self.config;
         let e = self.mat(&self.tok_embd);
         let mut x = vec![0.0f32; tokens.len() * c.dim];
         for (row, &t) in x.chunks_exact_mut(c.dim).zip(tokens) {
             e.dequantize_row(t as usize, row);
         }
-        match c.arch {
-            // Gemma scales embeddings by sqrt(dim).
-            Architecture::Gemma3 => {
-                let s = (c.dim as f32).sqrt();
-                x.iter_mut().for_each(|v| *v *= s);
-                blocks::dump("inp_scaled", 0, &x);
-            }
+        if let Some(s) = self.arch.embed.scale {
+            x.iter_mut().for_each(|v| *v *= s);
+            pass.dump("inp_scaled", 0, &x);
+        }
+        if self.arch.embed.rms_norm {
             // Muse Glimmer §3.2: e = bf16(RMS_0(bf16(E[t]))).
-            Architecture::MuseGlimmer => {
-                let exact = self.numerics == Numerics::F32;
-                if !exact {
-                    blocks::round_bf16(&mut x);
-                }
-                blocks::rmsnorm(&mut x, c.dim, None, c.norm_eps);
-                if !exact {
-                    blocks::round_bf16(&mut x);
-                }
-            }
-            _ => {}
+            self.round_point(&mut x);
+            rmsnorm(&mut x, c.dim, None, c.norm_eps);
+            self.round_point(&mut x);
         }
         x
     }
 
-    /// Final norm and LM head for rows `x` ([n, dim]) -> [n, vocab].
-    fn head(&self, mut x: Vec<f32>) -> Vec<f32> {
-        let c = &self.config;
-        match c.arch {
-            Architecture::MuseGlimmer => muse_glimmer::head(self, x),
-            _ => {
-                blocks::rmsnorm(&mut x, c.dim, Some(&self.output_norm), c.norm_eps);
-                blocks::dump("result_norm", 0, &x);
-                let logits = self.linear(&self.output, &x);
-                blocks::dump("result_output", 0, &logits);
-                logits
-            }
+    /// Final norm, LM head and soft-cap for rows `x` ([n, dim]) -> [n, vocab].
+    fn head(&self, pass: &Pass, mut x: Vec<f32>) -> Vec<f32> {
+        self.norm(&mut x, &self.output_norm, self.config.norm_eps);
+        pass.dump("result_norm", 0, &x);
+        let mut logits = self.project(pass, &self.output, &x);
+        if let Some(cap) = self.arch.softcap {
+            logits.iter_mut().for_each(|z| *z = cap.apply(*z));
         }
+        pass.dump("result_output", 0, &logits);
+        logits
     }
 
     /// `x @ W^T` for rows `x` ([n, cols]) -> [n, rows], computed from the
     /// quantized weights in place.
-    pub(crate) fn linear(&self, w: &Linear, x: &[f32]) -> Vec<f32> {
+    pub(crate) fn linear(&self, pass: &Pass, w: &Linear, x: &[f32]) -> Vec<f32> {
         let n = x.len() / w.cols;
         let mut out = vec![0.0f32; n * w.rows];
         match (&w.packed, self.activations()) {
             (Some(p), Activations::Quantized) => {
-                matmul_packed(simd::active(), p, &self.mat(w), x, n, &mut out)
+                matmul_packed(simd::active(), p, &self.mat(w), x, n, &mut out, pass.order)
             }
-            (_, mode) => matmul(&self.mat(w), x, n, &mut out, mode),
+            (_, mode) => matmul(&self.mat(w), x, n, &mut out, mode, pass.order),
         }
         out
     }
 
     /// The fused gate/up matrix of a layer, when the fused pass applies
     /// (quantized activations, not dumping intermediates).
-    pub(crate) fn fused_gate_up<'a>(&self, l: &'a Layer) -> Option<&'a PackedMatrix> {
+    pub(crate) fn fused_gate_up<'a>(&self, pass: &Pass, l: &'a Layer) -> Option<&'a PackedMatrix> {
         let p = l.ffn_gate_up.as_deref()?;
-        (self.activations() == Activations::Quantized && !blocks::dumping()).then_some(p)
+        (self.activations() == Activations::Quantized && pass.dump.is_none()).then_some(p)
     }
 
     /// `act(gate, up)` of a gated MLP from gate and up packed together
     /// (`Layer::ffn_gate_up`): one activation quantization and one pass over
     /// both matrices; `act(column, gate, up)`. [n, ffn].
-    pub(crate) fn glu(&self, gate_up: &PackedMatrix, x: &[f32], act: GluAct) -> Vec<f32> {
+    pub(crate) fn glu(
+        &self,
+        pass: &Pass,
+        gate_up: &PackedMatrix,
+        x: &[f32],
+        act: GluAct,
+    ) -> Vec<f32> {
         let n = x.len() / gate_up.cols;
         let mut out = vec![0.0f32; n * gate_up.rows / 2];
-        matmul_packed_glu(simd::active(), gate_up, x, n, act, &mut out);
+        matmul_packed_glu(simd::active(), gate_up, x, n, act, &mut out, pass.order);
         out
     }
 
@@ -222,9 +254,10 @@ impl Model {
     /// for the llama.cpp architectures; exact f32 (after the spec's bf16
     /// rounding) for Muse Glimmer, whose reference takes bf16 inputs.
     pub fn activations(&self) -> Activations {
-        match (self.config.arch, self.numerics) {
-            (_, Numerics::F32) | (Architecture::MuseGlimmer, _) => Activations::F32,
-            _ => Activations::Quantized,
+        if self.numerics == Numerics::F32 || self.arch.bf16_activations {
+            Activations::F32
+        } else {
+            Activations::Quantized
         }
     }
 

@@ -1,25 +1,24 @@
 //! Model architectures supported by hearth: the config each implies from GGUF
-//! metadata, immutable weights, per-session state with the hybrid KV cache,
-//! and one forward function per architecture built from shared blocks.
+//! metadata, one description of what each architecture computes (`arch`),
+//! immutable weights, per-session state with the hybrid KV cache, and the CPU
+//! forward pass (one decoder layer that walks the description).
 
+pub mod arch;
 pub mod backend;
 pub mod blocks;
 pub mod config;
 pub mod dflash;
-mod flash_attn_ggml;
 mod forward;
-mod gemma3;
-pub mod kv_cache;
-mod llama;
-pub mod muse_glimmer;
+mod layer;
 mod state;
 pub mod synth;
 pub mod synth_dflash;
 mod weights;
 
+pub use arch::{ArchSpec, FfnAct, LayerSpec, QkNorm, RopeSpec, SoftCap};
 pub use backend::{Backend, BackendState};
 pub use config::{Architecture, ConfigError, LayerKind, ModelConfig, RopeLayout};
 pub use forward::{Logits, MAX_CHUNK};
-pub use kv_cache::{CacheLayout, KvData, KvDtype, LayerKvCache};
+pub use hearth_kernels::cpu::kv_cache::{self, CacheLayout, KvData, KvDtype, LayerKvCache};
 pub use state::State;
 pub use weights::{Layer, Linear, Model, ModelError, Numerics};

@@ -2,8 +2,8 @@
 //! shared; each conversation owns a `State`.
 
 use crate::config::LayerKind;
-use crate::kv_cache::{CacheLayout, LayerKvCache};
 use crate::weights::{Model, ModelError};
+use hearth_kernels::cpu::kv_cache::{CacheLayout, LayerKvCache};
 
 pub struct State {
     /// Number of positions written (the next token goes at `pos`).

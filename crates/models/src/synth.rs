@@ -24,6 +24,7 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
+use crate::arch::names::{self, Blk};
 use crate::config::Architecture;
 
 #[derive(Debug, thiserror::Error)]
@@ -271,62 +272,51 @@ impl SynthPlan {
         use GgmlType::{F32, Q4_K, Q6_K};
 
         push(
-            "token_embd.weight".into(),
+            names::TOKEN_EMBD.into(),
             Q4_K,
             &[d, s.vocab_size as u64],
             Init::Normal { std: 1.0 },
         );
         for i in 0..s.n_layers {
-            let n = |x: &str| format!("blk.{i}.{x}");
             let more = if q4_k_m_more_bits(i, s.n_layers) {
                 Q6_K
             } else {
                 Q4_K
             };
-            push(n("attn_norm.weight"), F32, &[d], gain);
+            push(Blk::AttnNorm.of(i), F32, &[d], gain);
             match s.arch {
                 Architecture::MuseGlimmer => {
-                    push(n("attn_q.weight"), Q4_K, &[d, q], linear(d));
-                    push(n("attn_k.weight"), Q4_K, &[d, kv], linear(d));
-                    push(n("attn_v.weight"), more, &[d, kv], linear(d));
-                    push(n("attn_gate.weight"), Q4_K, &[d, q], linear(d));
-                    push(n("attn_output.weight"), Q4_K, &[q, d], linear(q));
-                    push(n("post_attention_norm.weight"), F32, &[d], gain);
+                    push(Blk::AttnQ.of(i), Q4_K, &[d, q], linear(d));
+                    push(Blk::AttnK.of(i), Q4_K, &[d, kv], linear(d));
+                    push(Blk::AttnV.of(i), more, &[d, kv], linear(d));
+                    push(Blk::AttnGate.of(i), Q4_K, &[d, q], linear(d));
+                    push(Blk::AttnOutput.of(i), Q4_K, &[q, d], linear(q));
+                    push(Blk::PostAttnNorm.of(i), F32, &[d], gain);
                 }
                 _ => {
-                    push(n("attn_q.weight"), Q4_K, &[d, q], linear(d));
-                    push(n("attn_q.bias"), F32, &[q], bias);
-                    push(n("attn_k.weight"), Q4_K, &[d, kv], linear(d));
-                    push(n("attn_k.bias"), F32, &[kv], bias);
-                    push(n("attn_v.weight"), more, &[d, kv], linear(d));
-                    push(n("attn_v.bias"), F32, &[kv], bias);
-                    push(n("attn_output.weight"), Q4_K, &[q, d], linear(q));
+                    push(Blk::AttnQ.of(i), Q4_K, &[d, q], linear(d));
+                    push(Blk::AttnQBias.of(i), F32, &[q], bias);
+                    push(Blk::AttnK.of(i), Q4_K, &[d, kv], linear(d));
+                    push(Blk::AttnKBias.of(i), F32, &[kv], bias);
+                    push(Blk::AttnV.of(i), more, &[d, kv], linear(d));
+                    push(Blk::AttnVBias.of(i), F32, &[kv], bias);
+                    push(Blk::AttnOutput.of(i), Q4_K, &[q, d], linear(q));
                 }
             }
-            push(n("ffn_norm.weight"), F32, &[d], gain);
-            push(n("ffn_gate.weight"), Q4_K, &[d, f], linear(d));
-            push(n("ffn_up.weight"), Q4_K, &[d, f], linear(d));
-            push(n("ffn_down.weight"), more, &[f, d], linear(f));
+            push(Blk::FfnNorm.of(i), F32, &[d], gain);
+            push(Blk::FfnGate.of(i), Q4_K, &[d, f], linear(d));
+            push(Blk::FfnUp.of(i), Q4_K, &[d, f], linear(d));
+            push(Blk::FfnDown.of(i), more, &[f, d], linear(f));
             if s.arch == Architecture::MuseGlimmer {
-                push(n("post_ffw_norm.weight"), F32, &[d], gain);
+                push(Blk::PostFfnNorm.of(i), F32, &[d], gain);
                 // Present in the released file, ignored by the model (§4.3).
-                push(
-                    n("attn_q_norm.weight"),
-                    F32,
-                    &[s.head_dim as u64],
-                    Init::Ones,
-                );
-                push(
-                    n("attn_k_norm.weight"),
-                    F32,
-                    &[s.head_dim as u64],
-                    Init::Ones,
-                );
+                push(Blk::AttnQNorm.of(i), F32, &[s.head_dim as u64], Init::Ones);
+                push(Blk::AttnKNorm.of(i), F32, &[s.head_dim as u64], Init::Ones);
             }
         }
-        push("output_norm.weight".into(), F32, &[d], gain);
+        push(names::OUTPUT_NORM.into(), F32, &[d], gain);
         push(
-            "output.weight".into(),
+            names::OUTPUT.into(),
             Q6_K,
             &[d, s.vocab_size as u64],
             linear(d),

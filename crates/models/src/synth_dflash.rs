@@ -5,6 +5,7 @@
 
 use hearth_gguf::{GgmlType, Value};
 
+use crate::arch::names::{self, Blk};
 use crate::config::ModelConfig;
 use crate::synth::{Init, SynthError, SynthPlan, SynthShape, TensorPlan, QK_K};
 
@@ -118,16 +119,15 @@ pub fn dflash_plan(target: &ModelConfig, s: &DflashShape) -> Result<SynthPlan, S
             init: linear(cols),
         })
     };
-    mat("fc.weight".into(), n_t * d, d);
+    mat(names::DFLASH_FC.into(), n_t * d, d);
     for i in 0..s.n_layers {
-        let n = |x: &str| format!("blk.{i}.{x}");
-        mat(n("attn_q.weight"), d, q);
-        mat(n("attn_k.weight"), d, kv);
-        mat(n("attn_v.weight"), d, kv);
-        mat(n("attn_output.weight"), q, d);
-        mat(n("ffn_gate.weight"), d, f);
-        mat(n("ffn_up.weight"), d, f);
-        mat(n("ffn_down.weight"), f, d);
+        mat(Blk::AttnQ.of(i), d, q);
+        mat(Blk::AttnK.of(i), d, kv);
+        mat(Blk::AttnV.of(i), d, kv);
+        mat(Blk::AttnOutput.of(i), q, d);
+        mat(Blk::FfnGate.of(i), d, f);
+        mat(Blk::FfnUp.of(i), d, f);
+        mat(Blk::FfnDown.of(i), f, d);
     }
     let mut vec = |name: String, len: u64| {
         t.push(TensorPlan {
@@ -137,13 +137,13 @@ pub fn dflash_plan(target: &ModelConfig, s: &DflashShape) -> Result<SynthPlan, S
             init: gain,
         })
     };
-    vec("enc.output_norm.weight".into(), d);
-    vec("output_norm.weight".into(), d);
+    vec(names::DFLASH_HIDDEN_NORM.into(), d);
+    vec(names::OUTPUT_NORM.into(), d);
     for i in 0..s.n_layers {
-        vec(format!("blk.{i}.attn_norm.weight"), d);
-        vec(format!("blk.{i}.attn_q_norm.weight"), hd);
-        vec(format!("blk.{i}.attn_k_norm.weight"), hd);
-        vec(format!("blk.{i}.ffn_norm.weight"), d);
+        vec(Blk::AttnNorm.of(i), d);
+        vec(Blk::AttnQNorm.of(i), hd);
+        vec(Blk::AttnKNorm.of(i), hd);
+        vec(Blk::FfnNorm.of(i), d);
     }
 
     let u = |v: usize| Value::U32(v as u32);

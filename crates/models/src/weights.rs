@@ -3,16 +3,17 @@
 //! vectors (norm gains, biases) are copied out.
 
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hearth_gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
-use hearth_kernels::cpu::packed::PackedMatrix;
-use hearth_kernels::QMatrix;
+use hearth_kernels::cpu::interleaved::PackedMatrix;
+use hearth_kernels::cpu::kv_cache::KvDtype;
+use hearth_kernels::{Activations, QMatrix};
 
-use crate::config::{Architecture, ConfigError, ModelConfig};
-use crate::kv_cache::KvDtype;
-use hearth_kernels::Activations;
+use crate::arch::names::{self, Blk};
+use crate::arch::{ArchSpec, QkNorm};
+use crate::config::{ConfigError, ModelConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -101,6 +102,8 @@ pub enum Numerics {
 
 pub struct Model {
     pub config: ModelConfig,
+    /// What each layer computes (both backends read it).
+    pub arch: ArchSpec,
     pub numerics: Numerics,
     pub kv_dtype: KvDtype,
     file: Arc<GgufFile>,
@@ -110,6 +113,8 @@ pub struct Model {
     /// [vocab, dim]; the embedding matrix when tied.
     pub output: Linear,
     pub layers: Vec<Layer>,
+    /// Where forward passes dump their intermediates (see [`Model::set_dump_dir`]).
+    pub(crate) dump_dir: Option<PathBuf>,
 }
 
 /// Types the CPU matmul can compute with.
@@ -221,76 +226,76 @@ impl Model {
 
     fn from_gguf_unpacked(file: Arc<GgufFile>) -> Result<Model, ModelError> {
         let config = ModelConfig::from_gguf(&file)?;
+        let arch = ArchSpec::of(&config);
         let ld = Loader { file: &file };
         let c = &config;
         let (dim, q_dim, kv_dim) = (c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
-        let tok_embd = ld.linear("token_embd.weight", c.vocab_size, dim)?;
+        let tok_embd = ld.linear(names::TOKEN_EMBD, c.vocab_size, dim)?;
         let output = ld
-            .opt_linear("output.weight", c.vocab_size, dim)?
+            .opt_linear(names::OUTPUT, c.vocab_size, dim)?
             .unwrap_or_else(|| tok_embd.clone());
-        let output_norm = ld.vector("output_norm.weight", dim)?;
+        let output_norm = ld.vector(names::OUTPUT_NORM, dim)?;
         let mut layers = Vec::with_capacity(c.n_layers);
-        for i in 0..c.n_layers {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            let (post_attn, post_ffn) = match c.arch {
-                Architecture::Gemma3 | Architecture::MuseGlimmer => (
-                    Some(ld.vector(&n("post_attention_norm.weight"), dim)?),
-                    Some(ld.vector(&n("post_ffw_norm.weight"), dim)?),
+        for (i, spec) in arch.layers.iter().enumerate() {
+            let lin = |t: Blk, rows, cols| ld.linear(&t.of(i), rows, cols);
+            let vec = |t: Blk, len| ld.vector(&t.of(i), len);
+            let opt_vec = |t: Blk, len| ld.opt_vector(&t.of(i), len);
+            let (post_attn_norm, post_ffn_norm) = match spec.post_norm_eps {
+                Some(_) => (
+                    Some(vec(Blk::PostAttnNorm, dim)?),
+                    Some(vec(Blk::PostFfnNorm, dim)?),
                 ),
-                _ => (None, None),
+                None => (None, None),
             };
-            let (q_norm, k_norm) = match c.arch {
-                Architecture::Gemma3 => (
-                    Some(ld.vector(&n("attn_q_norm.weight"), c.head_dim)?),
-                    Some(ld.vector(&n("attn_k_norm.weight"), c.head_dim)?),
+            // A scaleless QK-norm ignores the gains a file may carry (Muse Glimmer spec §4.3).
+            let (q_norm, k_norm) = match spec.qk_norm {
+                QkNorm::Gains => (
+                    Some(vec(Blk::AttnQNorm, c.head_dim)?),
+                    Some(vec(Blk::AttnKNorm, c.head_dim)?),
                 ),
-                // muse_glimmer's QK-norm is scaleless: stored gains are ignored (spec §4.3).
-                _ => (None, None),
+                QkNorm::None | QkNorm::Scaleless => (None, None),
             };
-            let attn_gate = match c.arch {
-                Architecture::MuseGlimmer => {
-                    Some(match ld.opt_linear(&n("attn_gate.weight"), q_dim, dim)? {
-                        Some(g) => g,
-                        None => ld.linear(&n("attn_output_gate.weight"), q_dim, dim)?,
-                    })
-                }
-                _ => None,
+            let attn_gate = match spec.output_gate {
+                true => Some(match ld.opt_linear(&Blk::AttnGate.of(i), q_dim, dim)? {
+                    Some(g) => g,
+                    None => lin(Blk::AttnOutputGate, q_dim, dim)?,
+                }),
+                false => None,
             };
             layers.push(Layer {
-                attn_norm: ld.vector(&n("attn_norm.weight"), dim)?,
-                wq: ld.linear(&n("attn_q.weight"), q_dim, dim)?,
-                wk: ld.linear(&n("attn_k.weight"), kv_dim, dim)?,
-                wv: ld.linear(&n("attn_v.weight"), kv_dim, dim)?,
-                wo: ld.linear(&n("attn_output.weight"), dim, q_dim)?,
-                bq: ld.opt_vector(&n("attn_q.bias"), q_dim)?,
-                bk: ld.opt_vector(&n("attn_k.bias"), kv_dim)?,
-                bv: ld.opt_vector(&n("attn_v.bias"), kv_dim)?,
+                attn_norm: vec(Blk::AttnNorm, dim)?,
+                wq: lin(Blk::AttnQ, q_dim, dim)?,
+                wk: lin(Blk::AttnK, kv_dim, dim)?,
+                wv: lin(Blk::AttnV, kv_dim, dim)?,
+                wo: lin(Blk::AttnOutput, dim, q_dim)?,
+                bq: opt_vec(Blk::AttnQBias, q_dim)?,
+                bk: opt_vec(Blk::AttnKBias, kv_dim)?,
+                bv: opt_vec(Blk::AttnVBias, kv_dim)?,
                 q_norm,
                 k_norm,
                 attn_gate,
-                post_attn_norm: post_attn,
-                ffn_norm: ld.vector(&n("ffn_norm.weight"), dim)?,
-                ffn_gate: ld.linear(&n("ffn_gate.weight"), c.ffn_dim, dim)?,
-                ffn_up: ld.linear(&n("ffn_up.weight"), c.ffn_dim, dim)?,
-                ffn_down: ld.linear(&n("ffn_down.weight"), dim, c.ffn_dim)?,
-                post_ffn_norm: post_ffn,
+                post_attn_norm,
+                ffn_norm: vec(Blk::FfnNorm, dim)?,
+                ffn_gate: lin(Blk::FfnGate, c.ffn_dim, dim)?,
+                ffn_up: lin(Blk::FfnUp, c.ffn_dim, dim)?,
+                ffn_down: lin(Blk::FfnDown, dim, c.ffn_dim)?,
+                post_ffn_norm,
                 ffn_gate_up: None,
             });
         }
-        let kv_dtype = match c.arch {
-            Architecture::MuseGlimmer => KvDtype::Bf16,
-            _ => KvDtype::F16,
-        };
-        let model = Model {
+        let mut model = Model {
             config,
+            arch,
             numerics: Numerics::Reference,
-            kv_dtype,
+            kv_dtype: KvDtype::F16,
             file,
             tok_embd,
             output_norm,
             output,
             layers,
+            dump_dir: None,
         };
+        model.set_numerics(Numerics::Reference);
         Ok(model)
     }
 
@@ -336,11 +341,18 @@ impl Model {
     /// Switches numerics (before creating states: it sets the KV dtype).
     pub fn set_numerics(&mut self, numerics: Numerics) {
         self.numerics = numerics;
-        self.kv_dtype = match (numerics, self.config.arch) {
+        self.kv_dtype = match (numerics, self.arch.bf16_activations) {
             (Numerics::F32, _) => KvDtype::F32,
-            (Numerics::Reference, Architecture::MuseGlimmer) => KvDtype::Bf16,
-            (Numerics::Reference, _) => KvDtype::F16,
+            (Numerics::Reference, true) => KvDtype::Bf16,
+            (Numerics::Reference, false) => KvDtype::F16,
         };
+    }
+
+    /// Dumps every named intermediate of later forward passes into `dir`
+    /// (a debug aid for diffing against llama.cpp; fused passes then run
+    /// unfused so every intermediate exists). `None` turns it off.
+    pub fn set_dump_dir(&mut self, dir: Option<PathBuf>) {
+        self.dump_dir = dir;
     }
 
     pub fn file(&self) -> &GgufFile {

@@ -10,9 +10,10 @@ use half::{bf16, f16};
 use hearth_gguf::GgmlType;
 use rayon::prelude::*;
 
-use super::repack::*;
-use super::tiled::*;
-use super::vec_dot::*;
+use super::ggml_order::repack_q4_k::*;
+use super::ggml_order::tiled::*;
+use super::ggml_order::vec_dot::*;
+use super::RowOrder;
 use crate::quant::blocks::*;
 use crate::quant::{dequantize, quantize_row_q8_k_ref};
 
@@ -157,17 +158,30 @@ enum Path {
 const ROWS_PER_TASK: usize = 16;
 
 /// `out[t, r] = Σ_c x[t, c] · W[r, c]` for `n` rows of `x` ([n, cols]) into `out` ([n, rows]).
-pub fn matmul(w: &QMatrix, x: &[f32], n: usize, out: &mut [f32], mode: Activations) {
+pub fn matmul(
+    w: &QMatrix,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    mode: Activations,
+    order: RowOrder,
+) {
     assert_eq!(out.len(), n * w.rows, "matmul: out is not [n, rows]");
-    let part = matmul_rows_mode(w, x, n, 0..w.rows, mode);
+    let part = matmul_rows_mode(w, x, n, 0..w.rows, mode, order);
     out.copy_from_slice(&part);
 }
 
 /// Rows `rows` of the quantized-activation matmul, `[n, rows.len()]`, with
 /// the per-row reference kernels (the orders are those the whole matrix
 /// would use).
-pub(crate) fn matmul_rows(w: &QMatrix, x: &[f32], n: usize, rows: Range<usize>) -> Vec<f32> {
-    matmul_rows_mode(w, x, n, rows, Activations::Quantized)
+pub(crate) fn matmul_rows(
+    w: &QMatrix,
+    x: &[f32],
+    n: usize,
+    rows: Range<usize>,
+    order: RowOrder,
+) -> Vec<f32> {
+    matmul_rows_mode(w, x, n, rows, Activations::Quantized, order)
 }
 
 fn matmul_rows_mode(
@@ -176,11 +190,12 @@ fn matmul_rows_mode(
     n: usize,
     rows: Range<usize>,
     mode: Activations,
+    order: RowOrder,
 ) -> Vec<f32> {
     assert_eq!(x.len(), n * w.cols, "matmul: x is not [n, cols]");
     // llama.cpp repacks Q4_K matrices of 8k rows: rows of x below the last
     // multiple of 4 go through its gemm (own quantizer), the rest its gemv.
-    let invariant = super::packed::batch_invariant();
+    let invariant = order == RowOrder::Invariant;
     let repacked =
         mode == Activations::Quantized && w.ty == GgmlType::Q4_K && is_repacked_q4_k(w.rows);
     let n_gemm = if repacked && !invariant { n - n % 4 } else { 0 };
@@ -265,8 +280,8 @@ mod tests {
             };
             let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let (mut a, mut b) = (vec![0.0; n * rows], vec![0.0; n * rows]);
-            matmul(&m, &x, n, &mut a, Activations::Quantized);
-            matmul(&m, &x, n, &mut b, Activations::F32);
+            matmul(&m, &x, n, &mut a, Activations::Quantized, RowOrder::Batched);
+            matmul(&m, &x, n, &mut b, Activations::F32, RowOrder::Batched);
             for (p, q) in a.iter().zip(&b) {
                 assert!(
                     (p - q).abs() < 0.05 * (cols as f32).sqrt() / 10.0,

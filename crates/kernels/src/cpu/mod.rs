@@ -1,9 +1,29 @@
-//! CPU kernels: reference dot products of quantized weights with quantized
-//! activations (`vec_dot`), and the multi-threaded matmul built on them.
+//! CPU kernels.
+//!
+//! - [`interleaved`]: hearth's own weight layout (8 rows interleaved, repacked
+//!   at load) and its SIMD matmuls, bit-identical to the references.
+//! - [`ggml_order`]: reference kernels reproducing llama.cpp's x86 orders.
+//! - [`matmul`]: the per-row reference matmul over GGUF blocks as stored
+//!   (types without interleaved kernels, and the tests' reference).
+//! - [`attention`] over the hybrid [`kv_cache`] (flat and ring caches).
+//! - [`simd`]: the vector interface and the one runtime ISA dispatch point.
 
+pub mod attention;
+pub mod ggml_order;
+pub mod interleaved;
+pub mod kv_cache;
 pub mod matmul;
-pub mod packed;
-pub mod repack;
 pub mod simd;
-pub mod tiled;
-pub mod vec_dot;
+
+/// How the rows of a multi-row call (several tokens) are computed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RowOrder {
+    /// llama.cpp's batched orders (prompt prefill): a row of a batch may
+    /// round differently from the same row computed alone.
+    #[default]
+    Batched,
+    /// Every row exactly as a one-row call computes it (Q4_K gemv order,
+    /// Q6_K `vec_dot` order, per-row decode attention): a speculative verify
+    /// pass over K+1 tokens then equals K+1 decode steps bit for bit.
+    Invariant,
+}

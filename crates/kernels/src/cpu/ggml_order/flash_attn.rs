@@ -15,8 +15,8 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use crate::blocks::expf_ggml_v;
-use crate::kv_cache::{CacheLayout, LayerKvCache};
+use super::activations::expf_ggml_v;
+use crate::cpu::kv_cache::{CacheLayout, LayerKvCache};
 
 /// KV cells per tile of the tiled path (`GGML_FA_TILE_KV`).
 const KV_TILE: usize = 64;

@@ -77,7 +77,7 @@ pub fn vec_dot_q6_k_q8_k_tiled(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::vec_dot::{vec_dot_q4_k_q8_k_ref, vec_dot_q6_k_q8_k_ref};
+    use crate::cpu::ggml_order::vec_dot::{vec_dot_q4_k_q8_k_ref, vec_dot_q6_k_q8_k_ref};
     use crate::quant::{quantize, quantize_row_q8_k_ref};
     use hearth_gguf::GgmlType;
     use rand::{Rng, SeedableRng};

@@ -17,38 +17,17 @@
 
 use hearth_gguf::GgmlType;
 
+use super::ggml_order::repack_q4_k::quantize_row_q8_k_mat_x86;
+use super::ggml_order::vec_dot::{quantize_row_q8_0_x86, quantize_row_q8_1_ref, BlockQ8_1};
 use super::matmul::{matmul_rows, QMatrix};
-use super::repack::quantize_row_q8_k_mat_x86;
 use super::simd::{scalar::Scalar, Isa, Simd};
-use super::vec_dot::{quantize_row_q8_0_x86, quantize_row_q8_1_ref, BlockQ8_1};
+use super::RowOrder;
 use crate::pool::{self, SendPtr};
 use crate::quant::blocks::*;
 use crate::quant::quantize_row_q8_k_ref;
 
 /// Rows per group.
 pub const GROUP: usize = 8;
-
-thread_local! {
-    static BATCH_INVARIANT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs `f` with batch-invariant numerics on this thread: every row of a
-/// multi-row matmul (and attention) computed exactly as a one-row call would
-/// compute it (Q4_K gemv order, Q6_K `vec_dot` order, per-row decode
-/// attention). A speculative verify pass over K+1 tokens then equals K+1
-/// single-token decode steps bit for bit. Prompt prefill keeps llama.cpp's
-/// batched orders.
-pub fn with_batch_invariant<R>(f: impl FnOnce() -> R) -> R {
-    let old = BATCH_INVARIANT.with(|b| b.replace(true));
-    let r = f();
-    BATCH_INVARIANT.with(|b| b.set(old));
-    r
-}
-
-/// Whether this thread is inside [`with_batch_invariant`].
-pub fn batch_invariant() -> bool {
-    BATCH_INVARIANT.with(|b| b.get())
-}
 
 /// Byte layout of one packed block (8 rows) per type: offsets of the parts.
 mod layout {
@@ -181,7 +160,9 @@ impl PackedMatrix {
     /// `vec_dot` order applies to every row).
     pub fn pack(m: &QMatrix) -> Option<PackedMatrix> {
         let pb = packed_block_bytes(m.ty)?;
-        if m.rows < GROUP || (m.ty == GgmlType::Q4_K && !super::repack::is_repacked_q4_k(m.rows)) {
+        if m.rows < GROUP
+            || (m.ty == GgmlType::Q4_K && !super::ggml_order::repack_q4_k::is_repacked_q4_k(m.rows))
+        {
             return None;
         }
         let (groups, blocks) = (m.rows / GROUP, m.cols / m.ty.block_size());
@@ -408,7 +389,7 @@ fn par_tokens<B: Send>(out: &mut [B], n: usize, f: impl Fn(usize, &mut [B]) + Sy
     }
 }
 
-fn quantize_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Acts {
+fn quantize_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize, order: RowOrder) -> Acts {
     use GgmlType::*;
     let row = |t: usize| &x[t * cols..(t + 1) * cols];
     match ty {
@@ -440,7 +421,7 @@ fn quantize_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Acts {
             Acts::Q8_1(b)
         }
         Q4_K | Q6_K => {
-            let invariant = batch_invariant();
+            let invariant = order == RowOrder::Invariant;
             let gemm_rows = if ty == Q4_K && !invariant {
                 n - n % 4
             } else {
@@ -964,6 +945,7 @@ pub fn matmul_packed_glu(
     n: usize,
     act: GluAct,
     out: &mut [f32],
+    order: RowOrder,
 ) {
     assert_eq!(x.len(), n * pm.cols, "matmul: x is not [n, cols]");
     assert_eq!(
@@ -971,7 +953,7 @@ pub fn matmul_packed_glu(
         n * pm.rows / 2,
         "matmul: out is not [n, rows / 2]"
     );
-    let acts = quantize_acts(pm.ty, x, n, pm.cols);
+    let acts = quantize_acts(pm.ty, x, n, pm.cols, order);
     let outp = SendPtr(out.as_mut_ptr());
     pool::global().run(|i, nt| {
         let pairs = pool::share(pm.groups / 2, i, nt);
@@ -981,7 +963,8 @@ pub fn matmul_packed_glu(
 }
 
 /// `out[t, r] = Σ_c x[t, c] · W[r, c]` for `n` rows of `x`, with `pm` the
-/// packed form of `m`, on instruction set `isa`, on the global pool.
+/// packed form of `m`, on instruction set `isa`, on the global pool, rows
+/// in `order`.
 pub fn matmul_packed(
     isa: Isa,
     pm: &PackedMatrix,
@@ -989,6 +972,7 @@ pub fn matmul_packed(
     x: &[f32],
     n: usize,
     out: &mut [f32],
+    order: RowOrder,
 ) {
     assert_eq!(
         (pm.rows, pm.cols, pm.ty),
@@ -997,7 +981,7 @@ pub fn matmul_packed(
     );
     assert_eq!(x.len(), n * m.cols, "matmul: x is not [n, cols]");
     assert_eq!(out.len(), n * m.rows, "matmul: out is not [n, rows]");
-    let acts = quantize_acts(m.ty, x, n, m.cols);
+    let acts = quantize_acts(m.ty, x, n, m.cols, order);
     let outp = SendPtr(out.as_mut_ptr());
     let pool = pool::global();
     pool.run(|i, nt| {
@@ -1008,7 +992,7 @@ pub fn matmul_packed(
     });
     let tail = pm.groups * GROUP..m.rows;
     if !tail.is_empty() {
-        let tail_out = matmul_rows(m, x, n, tail.clone());
+        let tail_out = matmul_rows(m, x, n, tail.clone(), order);
         for t in 0..n {
             out[t * m.rows + tail.start..(t + 1) * m.rows]
                 .copy_from_slice(&tail_out[t * tail.len()..(t + 1) * tail.len()]);
@@ -1043,7 +1027,7 @@ mod tests {
         wq
     }
 
-    /// In batch-invariant mode every row of a multi-row matmul equals the
+    /// In the invariant order every row of a multi-row matmul equals the
     /// one-row matmul of that row, bit for bit (speculative verify passes),
     /// while the default batched orders do differ somewhere.
     #[test]
@@ -1071,12 +1055,13 @@ mod tests {
                         &x[t * cols..(t + 1) * cols],
                         1,
                         &mut single[t * rows..(t + 1) * rows],
+                        RowOrder::Batched,
                     );
                 }
                 let (mut inv, mut batched) = (vec![0.0f32; n * rows], vec![0.0f32; n * rows]);
-                with_batch_invariant(|| matmul_packed(Isa::detect(), &pm, &m, &x, n, &mut inv));
-                matmul_packed(Isa::detect(), &pm, &m, &x, n, &mut batched);
-                assert!(!batch_invariant());
+                let isa = Isa::detect();
+                matmul_packed(isa, &pm, &m, &x, n, &mut inv, RowOrder::Invariant);
+                matmul_packed(isa, &pm, &m, &x, n, &mut batched, RowOrder::Batched);
                 for (i, (a, b)) in inv.iter().zip(&single).enumerate() {
                     assert_eq!(a.to_bits(), b.to_bits(), "{ty} n {n} [{i}]");
                 }
@@ -1130,9 +1115,9 @@ mod tests {
                         vec![0.0f32; n * rows],
                         vec![0.0f32; n * rows],
                     );
-                    matmul_packed(isa, &pa, &a, &x, n, &mut ga);
-                    matmul_packed(isa, &pb, &b, &x, n, &mut gb);
-                    matmul_packed_glu(isa, &pair, &x, n, &act, &mut fused);
+                    matmul_packed(isa, &pa, &a, &x, n, &mut ga, RowOrder::Batched);
+                    matmul_packed(isa, &pb, &b, &x, n, &mut gb, RowOrder::Batched);
+                    matmul_packed_glu(isa, &pair, &x, n, &act, &mut fused, RowOrder::Batched);
                     for i in 0..n * rows {
                         let want = act(i % rows, ga[i], gb[i]);
                         assert_eq!(
@@ -1190,10 +1175,17 @@ mod tests {
                         })
                         .collect();
                     let mut want = vec![0.0; n * rows];
-                    matmul(&m, &x, n, &mut want, Activations::Quantized);
+                    matmul(
+                        &m,
+                        &x,
+                        n,
+                        &mut want,
+                        Activations::Quantized,
+                        RowOrder::Batched,
+                    );
                     for isa in Isa::available() {
                         let mut got = vec![f32::NAN; n * rows];
-                        matmul_packed(isa, &pm, &m, &x, n, &mut got);
+                        matmul_packed(isa, &pm, &m, &x, n, &mut got, RowOrder::Batched);
                         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                             assert_eq!(
                                 g.to_bits(),

@@ -218,6 +218,12 @@ impl LayerKvCache {
     }
 }
 
+/// Rounds K or V rows to the cache precision (in place), so the chunk's own
+/// keys are seen exactly as later chunks will read them from the cache.
+pub fn round_to_cache(x: &mut [f32], dtype: KvDtype) {
+    x.iter_mut().for_each(|v| *v = dtype.round(*v));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -103,7 +103,7 @@ pub fn vec_dot_q4_k_q8_k_gemm_x86(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::vec_dot::vec_dot_q4_k_q8_k_ref;
+    use crate::cpu::ggml_order::vec_dot::vec_dot_q4_k_q8_k_ref;
     use crate::quant::{quantize, quantize_row_q8_k_ref};
     use hearth_gguf::GgmlType;
     use rand::{Rng, SeedableRng};
