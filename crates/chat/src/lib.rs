@@ -5,8 +5,11 @@
 //! - [`muse_glimmer`]: the built-in Muse Glimmer (Harmony-style) prompt format.
 //! - [`parser`]: incremental output parsers, one per format, behind one trait.
 //! - [`detect`]: `auto` format detection.
+//! - [`prompter`]: the one place a conversation becomes a model's prompt
+//!   (used by `hearth run`, `hearth serve` and `hearth template`).
 
 pub mod detect;
 pub mod muse_glimmer;
 pub mod parser;
+pub mod prompter;
 pub mod template;

@@ -15,14 +15,16 @@ use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use hearth_chat::detect::OutputFormat;
 use hearth_chat::parser::{ChatEvent, FinishHint, OutputParser};
-use hearth_engine::generate::FinishReason;
+use hearth_chat::prompter::PromptError;
+use hearth_engine::scheduler::{Event, Job, Summary};
+use hearth_engine::turn::FinishReason;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use crate::engine::ChannelSink;
 use crate::error::ApiError;
 use crate::request::{parse_chat, parse_completion, parse_object, Common};
 use crate::routes::{check_context, header_session, read_body, AppState};
-use crate::scheduler::{Event, Job, Summary};
 
 pub async fn chat_completions(
     State(app): State<Arc<AppState>>,
@@ -54,11 +56,13 @@ async fn chat_inner(
     let req = parse_chat(&obj, &app.model_id, header_session(&headers)?)?;
     let ids = app
         .prompter
-        .chat_ids(&req.messages, req.tools.as_ref(), &req.kwargs)?;
+        .chat_ids(&req.messages, req.tools.as_ref(), &req.kwargs)
+        .map_err(prompt_error)?;
     let id = random_hex();
     let parser = app
         .prompter
-        .parser(req.tools.as_ref(), format!("call_{}_", &id[..12]))?;
+        .parser(req.tools.as_ref(), format!("call_{}_", &id[..12]))
+        .map_err(prompt_error)?;
     let reply = Reply {
         id: format!("chatcmpl-{id}"),
         created: unix_now(),
@@ -88,7 +92,10 @@ async fn completion_inner(
     let body = read_body(&app, &headers, body).await?;
     let obj = parse_object(&body)?;
     let req = parse_completion(&obj, &app.model_id, header_session(&headers)?)?;
-    let ids = app.prompter.completion_ids(&req.prompt);
+    let ids = app
+        .prompter
+        .completion_ids(&req.prompt)
+        .map_err(prompt_error)?;
     let reply = Reply {
         id: format!("cmpl-{}", random_hex()),
         created: unix_now(),
@@ -100,6 +107,17 @@ async fn completion_inner(
         Ok(sse(completion_stream(reply, rx, req.common.include_usage)))
     } else {
         completion_whole(reply, rx).await
+    }
+}
+
+/// A conversation the prompter could not render is the client's error (400
+/// with the template's message).
+fn prompt_error(e: PromptError) -> ApiError {
+    match e {
+        PromptError::NoTemplate(why) => ApiError::invalid_request(format!(
+            "This model has no chat template ({why}); use /v1/completions."
+        )),
+        e => ApiError::invalid_request(e.to_string()),
     }
 }
 
@@ -123,11 +141,11 @@ async fn submit(
         sampling: common.sampling,
         max_tokens,
         stop: common.stop.clone(),
-        events: tx,
+        events: Box::new(ChannelSink(tx)),
     })?;
     match rx.recv().await {
         Some(Event::Admitted { .. }) => Ok(rx),
-        Some(Event::Failed(e)) => Err(e),
+        Some(Event::Failed(e)) => Err(e.into()),
         _ => Err(ApiError::server("the engine dropped the request")),
     }
 }
@@ -309,7 +327,7 @@ fn chat_stream(
             }
             Some(Event::Failed(e)) => {
                 return Some((
-                    vec![error_event(&e), "[DONE]".into()],
+                    vec![error_event(&e.into()), "[DONE]".into()],
                     (None, include_usage),
                 ))
             }
@@ -337,7 +355,7 @@ async fn chat_whole(
         match rx.recv().await {
             Some(Event::Text(t)) => events.extend(parser.feed(&t)),
             Some(Event::Done(s)) => break s,
-            Some(Event::Failed(e)) => return Err(e),
+            Some(Event::Failed(e)) => return Err(e.into()),
             Some(Event::Admitted { .. }) => {}
             None => return Err(ApiError::server("the engine dropped the request")),
         }
@@ -403,7 +421,9 @@ fn completion_stream(
                 out.push("[DONE]".into());
                 return Some((out, None));
             }
-            Some(Event::Failed(e)) => return Some((vec![error_event(&e), "[DONE]".into()], None)),
+            Some(Event::Failed(e)) => {
+                return Some((vec![error_event(&e.into()), "[DONE]".into()], None))
+            }
             Some(Event::Admitted { .. }) => Vec::new(),
             None => {
                 return Some((
@@ -429,7 +449,7 @@ async fn completion_whole(
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
             Some(Event::Done(s)) => break s,
-            Some(Event::Failed(e)) => return Err(e),
+            Some(Event::Failed(e)) => return Err(e.into()),
             Some(Event::Admitted { .. }) => {}
             None => return Err(ApiError::server("the engine dropped the request")),
         }

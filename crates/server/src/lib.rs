@@ -3,31 +3,32 @@
 //! - [`routes`]: the router, authentication, body limit, small endpoints.
 //! - [`chat`]: chat and text completions, whole or streamed as SSE.
 //! - [`request`]: request parsing and validation, errors naming the field.
-//! - [`prompt`]: chat template / built-in format, tokenization, output parser.
-//! - [`scheduler`]: the engine thread that owns the model and every session's
+//! - [`engine`]: the channel to the engine's scheduler thread
+//!   (`hearth_engine::scheduler`), which owns the model and every session's
 //!   KV state and interleaves generations token by token.
 //! - [`metrics`]: Prometheus counters.
 
 pub mod chat;
+pub mod engine;
 pub mod error;
 pub mod metrics;
-pub mod prompt;
 pub mod request;
 pub mod routes;
-pub mod scheduler;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use hearth_engine::scheduler;
 use hearth_engine::session::SessionStore;
+use hearth_engine::spec::factory::MakeDrafter;
 use hearth_models::{Backend, BackendState, Model};
 use hearth_tokenizer::Tokenizer;
 
 use crate::metrics::Metrics;
-use crate::prompt::Prompter;
 use crate::routes::AppState;
+use hearth_chat::prompter::Prompter;
 
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
@@ -48,24 +49,16 @@ pub struct ServerOptions {
     pub tool_parser: String,
     pub max_body_bytes: usize,
     pub strict_context: bool,
-    /// Speculative decoding for every session (`None`: off).
-    pub spec: Option<SpecOptions>,
 }
 
-/// Speculative decoding in the server: given the loaded target, `prepare`
-/// loads what the drafter needs once and returns the per-session drafter
-/// constructor and K (the most draft tokens per verify pass).
-#[derive(Clone)]
-pub struct SpecOptions {
-    pub kind: String,
-    pub prepare:
-        Arc<dyn Fn(&Arc<Model>) -> Result<(scheduler::MakeDrafter, usize), String> + Send + Sync>,
-}
-
-impl std::fmt::Debug for SpecOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SpecOptions {{ kind: {:?} }}", self.kind)
-    }
+/// What [`run_on`]'s loader returns: the host model (metadata, tokenizer,
+/// chat template), the backend whose forward passes serve the sessions (the
+/// host model itself, or its copy on a GPU), and the drafters' factory when
+/// every session speculates.
+pub struct Loaded<B> {
+    pub model: Arc<Model>,
+    pub backend: Arc<B>,
+    pub drafters: Option<Arc<dyn MakeDrafter>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -88,29 +81,34 @@ pub enum ServerError {
 pub fn run(opts: ServerOptions) -> Result<(), ServerError> {
     run_on(opts, |path| {
         let model = Arc::new(Model::load(path).map_err(|e| e.to_string())?);
-        Ok((model.clone(), model))
+        Ok(Loaded {
+            model: model.clone(),
+            backend: model,
+            drafters: None,
+        })
     })
 }
 
-/// [`run`] on any backend. `load` opens the model file and returns the host
-/// model (metadata, tokenizer, chat template; a speculative drafter's target)
-/// and the backend whose forward passes serve the sessions: the host model
-/// itself, or its copy on a GPU.
+/// [`run`] on any backend: `load` opens the model file (see [`Loaded`]).
 pub fn run_on<B: Backend + 'static>(
     opts: ServerOptions,
-    load: impl FnOnce(&Path) -> Result<(Arc<Model>, Arc<B>), String>,
+    load: impl FnOnce(&Path) -> Result<Loaded<B>, String>,
 ) -> Result<(), ServerError> {
     let t0 = Instant::now();
     let load_err = |message: String| ServerError::Load {
         path: opts.model_path.display().to_string(),
         message,
     };
-    let (model, backend) = load(&opts.model_path).map_err(load_err)?;
+    let Loaded {
+        model,
+        backend,
+        drafters,
+    } = load(&opts.model_path).map_err(load_err)?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(model.file().metadata()).map_err(|e| load_err(e.to_string()))?,
     );
-    let prompter = Prompter::new(model.file(), tokenizer.clone(), &opts.tool_parser)
-        .map_err(ServerError::Config)?;
+    let prompter = Prompter::from_gguf(model.file(), Some(tokenizer.clone()), &opts.tool_parser)
+        .map_err(|e| ServerError::Config(e.to_string()))?;
     if opts.max_ctx < 2 {
         return Err(ServerError::Config(
             "the context size must be at least 2 tokens".into(),
@@ -128,26 +126,20 @@ pub fn run_on<B: Backend + 'static>(
     );
     let mut store = store;
     let metrics = Arc::new(Metrics::default());
-    let spec = match &opts.spec {
-        None => None,
-        Some(s) => {
-            let (make, n_draft) = (s.prepare)(&model).map_err(ServerError::Config)?;
-            store.set_ring_slack(n_draft);
-            *metrics
-                .spec_config
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some((s.kind.clone(), n_draft));
-            eprintln!("hearth serve: speculative decoding with {} (up to {n_draft} draft tokens per verify pass)", s.kind);
-            Some(scheduler::SpecRuntime {
-                kind: s.kind.clone(),
-                n_draft,
-                make,
-            })
-        }
-    };
+    if let Some(d) = &drafters {
+        let (kind, n_draft) = (d.kind().as_str(), d.n_draft());
+        store.set_ring_slack(n_draft);
+        *metrics
+            .engine
+            .spec_config
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((kind.to_string(), n_draft));
+        eprintln!("hearth serve: speculative decoding with {kind} (up to {n_draft} draft tokens per verify pass)");
+    }
     let capacity = store.capacity();
-    let (engine, engine_thread) =
-        scheduler::spawn(backend, tokenizer, store, metrics.clone(), spec);
+    let (scheduler, engine_thread) =
+        scheduler::spawn(backend, tokenizer, store, metrics.engine.clone(), drafters);
+    let engine = engine::EngineHandle(scheduler);
     eprintln!(
         "hearth serve: model '{}' loaded in {:.1} s ({}); context {} tokens; up to {capacity} sessions x {:.1} MiB KV",
         opts.model_id,

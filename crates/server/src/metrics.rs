@@ -6,30 +6,17 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use hearth_engine::spec::SpecStats;
+use std::sync::Arc;
 
+use hearth_engine::scheduler::SchedulerStats;
+
+/// Request counters kept by the HTTP side, and the scheduler's own
+/// (tokens, timings, sessions, speculation).
 #[derive(Default)]
 pub struct Metrics {
     /// (endpoint, status) -> count.
     requests: Mutex<BTreeMap<(String, u16), u64>>,
-    pub prompt_tokens: AtomicU64,
-    pub completion_tokens: AtomicU64,
-    /// Prompt tokens served from a session's resident KV.
-    pub reused_prompt_tokens: AtomicU64,
-    /// Tokens prefilled and the time spent (µs).
-    pub prefill_tokens: AtomicU64,
-    pub prefill_us: AtomicU64,
-    /// Tokens from single-token decode passes and the time spent (µs).
-    pub decode_tokens: AtomicU64,
-    pub decode_us: AtomicU64,
-    pub live_sessions: AtomicU64,
-    pub active_generations: AtomicU64,
-    pub session_evictions: AtomicU64,
-    pub session_capacity: AtomicU64,
-    /// Speculative decoding: (drafter, K) when on, and the acceptance
-    /// statistics of finished requests.
-    pub spec_config: Mutex<Option<(String, usize)>>,
-    spec: Mutex<SpecStats>,
+    pub engine: Arc<SchedulerStats>,
 }
 
 impl Metrics {
@@ -38,13 +25,10 @@ impl Metrics {
         *m.entry((endpoint.to_string(), status)).or_default() += 1;
     }
 
-    pub fn record_spec(&self, s: &SpecStats) {
-        self.spec.lock().unwrap_or_else(|e| e.into_inner()).merge(s);
-    }
-
     /// Speculative decoding counters (nothing when speculation is off).
     fn render_spec(&self, s: &mut String) {
         let Some((kind, k)) = self
+            .engine
             .spec_config
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -52,7 +36,12 @@ impl Metrics {
         else {
             return;
         };
-        let st = self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let st = self
+            .engine
+            .spec
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let _ = writeln!(s, "# HELP hearth_spec_info Speculative decoding: the drafter and the most draft tokens per verify pass.\n# TYPE hearth_spec_info gauge\nhearth_spec_info{{spec=\"{kind}\",n_draft=\"{k}\"}} 1");
         let mut counter = |name: &str, help: &str, v: u64| {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
@@ -108,32 +97,32 @@ impl Metrics {
         counter(
             "hearth_prompt_tokens_total",
             "Prompt tokens of completed requests.",
-            get(&self.prompt_tokens),
+            get(&self.engine.prompt_tokens),
         );
         counter(
             "hearth_completion_tokens_total",
             "Generated tokens.",
-            get(&self.completion_tokens),
+            get(&self.engine.completion_tokens),
         );
         counter(
             "hearth_reused_prompt_tokens_total",
             "Prompt tokens reused from resident session KV (not prefilled).",
-            get(&self.reused_prompt_tokens),
+            get(&self.engine.reused_prompt_tokens),
         );
         counter(
             "hearth_prefill_tokens_total",
             "Prompt tokens prefilled.",
-            get(&self.prefill_tokens),
+            get(&self.engine.prefill_tokens),
         );
         counter(
             "hearth_decode_tokens_total",
             "Tokens produced by single-token decode steps.",
-            get(&self.decode_tokens),
+            get(&self.engine.decode_tokens),
         );
         counter(
             "hearth_session_evictions_total",
             "Idle sessions evicted (least recently used) to make room.",
-            get(&self.session_evictions),
+            get(&self.engine.session_evictions),
         );
         let rate = |tokens: u64, us: u64| {
             if us == 0 {
@@ -148,27 +137,30 @@ impl Metrics {
         gauge(
             "hearth_prefill_tokens_per_second",
             "Prefill throughput over the server's lifetime.",
-            rate(get(&self.prefill_tokens), get(&self.prefill_us)),
+            rate(
+                get(&self.engine.prefill_tokens),
+                get(&self.engine.prefill_us),
+            ),
         );
         gauge(
             "hearth_decode_tokens_per_second",
             "Decode throughput (all sessions together) over the server's lifetime.",
-            rate(get(&self.decode_tokens), get(&self.decode_us)),
+            rate(get(&self.engine.decode_tokens), get(&self.engine.decode_us)),
         );
         gauge(
             "hearth_active_sessions",
             "Sessions holding a KV state.",
-            get(&self.live_sessions) as f64,
+            get(&self.engine.live_sessions) as f64,
         );
         gauge(
             "hearth_session_capacity",
             "Most KV states the server holds at once.",
-            get(&self.session_capacity) as f64,
+            get(&self.engine.session_capacity) as f64,
         );
         gauge(
             "hearth_active_generations",
             "Requests being prefilled or decoded.",
-            get(&self.active_generations) as f64,
+            get(&self.engine.active_generations) as f64,
         );
         self.render_spec(&mut s);
         s

@@ -12,11 +12,11 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use crate::chat;
+use crate::engine::EngineHandle;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::prompt::Prompter;
 use crate::request::validate_session_id;
-use crate::scheduler::EngineHandle;
+use hearth_chat::prompter::Prompter;
 
 pub struct AppState {
     pub model_id: String,

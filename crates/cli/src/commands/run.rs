@@ -1,30 +1,57 @@
-//! `hearth run`: generate text from a prompt, streaming it to stdout.
+//! `hearth run`: answer a prompt, streaming the answer to stdout.
+//!
+//! The prompt is rendered as one user turn with the model's own chat format
+//! (the prompter `hearth serve` uses, `hearth_chat::prompter`) unless the
+//! model has none or `--raw` asks for plain completion. Generation is the
+//! engine's turn machine (`hearth_engine::turn`), stepped here on either
+//! backend; the answer goes to stdout, reasoning to stderr, statistics to
+//! stderr and `--stats-json`.
 
-use std::io::Write;
+use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use hearth_engine::generate::{generate, Flow, GenerateParams, GenerationStats};
+use hearth_chat::parser::{ChatEvent, FinishHint, OutputParser};
+use hearth_chat::prompter::Prompter;
 use hearth_engine::sampler::{Sampler, SamplerConfig};
-use hearth_engine::spec::{generate_speculative, SpecParams, SpecStats};
+use hearth_engine::spec::factory::{DrafterFactory, MakeDrafter, SpecConfig};
+use hearth_engine::spec::SpecStats;
+use hearth_engine::turn::{FinishReason, Flow, Turn, TurnParams, TurnStats};
 use hearth_models::{Backend, LayerKind, Model};
-
-use super::spec::{DrafterFactory, SpecArgs};
-use crate::device::Device;
 use hearth_tokenizer::Tokenizer;
+use serde_json::{json, Map, Value};
+
+use super::spec::SpecArgs;
+use crate::device::Device;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Model name (see `hearth pull --list`) or .gguf path [default: qwen2.5-coder-0.5b, pulled on first use]
     #[arg(short, long)]
     pub model: Option<String>,
-    /// Prompt text.
+    /// Prompt text (without -p or -f, a prompt piped to stdin is read).
     #[arg(short, long, conflicts_with = "file")]
     pub prompt: Option<String>,
-    /// Read the prompt from a file.
+    /// Read the prompt from a file ("-" for stdin).
     #[arg(short, long)]
     pub file: Option<PathBuf>,
+    /// Plain text completion: feed the prompt as it is, without the model's
+    /// chat template (base models without a template always are).
+    #[arg(long, visible_alias = "no-chat")]
+    pub raw: bool,
+    /// Render the prompt with the chat template (the default; kept for scripts).
+    #[arg(long, hide = true, conflicts_with = "raw")]
+    pub chat: bool,
+    /// A system message before the prompt (chat mode).
+    #[arg(long = "system-prompt", visible_alias = "sys", conflicts_with = "raw")]
+    pub system_prompt: Option<String>,
+    /// Do not print the model's reasoning (else it goes to stderr).
+    #[arg(long)]
+    pub hide_reasoning: bool,
+    /// Print the rendered prompt (text and token count) to stderr before generating.
+    #[arg(long)]
+    pub verbose_prompt: bool,
     /// Tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     pub n_predict: usize,
@@ -53,9 +80,6 @@ pub struct Args {
     /// Context size (tokens of prompt + generation).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     pub ctx: usize,
-    /// Wrap the prompt in the model's chat format as one user turn.
-    #[arg(long)]
-    pub chat: bool,
     /// Stop when this text is generated (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
@@ -75,14 +99,9 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     crate::device::check(args.device)?;
     crate::init_threads(args.threads)?;
-    let prompt = match (&args.prompt, &args.file) {
-        (Some(p), _) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f)
-            .with_context(|| format!("reading prompt file {}", f.display()))?,
-        (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
-    };
+    let text = read_prompt(&args)?;
     let path = crate::registry::resolve_model(args.model.as_deref())?;
-    args.spec.check(args.device)?;
+    let spec = args.spec.config(args.device)?;
     // The GPU copies the file's blocks itself: no CPU repacking for it.
     let load = if args.device == Device::Cuda {
         Model::load_unpacked
@@ -91,13 +110,34 @@ pub fn run(args: Args) -> Result<()> {
     };
     let model = Arc::new(load(&path).with_context(|| format!("loading {}", path.display()))?);
     let tokenizer =
-        Tokenizer::from_gguf(model.file().metadata()).context("building the tokenizer")?;
-    let text = if args.chat {
-        chat_prompt(&tokenizer, &prompt)?
+        Arc::new(Tokenizer::from_gguf(model.file().metadata()).context("building the tokenizer")?);
+    let prompter = Prompter::from_gguf(model.file(), Some(tokenizer.clone()), "auto")?;
+    let chat = !args.raw && prompter.has_chat_format();
+    let ids = if chat {
+        let mut messages = Vec::new();
+        if let Some(s) = &args.system_prompt {
+            messages.push(json!({"role": "system", "content": s}));
+        }
+        messages.push(json!({"role": "user", "content": text}));
+        prompter.chat_ids(&Value::Array(messages), None, &Map::new())?
     } else {
-        prompt
+        if args.system_prompt.is_some() {
+            bail!("--system-prompt needs a chat template, and this model has none")
+        }
+        tokenizer.encode(&text, true, false)
     };
-    let ids = tokenizer.encode(&text, true, args.chat);
+    if args.verbose_prompt {
+        eprintln!(
+            "prompt ({} tokens, {}):\n{}\n",
+            ids.len(),
+            if chat {
+                prompter.describe()
+            } else {
+                "raw".into()
+            },
+            tokenizer.decode(&ids)
+        );
+    }
     if ids.is_empty() {
         bail!("the prompt is empty after tokenization");
     }
@@ -108,67 +148,78 @@ pub fn run(args: Args) -> Result<()> {
             args.ctx
         );
     }
-    let job = Job {
+    let mut job = Job {
         args: &args,
-        model: &model,
         tokenizer: &tokenizer,
-        ids: &ids,
+        ids,
+        parser: chat
+            .then(|| prompter.parser(None, "call_".into()))
+            .transpose()?,
+        n_draft: 0,
     };
     #[cfg(feature = "cuda")]
     if args.device == Device::Cuda {
         let gm = crate::cuda::load(model.clone())?;
         let gpu = gm.gpu.clone();
-        let factory = args.spec.factory(&model, |p| {
-            let draft = Model::load_unpacked(p)?;
-            crate::cuda::upload(gpu, Arc::new(draft))
+        let drafters = DrafterFactory::new(&spec, &model, |p| {
+            let draft = Model::load_unpacked(p).map_err(|e| e.to_string())?;
+            crate::cuda::upload(gpu, Arc::new(draft)).map_err(|e| format!("{e:#}"))
         })?;
-        let g = job.generate(&gm, factory)?;
-        let bytes = g.state.kv_bytes();
+        let (state, stats) = job.generate(&gm, drafters)?;
+        let bytes = state.kv_bytes();
         let mib = bytes as f64 / (1u64 << 20) as f64;
         let kv = format!(
             "KV cache: {mib:.1} MiB on the GPU (device: cuda; rings of window + {} slots)",
             hearth_cuda::GPU_CHUNK
         );
-        return job.report(&path, &g.stats, g.spec.as_ref(), &kv, bytes);
+        return job.report(&path, &stats, &kv, bytes);
     }
-    let factory = args.spec.factory(&model, |p| Ok(Model::load(p)?))?;
-    let g = job.generate(&*model, factory)?;
-    job.report(
-        &path,
-        &g.stats,
-        g.spec.as_ref(),
-        &kv_summary(&model, &g.state),
-        g.state.kv_bytes(),
-    )
+    let drafters = cpu_drafters(&spec, &model)?;
+    let (state, stats) = job.generate(&*model, drafters)?;
+    job.report(&path, &stats, &kv_summary(&model, &state), state.kv_bytes())
 }
 
-/// What a generation left: the state, its statistics and, when speculating,
-/// K and the acceptance statistics.
-struct Generated<S> {
-    state: S,
-    stats: GenerationStats,
-    spec: Option<(usize, SpecStats)>,
+/// The drafters' factory for a CPU target (a draft model loads on the CPU).
+fn cpu_drafters(spec: &SpecConfig, model: &Arc<Model>) -> Result<Option<DrafterFactory<Model>>> {
+    Ok(DrafterFactory::new(spec, model, |p| {
+        Model::load(p).map_err(|e| e.to_string())
+    })?)
+}
+
+/// The prompt from -p, -f FILE, -f - or a pipe on stdin.
+fn read_prompt(args: &Args) -> Result<String> {
+    let stdin = || -> Result<String> {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading the prompt from stdin")?;
+        Ok(s)
+    };
+    match (&args.prompt, &args.file) {
+        (Some(p), _) => Ok(p.clone()),
+        (None, Some(f)) if f.as_os_str() == "-" => stdin(),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading prompt file {}", f.display())),
+        (None, None) if !std::io::stdin().is_terminal() => stdin(),
+        (None, None) => bail!("give a prompt with -p TEXT, -f FILE, or on stdin"),
+    }
 }
 
 /// One `run` invocation, on whichever backend.
 struct Job<'a> {
     args: &'a Args,
-    /// The host model (tokenizer, config; DFlash's target).
-    model: &'a Arc<Model>,
     tokenizer: &'a Tokenizer,
-    ids: &'a [u32],
+    ids: Vec<u32>,
+    /// Chat mode: the reply's output parser (answer, reasoning, tool calls).
+    parser: Option<Box<dyn OutputParser + Send>>,
+    /// K, once the drafters are built (0: no speculation).
+    n_draft: usize,
 }
 
 impl Job<'_> {
-    /// Generates on `backend` (speculatively when `factory` is set), streaming
-    /// the text to stdout; returns the final state and the statistics.
-    fn generate<B: Backend + 'static>(
-        &self,
-        backend: &B,
-        factory: Option<DrafterFactory<B>>,
-    ) -> Result<Generated<B::State>> {
+    fn sampling(&self) -> SamplerConfig {
         let args = self.args;
-        let config = SamplerConfig {
+        SamplerConfig {
             temperature: args.temp,
             top_k: args.top_k,
             top_p: args.top_p,
@@ -178,104 +229,81 @@ impl Job<'_> {
             presence_penalty: args.presence_penalty,
             frequency_penalty: args.frequency_penalty,
             seed: args.seed,
-        };
-        let mut sampler = Sampler::new(config)?;
-        let params = GenerateParams {
+        }
+    }
+
+    /// Steps a turn on `backend` to its end (speculatively with `drafters`),
+    /// streaming the answer; returns the final state and the statistics.
+    fn generate<B: Backend + 'static>(
+        &mut self,
+        backend: &B,
+        drafters: Option<DrafterFactory<B>>,
+    ) -> Result<(B::State, TurnStats)> {
+        let args = self.args;
+        let sampling = self.sampling();
+        let n_draft = drafters.as_ref().map_or(0, |d| d.n_draft());
+        self.n_draft = n_draft;
+        // Rings keep K extra slots so rejected positions can be rolled back.
+        let mut state = backend.new_state(args.ctx, n_draft)?;
+        let mut drafter = drafters
+            .as_ref()
+            .map(|d| d.make(args.ctx, &sampling))
+            .transpose()?;
+        let params = TurnParams {
             max_tokens: args.n_predict.min(args.ctx - self.ids.len()),
             stop: args.stop.clone(),
             ignore_eos: false,
+            n_draft,
+            render_special: self.parser.is_some(),
         };
-        let mut out = std::io::stdout().lock();
-        let on_text = |t: &str| {
-            let ok = out.write_all(t.as_bytes()).and_then(|_| out.flush());
-            if ok.is_ok() {
-                Flow::Continue
-            } else {
-                Flow::Stop
-            }
-        };
-        Ok(match &factory {
-            None => {
-                let mut state = backend.new_state(args.ctx, 0)?;
-                let stats = generate(
-                    backend,
-                    &mut state,
-                    self.tokenizer,
-                    &mut sampler,
-                    self.ids,
-                    &params,
-                    on_text,
-                )?;
-                Generated {
-                    state,
-                    stats,
-                    spec: None,
-                }
-            }
-            Some(f) => {
-                let mut setup = f.make(&args.spec, self.model, args.ctx, &config)?;
-                // Rings keep K extra slots so rejected positions can be rolled back.
-                let mut state = backend.new_state(args.ctx, setup.n_draft)?;
-                let spec = SpecParams {
-                    n_draft: setup.n_draft,
-                };
-                let (stats, sp) = generate_speculative(
-                    backend,
-                    &mut state,
-                    self.tokenizer,
-                    &mut sampler,
-                    setup.drafter.as_mut(),
-                    self.ids,
-                    &params,
-                    spec,
-                    on_text,
-                )?;
-                Generated {
-                    state,
-                    stats,
-                    spec: Some((setup.n_draft, sp)),
-                }
-            }
-        })
+        let ids = std::mem::take(&mut self.ids);
+        let mut turn = Turn::new(self.tokenizer, ids, 0, Sampler::new(sampling)?, params);
+        let mut out = Output::new(self.parser.take(), args.hide_reasoning);
+        while turn.finished().is_none() {
+            turn.step(
+                backend,
+                &mut state,
+                drafter.as_mut().map(|d| &mut **d as _),
+                usize::MAX,
+                &mut |t| out.text(t),
+            )?;
+        }
+        let (stats, _) = turn.into_parts();
+        out.finish(stats.finish.unwrap_or(FinishReason::Length));
+        Ok((state, stats))
     }
 
     /// The stderr summary and `--stats-json`.
-    fn report(
-        &self,
-        path: &Path,
-        stats: &GenerationStats,
-        spec_stats: Option<&(usize, SpecStats)>,
-        kv: &str,
-        kv_bytes: usize,
-    ) -> Result<()> {
+    fn report(&self, path: &Path, stats: &TurnStats, kv: &str, kv_bytes: usize) -> Result<()> {
         let args = self.args;
+        let finish = stats.finish.map_or("length", FinishReason::as_str);
         eprintln!();
         eprintln!(
-            "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | finish: {}",
+            "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | finish: {finish}",
             stats.prompt_tokens,
             stats.prefill_tok_s(),
-            stats.generated_tokens,
+            stats.tokens.len(),
             stats.decode_tok_s(),
-            stats.finish.as_str()
         );
         eprintln!("{kv}");
-        if let Some((k, sp)) = spec_stats {
-            eprintln!("{}", spec_summary(args.spec.spec.as_str(), *k, sp));
+        let spec = stats.spec.as_ref().map(|sp| (self.n_draft, sp));
+        if let Some((k, sp)) = spec {
+            eprintln!("{}", spec_summary(args.spec.spec.as_str(), k, sp));
         }
         if let Some(p) = &args.stats_json {
-            let mut json = serde_json::json!({
+            let mut json = json!({
                 "model": path,
                 "device": if args.device == Device::Cuda { "cuda" } else { "cpu" },
                 "prompt_tokens": stats.prompt_tokens,
                 "prefill_tok_s": stats.prefill_tok_s(),
-                "generated_tokens": stats.generated_tokens,
+                "generated_tokens": stats.tokens.len(),
                 "decode_tok_s": stats.decode_tok_s(),
-                "finish_reason": stats.finish.as_str(),
+                "finish_reason": finish,
                 "kv_bytes": kv_bytes,
                 "spec": args.spec.spec.as_str(),
             });
-            if let Some((k, sp)) = spec_stats {
-                let extra = serde_json::json!({
+            if let Some((k, sp)) = spec {
+                let extra = json!({
                     "n_draft": k,
                     "block_length": args.spec.block_length,
                     "mean_accepted": sp.mean_accepted(),
@@ -288,7 +316,7 @@ impl Job<'_> {
                     "draft_s": sp.draft_secs,
                     "verify_s": sp.verify_secs,
                 });
-                if let (Some(o), serde_json::Value::Object(e)) = (json.as_object_mut(), extra) {
+                if let (Some(o), Value::Object(e)) = (json.as_object_mut(), extra) {
                     o.extend(e);
                 }
             }
@@ -296,6 +324,76 @@ impl Job<'_> {
                 .with_context(|| format!("writing {}", p.display()))?;
         }
         Ok(())
+    }
+}
+
+/// Where generated text goes: the answer to stdout; in chat mode the output
+/// parser separates reasoning (stderr, dimmed on a terminal, or hidden) and
+/// tool calls (one line each on stdout).
+struct Output {
+    parser: Option<Box<dyn OutputParser + Send>>,
+    hide_reasoning: bool,
+    dim: bool,
+    stdout: std::io::Stdout,
+}
+
+impl Output {
+    fn new(parser: Option<Box<dyn OutputParser + Send>>, hide_reasoning: bool) -> Output {
+        Output {
+            parser,
+            hide_reasoning,
+            dim: std::io::stderr().is_terminal(),
+            stdout: std::io::stdout(),
+        }
+    }
+
+    fn text(&mut self, t: &str) -> Flow {
+        let events = match self.parser.as_mut() {
+            Some(p) => p.feed(t),
+            None => vec![ChatEvent::Content(t.to_string())],
+        };
+        self.show(events)
+    }
+
+    fn finish(&mut self, finish: FinishReason) {
+        let hint = match finish {
+            FinishReason::Stop => FinishHint::Stop,
+            FinishReason::Length | FinishReason::Cancelled => FinishHint::Length,
+        };
+        if let Some(mut p) = self.parser.take() {
+            let events = p.finish(hint);
+            self.show(events);
+        }
+    }
+
+    fn show(&mut self, events: Vec<ChatEvent>) -> Flow {
+        let mut out = self.stdout.lock();
+        let mut ok = true;
+        for e in events {
+            match e {
+                ChatEvent::Content(t) => ok &= out.write_all(t.as_bytes()).is_ok(),
+                ChatEvent::Reasoning(t) if !self.hide_reasoning => {
+                    let (a, b) = if self.dim {
+                        ("\x1b[2m", "\x1b[0m")
+                    } else {
+                        ("", "")
+                    };
+                    eprint!("{a}{t}{b}");
+                }
+                ChatEvent::ToolCall {
+                    name, arguments, ..
+                } => {
+                    let line = format!("\n[tool call] {name} {arguments}\n");
+                    ok &= out.write_all(line.as_bytes()).is_ok();
+                }
+                _ => {}
+            }
+        }
+        if ok && out.flush().is_ok() {
+            Flow::Continue
+        } else {
+            Flow::Stop
+        }
     }
 }
 
@@ -321,7 +419,7 @@ pub fn spec_summary(kind: &str, n_draft: usize, s: &SpecStats) -> String {
 /// "KV cache: …" line describing the hybrid layout.
 pub fn kv_summary(model: &Model, state: &hearth_models::State) -> String {
     let c = &model.config;
-    let per_slot = 2 * c.n_kv_heads * c.head_dim * 2; // K and V, 16-bit
+    let per_slot = 2 * c.n_kv_heads * c.head_dim * model.kv_dtype.bytes();
     let mut global = 0;
     let mut sliding = 0;
     let mut ring_slots = 0;
@@ -336,31 +434,16 @@ pub fn kv_summary(model: &Model, state: &hearth_models::State) -> String {
     }
     let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
     let full = c.n_layers * state.max_ctx * per_slot;
+    let rings = if sliding > 0 {
+        format!(" + {sliding} sliding layers x {ring_slots} slots")
+    } else {
+        String::new()
+    };
     format!(
-        "KV cache: {:.1} MiB = {global} global layers x {} positions + {sliding} sliding layers x {ring_slots} slots ({:?}, {per_slot} B per layer-position); a full cache would take {:.1} MiB",
+        "KV cache: {:.1} MiB = {global} global layers x {} positions{rings} ({:?}, {per_slot} B per layer-position); a full cache would take {:.1} MiB",
         mib(state.kv_bytes()),
         state.max_ctx,
         model.kv_dtype,
         mib(full)
     )
-}
-
-/// A minimal one-turn chat wrapper chosen from the model's special tokens
-/// (the full template engine lives in the chat layer).
-fn chat_prompt(tok: &Tokenizer, user: &str) -> Result<String> {
-    if tok.token_id("<|im_start|>").is_some() {
-        Ok(format!(
-            "<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
-        ))
-    } else if tok.token_id("<start_of_turn>").is_some() {
-        Ok(format!(
-            "<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
-        ))
-    } else if tok.token_id("<|start|>").is_some() && tok.token_id("<|message|>").is_some() {
-        Ok(format!(
-            "<|start|>user<|message|>{user}<|eot|><|start|>assistant"
-        ))
-    } else {
-        bail!("--chat: no known chat format for this model's vocabulary")
-    }
 }

@@ -3,16 +3,12 @@
 
 use std::path::Path;
 use std::sync::Arc;
-#[cfg(feature = "cuda")]
-use std::sync::OnceLock;
 
 use anyhow::{Context, Result};
 
-use hearth_engine::sampler::SamplerConfig;
-use hearth_engine::spec::SpecKind;
+use hearth_engine::spec::factory::{DrafterFactory, MakeDrafter};
 use hearth_models::{Backend, Model};
-use hearth_server::scheduler::MakeDrafter;
-use hearth_server::{ServerOptions, SpecOptions};
+use hearth_server::{Loaded, ServerOptions};
 
 use super::spec::SpecArgs;
 
@@ -69,14 +65,14 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     crate::device::check(args.device)?;
-    args.spec.check(args.device)?;
+    let spec = args.spec.config(args.device)?;
     crate::init_threads(args.threads)?;
     let path = crate::registry::resolve_model(args.model.as_deref())?;
     let model_id = args
         .model_id
         .clone()
         .unwrap_or_else(|| default_model_id(args.model.as_deref(), &path));
-    let mut options = ServerOptions {
+    let options = ServerOptions {
         model_path: path,
         model_id,
         host: args.host,
@@ -88,70 +84,46 @@ pub fn run(args: Args) -> Result<()> {
         tool_parser: args.tool_parser,
         max_body_bytes: args.max_body_mib.saturating_mul(1024 * 1024),
         strict_context: args.strict_context,
-        spec: None,
     };
+    // Speculation: the drafters' factory is built once the target is loaded
+    // (a draft model on the target's backend); each session gets a drafter.
     #[cfg(feature = "cuda")]
     if args.device == crate::device::Device::Cuda {
-        // The draft model (--spec draft) goes on the target's GPU, which
-        // opens when the server loads the target.
-        let gpu: Arc<OnceLock<Arc<hearth_cuda::Gpu>>> = Arc::default();
-        let draft_gpu = gpu.clone();
-        options.spec = spec_options(&args.spec, move |p| {
-            let gpu = draft_gpu
-                .get()
-                .context("the GPU is opened with the target")?
-                .clone();
-            crate::cuda::upload(gpu, Arc::new(Model::load_unpacked(p)?))
-        });
         let load = move |path: &Path| {
             // The GPU copies the file's blocks itself: no CPU repacking for it.
             let model = Arc::new(Model::load_unpacked(path).map_err(|e| e.to_string())?);
             let gm = crate::cuda::load(model.clone()).map_err(|e| format!("{e:#}"))?;
-            let _ = gpu.set(gm.gpu.clone());
-            Ok((model, Arc::new(gm)))
+            let gpu = gm.gpu.clone();
+            let factory = DrafterFactory::new(&spec, &model, |p| {
+                let draft = Model::load_unpacked(p).map_err(|e| e.to_string())?;
+                crate::cuda::upload(gpu, Arc::new(draft)).map_err(|e| format!("{e:#}"))
+            })
+            .map_err(|e| e.to_string())?;
+            Ok(Loaded {
+                model,
+                backend: Arc::new(gm),
+                drafters: drafters(factory),
+            })
         };
         return hearth_server::run_on(options, load).context("hearth serve");
     }
-    options.spec = spec_options(&args.spec, |p| Ok(Model::load(p)?));
-    hearth_server::run(options).context("hearth serve")
+    let load = move |path: &Path| {
+        let model = Arc::new(Model::load(path).map_err(|e| e.to_string())?);
+        let factory =
+            DrafterFactory::new(&spec, &model, |p| Model::load(p).map_err(|e| e.to_string()))
+                .map_err(|e| e.to_string())?;
+        Ok(Loaded {
+            model: model.clone(),
+            backend: model,
+            drafters: drafters(factory),
+        })
+    };
+    hearth_server::run_on(options, load).context("hearth serve")
 }
 
-/// The server's speculation: the drafter's models load once the target is
-/// loaded (a draft model through `load_draft`, onto the target's backend);
-/// each session then gets its own drafter.
-fn spec_options<B: Backend + 'static>(
-    args: &SpecArgs,
-    load_draft: impl Fn(&Path) -> Result<B> + Send + Sync + 'static,
-) -> Option<SpecOptions> {
-    if args.spec == SpecKind::None
-        && args.draft_model.is_none()
-        && args.block_length.is_none()
-        && args.n_draft.is_none()
-    {
-        return None;
-    }
-    let args = args.clone();
-    let kind = args.spec.as_str().to_string();
-    let prepare = move |target: &Arc<Model>| -> Result<(MakeDrafter, usize), String> {
-        let factory = args
-            .factory(target, &load_draft)
-            .map_err(|e| format!("{e:#}"))?
-            .ok_or("speculation is off")?;
-        let n_draft = args.n_draft(&factory);
-        let target = target.clone();
-        let args = args.clone();
-        let make: MakeDrafter = Arc::new(move |max_ctx: usize, sampling: &SamplerConfig| {
-            factory
-                .make(&args, &target, max_ctx, sampling)
-                .map(|s| s.drafter)
-                .map_err(|e| format!("{e:#}"))
-        });
-        Ok((make, n_draft))
-    };
-    Some(SpecOptions {
-        kind,
-        prepare: Arc::new(prepare),
-    })
+/// A backend's drafter factory as the scheduler takes it.
+fn drafters<B: Backend + 'static>(f: Option<DrafterFactory<B>>) -> Option<Arc<dyn MakeDrafter>> {
+    f.map(|f| Arc::new(f) as Arc<dyn MakeDrafter>)
 }
 
 /// A packaged name as given (or the default's), else the file stem.

@@ -3,7 +3,8 @@
 use std::io::Write;
 
 use anyhow::{bail, Context, Result};
-use hearth_chat::muse_glimmer::{self, RenderOptions};
+use hearth_chat::detect::OutputFormat;
+use hearth_chat::prompter::{Prompter, Renderer};
 use hearth_chat::template::{decode_tool_call_arguments, gguf_special_tokens, ChatTemplate};
 use hearth_gguf::GgufFile;
 use serde_json::{Map, Value};
@@ -82,61 +83,45 @@ pub fn run(args: Args) -> Result<()> {
         decode_tool_call_arguments(&messages)
     };
     let add_generation_prompt = !args.no_generation_prompt;
-
-    let prompt = match args.format.as_deref() {
-        Some("muse-glimmer" | "muse_glimmer") => {
-            render_muse_glimmer(&messages, tools.as_ref(), &kwargs, add_generation_prompt)?
-        }
-        Some(other) => bail!("unknown --format '{other}' (built-in formats: muse-glimmer)"),
-        None => {
-            let template = load_template(&args)?;
-            template.render(&messages, tools.as_ref(), add_generation_prompt, &kwargs)?
-        }
-    };
+    let prompt =
+        prompter(&args)?.render(&messages, tools.as_ref(), add_generation_prompt, &kwargs)?;
     let mut out = std::io::stdout().lock();
     out.write_all(prompt.as_bytes())?;
     out.flush()?;
     Ok(())
 }
 
-fn load_template(args: &Args) -> Result<ChatTemplate> {
-    if let (Some(t), None) = (&args.template, &args.model) {
-        return Ok(ChatTemplate::from_file(t, "", "")?);
-    }
-    let path = crate::registry::resolve_model(args.model.as_deref())?;
-    let file = GgufFile::open(&path)?;
-    match &args.template {
-        None => ChatTemplate::from_gguf(&file)
-            .with_context(|| format!("chat template of {}", path.display())),
-        Some(t) => {
-            let (bos, eos) = gguf_special_tokens(&file);
-            Ok(ChatTemplate::from_file(t, &bos, &eos)?)
+/// The prompter `run` and `serve` use for the model (-m), or one over a given
+/// template file or built-in format.
+fn prompter(args: &Args) -> Result<Prompter> {
+    let output = OutputFormat::Plain;
+    match (args.format.as_deref(), &args.template, &args.model) {
+        (Some("muse-glimmer" | "muse_glimmer"), _, _) => {
+            Ok(Prompter::with_renderer(Renderer::MuseGlimmer, output))
+        }
+        (Some(other), _, _) => {
+            bail!("unknown --format '{other}' (built-in formats: muse-glimmer)")
+        }
+        (None, Some(t), None) => Ok(Prompter::with_renderer(
+            Renderer::Jinja(ChatTemplate::from_file(t, "", "")?),
+            output,
+        )),
+        (None, template, model) => {
+            let path = crate::registry::resolve_model(model.as_deref())?;
+            let file = GgufFile::open(&path)?;
+            match template {
+                None => Prompter::from_gguf(&file, None, "auto")
+                    .with_context(|| format!("chat format of {}", path.display())),
+                Some(t) => {
+                    let (bos, eos) = gguf_special_tokens(&file);
+                    Ok(Prompter::with_renderer(
+                        Renderer::Jinja(ChatTemplate::from_file(t, &bos, &eos)?),
+                        output,
+                    ))
+                }
+            }
         }
     }
-}
-
-/// Muse Glimmer's built-in renderer; its template variables come from kwargs
-/// (`reasoning_strength`, `current_date`); others are ignored, as a Jinja
-/// template ignores variables it does not read.
-fn render_muse_glimmer(
-    messages: &Value,
-    tools: Option<&Value>,
-    kwargs: &Map<String, Value>,
-    add_generation_prompt: bool,
-) -> Result<String> {
-    let mut opts = RenderOptions {
-        add_generation_prompt,
-        ..RenderOptions::default()
-    };
-    for (key, value) in kwargs {
-        match (key.as_str(), value) {
-            ("reasoning_strength", Value::String(s)) => opts.reasoning_strength = s.clone(),
-            ("current_date", Value::String(s)) => opts.current_date = Some(s.clone()),
-            ("reasoning_strength" | "current_date", _) => bail!("kwarg '{key}' must be a string"),
-            _ => eprintln!("note: muse-glimmer ignores kwarg '{key}'"),
-        }
-    }
-    Ok(muse_glimmer::render(messages, tools, &opts)?)
 }
 
 fn read_json(path: &str) -> Result<Value> {

@@ -5,21 +5,23 @@
 //! distribution exactly; only the number of target passes changes.
 //!
 //! - [`verify`]: the acceptance math, independent of the drafter.
+//! - [`factory`]: a [`factory::SpecConfig`] in, drafters out.
 //! - [`Drafter`]: what every drafter implements; [`ngram`] (prompt lookup),
 //!   [`draft_model`] (a small model with the same vocabulary), [`dflash`]
 //!   (block diffusion drafter on the target's hidden states).
-//! - [`generate`]: the generation loop (prefill, draft, verify, roll back).
+//! - the cycle itself (draft, verify, roll back) is a step of the one turn
+//!   machine, [`crate::turn::Turn`].
 //! - [`SpecStats`]: acceptance per draft position, mean accepted length.
 
 pub mod dflash;
 pub mod draft_model;
-pub mod generate;
+pub mod factory;
 pub mod ngram;
 pub mod verify;
 
 use hearth_models::ModelError;
 
-pub use generate::{generate_speculative, SpecParams};
+pub use crate::generate::{generate_speculative, SpecParams};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
@@ -32,8 +34,9 @@ pub enum SpecError {
 }
 
 /// Which drafter proposes tokens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SpecKind {
+    #[default]
     None,
     Dflash,
     Draft,

@@ -1,4 +1,4 @@
-//! The server's engine thread is generic over `hearth_models::Backend`; CI
+//! The scheduler thread is generic over `hearth_models::Backend`; CI
 //! has no GPU, so this drives it through a second, test-only backend with the
 //! CUDA backend's contract (its own state type, plain multi-row verify
 //! passes, no hidden-state taps) that computes with the CPU model. The same
@@ -8,18 +8,28 @@
 //! every row as a one-row pass would).
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
 use hearth_engine::sampler::SamplerConfig;
+use hearth_engine::scheduler::{self, Event, EventSink, Job, SchedulerStats};
 use hearth_engine::session::SessionStore;
-use hearth_engine::spec::ngram::NgramDrafter;
-use hearth_engine::spec::Drafter;
+use hearth_engine::spec::factory::{DrafterFactory, MakeDrafter, SpecConfig};
+use hearth_engine::spec::SpecKind;
 use hearth_models::backend::testing::GpuLike;
 use hearth_models::{Backend, BackendState, Model, Numerics};
-use hearth_server::metrics::Metrics;
-use hearth_server::scheduler::{self, Event, Job, MakeDrafter, SpecRuntime};
 use hearth_tokenizer::Tokenizer;
-use tokio::sync::mpsc;
+
+/// Events into a std channel (the server uses a tokio one).
+struct Sink(mpsc::Sender<Event>);
+
+impl EventSink for Sink {
+    fn send(&self, event: Event) -> bool {
+        self.0.send(event).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
 
 fn model_path(file: &str) -> PathBuf {
     let dir = match std::env::var_os("HEARTH_HOME") {
@@ -38,26 +48,22 @@ fn model_path(file: &str) -> PathBuf {
 /// What a request streamed: (cached prompt tokens, text, completion tokens).
 type Turn = (usize, String, usize);
 
-fn job(
-    session: Option<&str>,
-    prompt: Vec<u32>,
-    max_tokens: usize,
-) -> (Job, mpsc::UnboundedReceiver<Event>) {
-    let (events, rx) = mpsc::unbounded_channel();
+fn job(session: Option<&str>, prompt: Vec<u32>, max_tokens: usize) -> (Job, mpsc::Receiver<Event>) {
+    let (tx, rx) = mpsc::channel();
     let job = Job {
         session: session.map(str::to_string),
         prompt,
         sampling: SamplerConfig::greedy(),
         max_tokens,
         stop: Vec::new(),
-        events,
+        events: Box::new(Sink(tx)),
     };
     (job, rx)
 }
 
-fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Turn {
+fn collect(rx: mpsc::Receiver<Event>) -> Turn {
     let (mut cached, mut text) = (usize::MAX, String::new());
-    while let Some(e) = rx.blocking_recv() {
+    while let Ok(e) = rx.recv() {
         match e {
             Event::Admitted { cached_tokens } => cached = cached_tokens,
             Event::Text(t) => text.push_str(&t),
@@ -71,28 +77,29 @@ fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Turn {
 /// The turns of the scenario on one backend; `ngram` turns speculation on.
 fn serve_turns<B: Backend + 'static>(
     backend: Arc<B>,
+    target: &Arc<Model>,
     tok: &Arc<Tokenizer>,
     ngram: bool,
 ) -> Vec<Turn> {
     let max_ctx = 256;
     let state_bytes = backend.new_state(max_ctx, 0).unwrap().kv_bytes();
     let mut store = SessionStore::new(4, None, state_bytes, max_ctx);
-    let spec = ngram.then(|| {
+    let drafters = ngram.then(|| {
         store.set_ring_slack(3);
-        let make: MakeDrafter =
-            Arc::new(|_, _| Ok(Box::new(NgramDrafter::default()) as Box<dyn Drafter + Send>));
-        SpecRuntime {
-            kind: "ngram".into(),
-            n_draft: 3,
-            make,
-        }
+        let config = SpecConfig {
+            kind: SpecKind::Ngram,
+            n_draft: Some(3),
+            ..SpecConfig::default()
+        };
+        let f = DrafterFactory::<B>::new(&config, target, |_| Err("no draft model".into()));
+        Arc::new(f.unwrap().unwrap()) as Arc<dyn MakeDrafter>
     });
     let (engine, thread) = scheduler::spawn(
         backend,
         tok.clone(),
         store,
-        Arc::new(Metrics::default()),
-        spec,
+        Arc::new(SchedulerStats::default()),
+        drafters,
     );
     let enc = |s: &str| tok.encode(s, true, false);
     let first = enc("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n");
@@ -133,7 +140,7 @@ fn scheduler_on_a_second_backend_streams_what_the_cpu_model_streams() {
         model: model.clone(),
     });
 
-    let want = serve_turns(model.clone(), &tok, false);
+    let want = serve_turns(model.clone(), &model, &tok, false);
     assert_eq!(want.len(), 4);
     assert_eq!(want[0].0, 0, "a new session reuses nothing");
     assert!(
@@ -142,17 +149,17 @@ fn scheduler_on_a_second_backend_streams_what_the_cpu_model_streams() {
     );
     assert!(want.iter().all(|t| t.2 > 0 && !t.1.is_empty()), "{want:?}");
     assert_eq!(
-        serve_turns(gpu_like.clone(), &tok, false),
+        serve_turns(gpu_like.clone(), &model, &tok, false),
         want,
         "plain decoding"
     );
     assert_eq!(
-        serve_turns(model, &tok, true),
+        serve_turns(model.clone(), &model, &tok, true),
         want,
         "speculation on the CPU model"
     );
     assert_eq!(
-        serve_turns(gpu_like, &tok, true),
+        serve_turns(gpu_like, &model, &tok, true),
         want,
         "speculation on the second backend"
     );

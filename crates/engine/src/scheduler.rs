@@ -1,0 +1,463 @@
+//! The scheduler: one thread that owns the model (any [`Backend`]) and every
+//! session's KV state, admits requests to their sessions and round-robins
+//! one step of each active turn (a prefill chunk, a decode token or a
+//! speculative cycle; [`crate::turn::Turn`]), so generations of different
+//! sessions interleave at token granularity.
+//!
+//! Requests talk to it through a channel: a [`Job`] in, [`Event`]s out
+//! through the job's [`EventSink`]. A request whose consumer is gone (a
+//! client disconnect) is stopped before its next step, and its session keeps
+//! exactly the ids that were fed.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use hearth_models::{Backend, BackendState};
+use hearth_tokenizer::Tokenizer;
+
+use crate::sampler::{Sampler, SamplerConfig};
+use crate::session::{Acquire, Lease, SessionError, SessionStore};
+use crate::spec::factory::MakeDrafter;
+use crate::spec::SpecStats;
+use crate::turn::{FinishReason, Flow, Turn, TurnParams, TurnStats};
+
+/// Prompt tokens prefilled per step while other requests are active (bounds
+/// how long one long prompt stalls everyone else's decoding).
+const PREFILL_SLICE: usize = 128;
+
+/// Where a request's events go (the server's channel to its HTTP response).
+pub trait EventSink: Send {
+    /// Delivers an event; false when the consumer is gone.
+    fn send(&self, event: Event) -> bool;
+    /// Whether the consumer is gone.
+    fn is_closed(&self) -> bool;
+}
+
+pub struct Job {
+    /// `None`: the scratch session.
+    pub session: Option<String>,
+    pub prompt: Vec<u32>,
+    pub sampling: SamplerConfig,
+    /// Already clamped to the context room.
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub events: Box<dyn EventSink>,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// The request holds its session; prefill starts.
+    Admitted {
+        cached_tokens: usize,
+    },
+    /// Visible text (stop strings held back and cut).
+    Text(String),
+    Done(Summary),
+    Failed(SchedulerError),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Summary {
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// Why the scheduler could not serve a request.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SchedulerError {
+    /// The scheduler has stopped or is shutting down.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Every session state is busy generating.
+    #[error("{0}")]
+    Capacity(String),
+    /// The request's sampling settings are invalid.
+    #[error("{0}")]
+    InvalidSampling(String),
+    /// A model or drafter failure while serving.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Counters the scheduler keeps for `/metrics`.
+#[derive(Default)]
+pub struct SchedulerStats {
+    pub prompt_tokens: AtomicU64,
+    pub completion_tokens: AtomicU64,
+    /// Prompt tokens served from a session's resident KV.
+    pub reused_prompt_tokens: AtomicU64,
+    /// Tokens prefilled and the time spent (µs).
+    pub prefill_tokens: AtomicU64,
+    pub prefill_us: AtomicU64,
+    /// Tokens from decode steps after the first and the time spent (µs).
+    pub decode_tokens: AtomicU64,
+    pub decode_us: AtomicU64,
+    pub live_sessions: AtomicU64,
+    pub active_generations: AtomicU64,
+    pub session_evictions: AtomicU64,
+    pub session_capacity: AtomicU64,
+    /// Speculative decoding: (drafter, K) when on, and the acceptance
+    /// statistics of finished requests.
+    pub spec_config: Mutex<Option<(String, usize)>>,
+    pub spec: Mutex<SpecStats>,
+}
+
+type Done = Box<dyn FnOnce() + Send>;
+
+enum Command {
+    Submit(Job),
+    Reset(String, Done),
+    Close(String, Done),
+    Shutdown,
+}
+
+/// The requests' side of the scheduler thread.
+#[derive(Clone)]
+pub struct SchedulerHandle {
+    tx: mpsc::Sender<Command>,
+}
+
+fn stopped() -> SchedulerError {
+    SchedulerError::Unavailable("The engine has stopped.".into())
+}
+
+impl SchedulerHandle {
+    pub fn submit(&self, job: Job) -> Result<(), SchedulerError> {
+        self.tx.send(Command::Submit(job)).map_err(|_| stopped())
+    }
+
+    /// Clears session `id`'s context (deferred while it generates); `done`
+    /// runs once it is applied.
+    pub fn reset(
+        &self,
+        id: String,
+        done: impl FnOnce() + Send + 'static,
+    ) -> Result<(), SchedulerError> {
+        self.tx
+            .send(Command::Reset(id, Box::new(done)))
+            .map_err(|_| stopped())
+    }
+
+    /// Frees session `id` (deferred while it generates); `done` runs once it is applied.
+    pub fn close(
+        &self,
+        id: String,
+        done: impl FnOnce() + Send + 'static,
+    ) -> Result<(), SchedulerError> {
+        self.tx
+            .send(Command::Close(id, Box::new(done)))
+            .map_err(|_| stopped())
+    }
+
+    /// Stops every request (they get an error event) and ends the thread.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+    }
+}
+
+/// Starts the scheduler thread. With `drafters`, every session speculates
+/// (its rings need `drafters.n_draft()` slots of slack: see
+/// [`SessionStore::set_ring_slack`]).
+pub fn spawn<B: Backend + 'static>(
+    model: Arc<B>,
+    tokenizer: Arc<Tokenizer>,
+    store: SessionStore<B::State>,
+    stats: Arc<SchedulerStats>,
+    drafters: Option<Arc<dyn MakeDrafter>>,
+) -> (SchedulerHandle, JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("hearth-engine".into())
+        .spawn(move || {
+            Scheduler {
+                model: &*model,
+                tokenizer: &tokenizer,
+                store,
+                stats,
+                drafters,
+                rx,
+            }
+            .run()
+        })
+        .expect("spawning the engine thread");
+    (SchedulerHandle { tx }, thread)
+}
+
+struct Scheduler<'a, B: Backend> {
+    model: &'a B,
+    tokenizer: &'a Tokenizer,
+    store: SessionStore<B::State>,
+    stats: Arc<SchedulerStats>,
+    drafters: Option<Arc<dyn MakeDrafter>>,
+    rx: mpsc::Receiver<Command>,
+}
+
+/// One admitted request: its session and its turn.
+struct Active<'t, S> {
+    events: Box<dyn EventSink>,
+    lease: Lease<S>,
+    resume_reason: &'static str,
+    turn: Turn<'t>,
+}
+
+impl<'a, B: Backend> Scheduler<'a, B> {
+    fn run(mut self) {
+        self.stats
+            .session_capacity
+            .store(self.store.capacity() as u64, Ordering::Relaxed);
+        let mut active: Vec<Active<'a, B::State>> = Vec::new();
+        let mut waiting: Vec<Job> = Vec::new();
+        loop {
+            // Block only when there is nothing to step.
+            let first = if active.is_empty() {
+                let timeout = if waiting.is_empty() {
+                    Duration::from_secs(3600)
+                } else {
+                    Duration::from_millis(5)
+                };
+                match self.rx.recv_timeout(timeout) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                None
+            };
+            let mut shutdown = false;
+            for cmd in first
+                .into_iter()
+                .chain(std::iter::from_fn(|| self.rx.try_recv().ok()))
+            {
+                match cmd {
+                    Command::Submit(job) => waiting.push(job),
+                    Command::Reset(id, done) => {
+                        self.store.reset(&id);
+                        done();
+                    }
+                    Command::Close(id, done) => {
+                        self.store.close(&id);
+                        done();
+                    }
+                    Command::Shutdown => shutdown = true,
+                }
+            }
+            if shutdown {
+                let bye = || {
+                    Event::Failed(SchedulerError::Unavailable(
+                        "The server is shutting down.".into(),
+                    ))
+                };
+                for a in active.drain(..) {
+                    a.events.send(bye());
+                    self.store.release(a.lease);
+                }
+                for job in waiting.drain(..) {
+                    job.events.send(bye());
+                }
+                break;
+            }
+            self.admit(&mut waiting, &mut active);
+
+            // One round: one step per active request.
+            let slice = if active.len() > 1 {
+                PREFILL_SLICE
+            } else {
+                usize::MAX
+            };
+            let mut i = 0;
+            while i < active.len() {
+                match self.step(&mut active[i], slice) {
+                    Ok(false) => i += 1,
+                    outcome => {
+                        let a = active.swap_remove(i);
+                        self.finish(a, outcome.err());
+                    }
+                }
+            }
+            self.stats
+                .active_generations
+                .store(active.len() as u64, Ordering::Relaxed);
+            self.stats
+                .live_sessions
+                .store(self.store.live() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Admits waiting jobs whose session is free, in arrival order.
+    fn admit(&mut self, waiting: &mut Vec<Job>, active: &mut Vec<Active<'a, B::State>>) {
+        let mut still = Vec::new();
+        for job in waiting.drain(..) {
+            if job.events.is_closed() {
+                continue;
+            }
+            match self.store.acquire(self.model, job.session.as_deref()) {
+                Ok(Acquire::Busy) => still.push(job),
+                Err(e @ SessionError::CapacityExhausted { .. }) => {
+                    job.events
+                        .send(Event::Failed(SchedulerError::Capacity(e.to_string())));
+                }
+                Err(e) => {
+                    job.events
+                        .send(Event::Failed(SchedulerError::Failed(e.to_string())));
+                }
+                Ok(Acquire::Ready(mut lease)) => {
+                    if let Err(e) = self.attach_drafter(&mut lease, &job.sampling) {
+                        job.events.send(Event::Failed(SchedulerError::Failed(e)));
+                        self.store.release(lease);
+                        continue;
+                    }
+                    let sampler = match Sampler::new(job.sampling) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            job.events
+                                .send(Event::Failed(SchedulerError::InvalidSampling(
+                                    e.to_string(),
+                                )));
+                            self.store.release(lease);
+                            continue;
+                        }
+                    };
+                    let resume = lease.session.prepare(&job.prompt);
+                    job.events.send(Event::Admitted {
+                        cached_tokens: resume.reused,
+                    });
+                    let params = TurnParams {
+                        max_tokens: job.max_tokens,
+                        stop: job.stop,
+                        ignore_eos: false,
+                        n_draft: self.drafters.as_ref().map_or(0, |d| d.n_draft()),
+                        // Special tokens are rendered: tool-call and channel markers (Qwen's
+                        // `<tool_call>`, Harmony's `<|channel|>`) are control tokens the
+                        // output parser must see. End-of-generation tokens never reach it.
+                        render_special: true,
+                    };
+                    active.push(Active {
+                        events: job.events,
+                        lease,
+                        resume_reason: resume.reason.as_str(),
+                        turn: Turn::new(self.tokenizer, job.prompt, resume.reused, sampler, params),
+                    });
+                }
+            }
+        }
+        self.stats
+            .session_evictions
+            .store(self.store.evictions, Ordering::Relaxed);
+        *waiting = still;
+    }
+
+    /// With speculation on: gives the session a drafter if it has none (a
+    /// new session: nothing resident yet) and tells it the request's sampling.
+    fn attach_drafter(
+        &self,
+        lease: &mut Lease<B::State>,
+        sampling: &SamplerConfig,
+    ) -> Result<(), String> {
+        let Some(drafters) = &self.drafters else {
+            return Ok(());
+        };
+        let session = &mut lease.session;
+        if session.drafter.is_none() {
+            // A drafter must have seen every resident position.
+            session.reset();
+            session.drafter = Some(
+                drafters
+                    .make(session.state.max_ctx(), sampling)
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        let drafter = session.drafter.as_mut().expect("attached above");
+        drafter.set_sampling(sampling).map_err(|e| e.to_string())
+    }
+
+    /// One step of a turn; `Ok(true)` when it has ended.
+    fn step(&self, a: &mut Active<'a, B::State>, slice: usize) -> Result<bool, String> {
+        if a.events.is_closed() {
+            a.turn.cancel();
+            return Ok(true);
+        }
+        let session = &mut a.lease.session;
+        let events = &a.events;
+        let mut sink = |t: &str| {
+            if events.send(Event::Text(t.to_string())) {
+                Flow::Continue
+            } else {
+                Flow::Stop
+            }
+        };
+        let drafter = session.drafter.as_mut().map(|d| &mut **d as _);
+        let out = a
+            .turn
+            .step(self.model, &mut session.state, drafter, slice, &mut sink)
+            .map_err(|e| e.to_string())?;
+        session.push_fed(&out.fed);
+        Ok(out.finished.is_some())
+    }
+
+    fn finish(&mut self, mut a: Active<'a, B::State>, error: Option<String>) {
+        let s: &TurnStats = a.turn.stats();
+        // The turn's last event goes out after its stats line is logged, so a
+        // client that has its response finds the turn in the log.
+        let (finish, last) = match (error, s.finish) {
+            (Some(e), _) => {
+                // The state may be half-written: start this session over.
+                a.lease.session.reset();
+                ("error", Some(Event::Failed(SchedulerError::Failed(e))))
+            }
+            (None, Some(FinishReason::Cancelled)) => ("cancelled", None),
+            (None, Some(f)) => (
+                f.as_str(),
+                Some(Event::Done(Summary {
+                    finish: f,
+                    prompt_tokens: s.prompt_tokens,
+                    cached_tokens: s.reused_tokens,
+                    completion_tokens: s.sampled,
+                })),
+            ),
+            (None, None) => unreachable!("finish of a running turn"),
+        };
+        let prefilled = s.prompt_tokens - s.reused_tokens;
+        let decoded = s.sampled.saturating_sub(1) as u64;
+        let m = &self.stats;
+        m.prompt_tokens
+            .fetch_add(s.prompt_tokens as u64, Ordering::Relaxed);
+        m.completion_tokens
+            .fetch_add(s.sampled as u64, Ordering::Relaxed);
+        m.reused_prompt_tokens
+            .fetch_add(s.reused_tokens as u64, Ordering::Relaxed);
+        m.prefill_tokens
+            .fetch_add(prefilled as u64, Ordering::Relaxed);
+        m.prefill_us
+            .fetch_add(s.prefill_time.as_micros() as u64, Ordering::Relaxed);
+        m.decode_tokens.fetch_add(decoded, Ordering::Relaxed);
+        m.decode_us
+            .fetch_add(s.decode_time.as_micros() as u64, Ordering::Relaxed);
+        if self.drafters.is_some() {
+            m.spec
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .merge(&s.spec.clone().unwrap_or_default());
+        }
+        eprintln!(
+            "llm_turn_stats session_id={} reason={} prompt_tokens={} reused_prompt_tokens={} prefilled_prompt_tokens={} completion_tokens={} prefill_ms={:.0} decode_tok_s={:.1} finish={}",
+            a.lease.id.as_deref().unwrap_or("<scratch>"),
+            a.resume_reason,
+            s.prompt_tokens,
+            s.reused_tokens,
+            prefilled,
+            s.sampled,
+            s.prefill_time.as_secs_f64() * 1e3,
+            decoded as f64 / s.decode_time.as_secs_f64().max(1e-9),
+            finish
+        );
+        if let Some(event) = last {
+            a.events.send(event);
+        }
+        self.store.release(a.lease);
+    }
+}

@@ -1,0 +1,484 @@
+//! The one generation machine: a turn of a conversation, advanced step by
+//! step by whoever drives it (`hearth run`, the speculative and plain
+//! [`crate::generate`] helpers, the server's [`crate::scheduler`]).
+//!
+//! A step is one of:
+//! - a prefill chunk of the prompt (the driver picks the chunk size, so a
+//!   scheduler can interleave a long prompt with other sessions' decoding);
+//! - one decode token: sample from the last logits, emit, feed it;
+//! - one speculative cycle (with a drafter and `n_draft > 0`): emit the
+//!   pending token, draft K after it, verify `[pending, drafts]` in one pass,
+//!   roll the state back to what was kept, emit the accepted drafts.
+//!
+//! Emitting a token applies the rules every driver shares: end-of-generation
+//! tokens, stop strings (text held back while it may still become one), the
+//! token budget and the context, streaming detokenization. The driver checks
+//! for cancellation between steps ([`Turn::cancel`]); a text sink returning
+//! [`Flow::Stop`] cancels from inside a step.
+
+use std::time::{Duration, Instant};
+
+use hearth_models::{Backend, BackendState, Logits};
+use hearth_tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::sampler::Sampler;
+use crate::spec::verify::verify_block;
+use crate::spec::{Drafter, SpecError, SpecStats};
+
+/// Why a turn ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// The token budget (or the context) ran out.
+    Length,
+    /// The consumer asked to stop (e.g. a client disconnect).
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What the consumer of streamed text wants next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Stop,
+}
+
+/// A turn's rules.
+#[derive(Clone, Debug, Default)]
+pub struct TurnParams {
+    /// Most tokens to generate (an end-of-generation token counts).
+    pub max_tokens: usize,
+    /// Generation ends when any of these appears; the text stops before it.
+    pub stop: Vec<String>,
+    /// Keep going past end-of-generation tokens.
+    pub ignore_eos: bool,
+    /// Speculative decoding: most draft tokens per verify pass (K); 0, or no
+    /// drafter given to [`Turn::step`], decodes one token per step.
+    pub n_draft: usize,
+    /// Render special tokens in the text (tool-call and channel markers the
+    /// server's output parser must see).
+    pub render_special: bool,
+}
+
+/// What a turn did, for logs, usage and `--stats-json`.
+#[derive(Clone, Debug, Default)]
+pub struct TurnStats {
+    pub prompt_tokens: usize,
+    /// Prompt tokens already in the state when the turn began (not prefilled).
+    pub reused_tokens: usize,
+    pub prefill_time: Duration,
+    /// Tokens sampled, an end-of-generation token included (usage's
+    /// completion tokens).
+    pub sampled: usize,
+    /// The generated ids, end-of-generation excluded.
+    pub tokens: Vec<u32>,
+    /// Time in decode steps (or speculative cycles) after the prefill.
+    pub decode_time: Duration,
+    pub finish: Option<FinishReason>,
+    /// Acceptance statistics, when the turn speculated.
+    pub spec: Option<SpecStats>,
+}
+
+impl TurnStats {
+    pub fn prefill_tok_s(&self) -> f64 {
+        (self.prompt_tokens - self.reused_tokens) as f64 / self.prefill_time.as_secs_f64().max(1e-9)
+    }
+
+    /// Decode rate over the tokens after the first (which comes from the prefill).
+    pub fn decode_tok_s(&self) -> f64 {
+        self.sampled.saturating_sub(1) as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TurnError {
+    #[error(transparent)]
+    Model(#[from] hearth_models::ModelError),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+}
+
+/// Holds back text that might be the start of a stop string, and finds stops.
+pub struct StopMatcher {
+    stops: Vec<String>,
+    pending: String,
+}
+
+impl StopMatcher {
+    pub fn new(stops: Vec<String>) -> Self {
+        StopMatcher {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            pending: String::new(),
+        }
+    }
+
+    /// Adds text; returns (text safe to emit, whether a stop string was hit).
+    pub fn push(&mut self, text: &str) -> (String, bool) {
+        self.pending.push_str(text);
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
+            let out = self.pending[..at].to_string();
+            self.pending.clear();
+            return (out, true);
+        }
+        // Keep the longest suffix that is a proper prefix of some stop string.
+        let keep = self
+            .stops
+            .iter()
+            .flat_map(|s| {
+                (1..s.len())
+                    .filter(|&k| s.is_char_boundary(k))
+                    .map(move |k| &s[..k])
+            })
+            .filter(|prefix| self.pending.ends_with(prefix))
+            .map(str::len)
+            .max()
+            .unwrap_or(0);
+        let cut = self.pending.len() - keep;
+        let out = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
+        (out, false)
+    }
+
+    /// End of generation: whatever was held back is plain text.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+/// One step's effect on the state, for the session's bookkeeping.
+#[derive(Debug, Default)]
+pub struct StepOut {
+    /// Ids fed through the model and kept in the state, in order.
+    pub fed: Vec<u32>,
+    /// `Some` when the turn ended in this step.
+    pub finished: Option<FinishReason>,
+}
+
+/// One generation turn. `prompt[start..]` still has to be prefilled into the
+/// state the turn is stepped with (`prompt[..start]` is already there);
+/// `prompt` followed by the generated tokens is the context a drafter sees.
+pub struct Turn<'t> {
+    tokenizer: &'t Tokenizer,
+    prompt: Vec<u32>,
+    /// Next prompt index to prefill; `prompt.len()` once the prefill is done.
+    next: usize,
+    params: TurnParams,
+    sampler: Sampler,
+    decoder: StreamDecoder<'t>,
+    stops: StopMatcher,
+    /// The last forward pass's logits row, once the prefill is done.
+    logits: Option<Vec<f32>>,
+    /// Speculation: the token sampled by the target and not yet fed.
+    pending: Option<u32>,
+    stats: TurnStats,
+}
+
+impl<'t> Turn<'t> {
+    pub fn new(
+        tokenizer: &'t Tokenizer,
+        prompt: Vec<u32>,
+        start: usize,
+        sampler: Sampler,
+        params: TurnParams,
+    ) -> Turn<'t> {
+        assert!(
+            start < prompt.len(),
+            "a turn feeds at least one prompt token"
+        );
+        Turn {
+            tokenizer,
+            decoder: tokenizer.stream_decoder(params.render_special),
+            stops: StopMatcher::new(params.stop.clone()),
+            stats: TurnStats {
+                prompt_tokens: prompt.len(),
+                reused_tokens: start,
+                ..TurnStats::default()
+            },
+            next: start,
+            prompt,
+            params,
+            sampler,
+            logits: None,
+            pending: None,
+        }
+    }
+
+    /// Whether the prompt is still being prefilled.
+    pub fn prefilling(&self) -> bool {
+        self.logits.is_none()
+    }
+
+    pub fn stats(&self) -> &TurnStats {
+        &self.stats
+    }
+
+    /// The statistics, and the sampler (its penalty window and RNG moved on).
+    pub fn into_parts(self) -> (TurnStats, Sampler) {
+        (self.stats, self.sampler)
+    }
+
+    /// The turn's finish, once it has ended.
+    pub fn finished(&self) -> Option<FinishReason> {
+        self.stats.finish
+    }
+
+    /// Ends the turn because its consumer is gone (held-back text is dropped).
+    pub fn cancel(&mut self) {
+        self.stats.finish.get_or_insert(FinishReason::Cancelled);
+    }
+
+    /// Advances the turn by one step on `state` (which holds exactly the ids
+    /// fed so far), with `drafter` (kept in step with the state) when
+    /// speculating. Prefill chunks hold at most `prefill_chunk` tokens. Text
+    /// goes to `sink` as it becomes final.
+    pub fn step<B: Backend>(
+        &mut self,
+        model: &B,
+        state: &mut B::State,
+        drafter: Option<&mut dyn Drafter>,
+        prefill_chunk: usize,
+        sink: &mut dyn FnMut(&str) -> Flow,
+    ) -> Result<StepOut, TurnError> {
+        assert!(self.stats.finish.is_none(), "step of a finished turn");
+        let out = if self.logits.is_none() {
+            self.prefill(model, state, drafter, prefill_chunk)?
+        } else {
+            let t = Instant::now();
+            let out = match drafter {
+                Some(d) if self.params.n_draft > 0 => self.spec_cycle(model, state, d, sink)?,
+                _ => self.decode(model, state, sink)?,
+            };
+            self.stats.decode_time += t.elapsed();
+            out
+        };
+        if let Some(f) = out.finished {
+            self.stats.finish = Some(f);
+            if f != FinishReason::Stop {
+                // The text held back (a partial character or stop string) is plain text.
+                let rest = self.stops.push(&self.decoder.finish()).0 + &self.stops.finish();
+                if !rest.is_empty() && f != FinishReason::Cancelled {
+                    sink(&rest);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Feeds the next chunk of the prompt (the hidden states a drafter taps too).
+    fn prefill<B: Backend>(
+        &mut self,
+        model: &B,
+        state: &mut B::State,
+        drafter: Option<&mut dyn Drafter>,
+        chunk: usize,
+    ) -> Result<StepOut, TurnError> {
+        let t = Instant::now();
+        let end = self
+            .prompt
+            .len()
+            .min(self.next.saturating_add(chunk.max(1)));
+        let ids = &self.prompt[self.next..end];
+        let want = if end == self.prompt.len() {
+            Logits::Last
+        } else {
+            Logits::None
+        };
+        let taps = drafter
+            .as_ref()
+            .map(|d| d.taps().to_vec())
+            .unwrap_or_default();
+        let mut hidden = Vec::new();
+        let logits = model.forward_tapped(state, ids, want, &taps, &mut hidden)?;
+        if let Some(d) = drafter {
+            d.commit(ids, &hidden)?;
+        }
+        let fed = ids.to_vec();
+        self.next = end;
+        if want == Logits::Last {
+            self.logits = Some(logits);
+        }
+        self.stats.prefill_time += t.elapsed();
+        let finished =
+            (self.logits.is_some() && self.params.max_tokens == 0).then_some(FinishReason::Length);
+        Ok(StepOut { fed, finished })
+    }
+
+    /// Applies the shared rules to one generated token; `Some` ends the turn.
+    fn emit(&mut self, token: u32, sink: &mut dyn FnMut(&str) -> Flow) -> Option<FinishReason> {
+        self.stats.sampled += 1;
+        if self.tokenizer.is_eog(token) && !self.params.ignore_eos {
+            return Some(FinishReason::Stop);
+        }
+        self.stats.tokens.push(token);
+        let (text, hit) = self.stops.push(&self.decoder.push(token));
+        if !text.is_empty() && sink(&text) == Flow::Stop {
+            return Some(FinishReason::Cancelled);
+        }
+        if hit {
+            return Some(FinishReason::Stop);
+        }
+        (self.stats.sampled >= self.params.max_tokens).then_some(FinishReason::Length)
+    }
+
+    /// Samples from the last logits, emits the token and feeds it.
+    fn decode<B: Backend>(
+        &mut self,
+        model: &B,
+        state: &mut B::State,
+        sink: &mut dyn FnMut(&str) -> Flow,
+    ) -> Result<StepOut, TurnError> {
+        let logits = self.logits.as_ref().expect("decode after prefill");
+        let next = self.sampler.sample(logits);
+        self.sampler.accept(next);
+        if let Some(f) = self.emit(next, sink) {
+            return Ok(StepOut {
+                fed: vec![],
+                finished: Some(f),
+            });
+        }
+        if state.pos() >= state.max_ctx() {
+            return Ok(StepOut {
+                fed: vec![],
+                finished: Some(FinishReason::Length),
+            });
+        }
+        self.logits = Some(model.forward(state, &[next], Logits::Last)?);
+        Ok(StepOut {
+            fed: vec![next],
+            finished: None,
+        })
+    }
+
+    /// One speculative cycle:
+    /// 1. the drafter proposes `d_1..d_K` after the pending token `a`
+    ///    (sampled by the target, emitted, not yet fed; it goes at position
+    ///    F = `state.pos()`);
+    /// 2. the target runs `[a, d_1..d_K]` at F..F+K in one pass, all logits
+    ///    rows (a verify pass: each row as a one-token step would compute it,
+    ///    where the backend can);
+    /// 3. [`verify_block`] accepts a prefix `d_1..d_k` and picks the next
+    ///    pending token (correction or bonus);
+    /// 4. the state rolls back to F+k+1: the K−k rejected positions are stale
+    ///    and overwritten by the next pass (flat caches hide them behind the
+    ///    causal mask; rings keep `slack ≥ K` extra slots so nothing still
+    ///    inside the window was overwritten, see `Backend::new_state`).
+    fn spec_cycle<B: Backend>(
+        &mut self,
+        model: &B,
+        state: &mut B::State,
+        drafter: &mut dyn Drafter,
+        sink: &mut dyn FnMut(&str) -> Flow,
+    ) -> Result<StepOut, TurnError> {
+        let pending = match self.pending.take() {
+            Some(t) => t,
+            None => {
+                let logits = self.logits.as_ref().expect("decode after prefill");
+                let t = self.sampler.sample(logits);
+                self.sampler.accept(t);
+                t
+            }
+        };
+        if let Some(f) = self.emit(pending, sink) {
+            return Ok(StepOut {
+                fed: vec![],
+                finished: Some(f),
+            });
+        }
+        let (pos, max_ctx) = (state.pos(), state.max_ctx());
+        if pos >= max_ctx {
+            return Ok(StepOut {
+                fed: vec![],
+                finished: Some(FinishReason::Length),
+            });
+        }
+        // A cycle commits up to K+1 tokens and writes K+1 positions.
+        let remaining = self.params.max_tokens - self.stats.sampled;
+        let k = self
+            .params
+            .n_draft
+            .min(remaining.saturating_sub(1))
+            .min(max_ctx - pos - 1);
+        let td = Instant::now();
+        let draft = if k > 0 {
+            let mut context = self.prompt.clone();
+            context.extend_from_slice(&self.stats.tokens);
+            let mut d = drafter.propose(&context, k)?;
+            d.tokens.truncate(k);
+            d
+        } else {
+            Default::default()
+        };
+        let draft_secs = td.elapsed().as_secs_f64();
+
+        let tv = Instant::now();
+        let taps = drafter.taps().to_vec();
+        let width = taps.len() * model.config().dim;
+        let mut block = Vec::with_capacity(draft.tokens.len() + 1);
+        block.push(pending);
+        block.extend_from_slice(&draft.tokens);
+        let mut hidden = Vec::new();
+        let rows = model.forward_verify(state, &block, Logits::All, &taps, &mut hidden)?;
+        let vocab = model.config().vocab_size;
+        let out = verify_block(
+            &mut self.sampler,
+            &rows,
+            vocab,
+            &draft.tokens,
+            draft.probs.as_deref(),
+        );
+        let kept = out.accepted + 1;
+        state.rollback(pos + kept)?;
+        drafter.commit(&block[..kept], &hidden[..kept * width])?;
+        let spec = self.stats.spec.get_or_insert_with(SpecStats::default);
+        spec.draft_secs += draft_secs;
+        spec.verify_secs += tv.elapsed().as_secs_f64();
+        spec.record(draft.tokens.len(), out.accepted);
+
+        let fed = block[..kept].to_vec();
+        for &d in &draft.tokens[..out.accepted] {
+            if let Some(f) = self.emit(d, sink) {
+                return Ok(StepOut {
+                    fed,
+                    finished: Some(f),
+                });
+            }
+        }
+        self.pending = Some(out.next);
+        Ok(StepOut {
+            fed,
+            finished: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_strings_are_held_back_and_cut() {
+        let mut m = StopMatcher::new(vec!["</end>".into()]);
+        assert_eq!(m.push("hello <"), ("hello ".into(), false));
+        assert_eq!(m.push("/en"), ("".into(), false));
+        assert_eq!(m.push("d> tail"), ("".into(), true));
+        let mut m = StopMatcher::new(vec!["</end>".into()]);
+        assert_eq!(m.push("a <b"), ("a <b".into(), false));
+        assert_eq!(m.push("<"), ("".into(), false));
+        assert_eq!(m.finish(), "<");
+    }
+}

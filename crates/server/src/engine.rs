@@ -1,0 +1,67 @@
+//! The server's side of the engine's scheduler thread
+//! (`hearth_engine::scheduler`): a job's events come back through a tokio
+//! channel the HTTP response reads, and session resets and closes are
+//! awaited. The scheduling itself, and the token loop, live in the engine.
+
+use hearth_engine::scheduler::{Event, EventSink, Job, SchedulerError, SchedulerHandle};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::ApiError;
+
+/// A job's events, delivered to the request's response.
+pub struct ChannelSink(pub mpsc::UnboundedSender<Event>);
+
+impl EventSink for ChannelSink {
+    fn send(&self, event: Event) -> bool {
+        self.0.send(event).is_ok()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+impl From<SchedulerError> for ApiError {
+    fn from(e: SchedulerError) -> ApiError {
+        match e {
+            SchedulerError::Unavailable(m) => ApiError::unavailable(m),
+            SchedulerError::Capacity(m) => ApiError::capacity(m),
+            SchedulerError::InvalidSampling(m) => ApiError::invalid("invalid_value", m),
+            SchedulerError::Failed(m) => ApiError::server(m),
+        }
+    }
+}
+
+/// The requests' handle on the scheduler.
+#[derive(Clone)]
+pub struct EngineHandle(pub SchedulerHandle);
+
+impl EngineHandle {
+    /// Submits a job (its events go to its sink, e.g. a [`ChannelSink`]).
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        Ok(self.0.submit(job)?)
+    }
+
+    pub async fn reset(&self, id: String) -> Result<(), ApiError> {
+        let (tx, rx) = oneshot::channel();
+        self.0.reset(id, move || {
+            let _ = tx.send(());
+        })?;
+        rx.await
+            .map_err(|_| ApiError::server("session reset did not complete"))
+    }
+
+    pub async fn close(&self, id: String) -> Result<(), ApiError> {
+        let (tx, rx) = oneshot::channel();
+        self.0.close(id, move || {
+            let _ = tx.send(());
+        })?;
+        rx.await
+            .map_err(|_| ApiError::server("session close did not complete"))
+    }
+
+    /// Stops every request (they get an error event) and ends the thread.
+    pub fn shutdown(&self) {
+        self.0.shutdown();
+    }
+}
