@@ -99,6 +99,18 @@ pub enum Numerics {
     F32,
 }
 
+impl Numerics {
+    /// The KV cache type a model of `arch` uses under these numerics (known
+    /// before loading, so cache sizes can be checked first).
+    pub fn kv_dtype(self, arch: Architecture) -> KvDtype {
+        match (self, arch) {
+            (Numerics::F32, _) => KvDtype::F32,
+            (Numerics::Reference, Architecture::MuseGlimmer) => KvDtype::Bf16,
+            (Numerics::Reference, _) => KvDtype::F16,
+        }
+    }
+}
+
 pub struct Model {
     pub config: ModelConfig,
     pub numerics: Numerics,
@@ -277,10 +289,7 @@ impl Model {
                 ffn_gate_up: None,
             });
         }
-        let kv_dtype = match c.arch {
-            Architecture::MuseGlimmer => KvDtype::Bf16,
-            _ => KvDtype::F16,
-        };
+        let kv_dtype = Numerics::Reference.kv_dtype(c.arch);
         let model = Model {
             config,
             numerics: Numerics::Reference,
@@ -336,11 +345,7 @@ impl Model {
     /// Switches numerics (before creating states: it sets the KV dtype).
     pub fn set_numerics(&mut self, numerics: Numerics) {
         self.numerics = numerics;
-        self.kv_dtype = match (numerics, self.config.arch) {
-            (Numerics::F32, _) => KvDtype::F32,
-            (Numerics::Reference, Architecture::MuseGlimmer) => KvDtype::Bf16,
-            (Numerics::Reference, _) => KvDtype::F16,
-        };
+        self.kv_dtype = numerics.kv_dtype(self.config.arch);
     }
 
     pub fn file(&self) -> &GgufFile {
