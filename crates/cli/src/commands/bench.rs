@@ -171,14 +171,14 @@ pub fn run(args: Args) -> Result<()> {
             "reps": reps,
             "isa": hearth_kernels::cpu::simd::active().name(),
         });
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        outln!("{}", serde_json::to_string_pretty(&j)?);
         return Ok(());
     }
     let isa = hearth_kernels::cpu::simd::active().name();
-    println!("model: {name} ({weight_gb:.2} GB of weights read per token), threads: {threads}, kernels: {isa}, reps: {reps} (+1 warm-up)");
-    println!("{:>8} {:>12} {:>12} {:>12}", "test", "tok/s", "min", "max");
+    outln!("model: {name} ({weight_gb:.2} GB of weights read per token), threads: {threads}, kernels: {isa}, reps: {reps} (+1 warm-up)");
+    outln!("{:>8} {:>12} {:>12} {:>12}", "test", "tok/s", "min", "max");
     if let Some(s) = &pp {
-        println!(
+        outln!(
             "{:>8} {:>12.2} {:>12.2} {:>12.2}",
             format!("pp{}", args.n_prompt),
             s.median,
@@ -187,20 +187,20 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     if let Some(s) = &tg {
-        println!(
+        outln!(
             "{:>8} {:>12.2} {:>12.2} {:>12.2}",
             format!("tg{}", args.n_gen),
             s.median,
             s.min,
             s.max
         );
-        println!(
+        outln!(
             "decode weight bandwidth: {:.2} GB/s",
             tg_gbps.unwrap_or(0.0)
         );
     }
     for (d, s) in &tg_depth {
-        println!(
+        outln!(
             "{:>8} {:>12.2} {:>12.2} {:>12.2}",
             format!("tg{}@d{d}", args.n_gen),
             s.median,

@@ -252,7 +252,7 @@ fn write(args: &Args, plan: &SynthPlan) -> Result<()> {
     let total = plan.data_bytes();
     if args.dry_run {
         for t in &plan.tensors {
-            println!(
+            outln!(
                 "{:40} {:5} {:?} {}",
                 t.name,
                 t.ty.name(),
@@ -313,7 +313,7 @@ fn write(args: &Args, plan: &SynthPlan) -> Result<()> {
         mb(total),
         mb(total) / secs
     );
-    println!("{}", args.output.display());
+    outln!("{}", args.output.display());
     Ok(())
 }
 
