@@ -247,7 +247,8 @@ fn get(agent: &ureq::Agent, req: &Request, from: u64) -> Result<(ureq::Response,
             Err(ureq::Error::Status(code, resp)) => {
                 return Err(status_error(label, &url, code, resp.status_text()))
             }
-            Err(e) => bail!("{label}: {url}: {e}"),
+            // ureq's message starts with the URL.
+            Err(e) => bail!("{label}: {e}"),
         };
         hints.take_from(&resp, req.etag_is_sha256);
         if (300..400).contains(&resp.status()) {

@@ -15,6 +15,18 @@ use crate::device::Device;
 /// CPU the caches live in host memory, checked against MemAvailable; with
 /// `--device cuda` they live on the GPU, which reports its own failures.
 pub fn check_context(path: &Path, ctx: usize, sessions: usize, device: Device) -> Result<()> {
+    check_sized(path, &format!("-c {ctx}"), ctx, sessions, device)
+}
+
+/// [`check_context`] for a context the user sized by other flags; `label`
+/// names it in messages ("-p 512 (a context of 513)").
+pub fn check_sized(
+    path: &Path,
+    label: &str,
+    ctx: usize,
+    sessions: usize,
+    device: Device,
+) -> Result<()> {
     let file = GgufFile::open(path).with_context(|| format!("reading {}", path.display()))?;
     if let Some(n) = file.metadata().get_u64("split.count").filter(|&n| n > 1) {
         bail!(
@@ -32,7 +44,7 @@ pub fn check_context(path: &Path, ctx: usize, sessions: usize, device: Device) -
     } else {
         None
     };
-    let verdict = judge(&config, ctx, sessions, available)?;
+    let verdict = judge(&config, label, ctx, sessions, available)?;
     for w in verdict {
         eprintln!("warning: {w}");
     }
@@ -43,12 +55,13 @@ pub fn check_context(path: &Path, ctx: usize, sessions: usize, device: Device) -
 /// one that fits but is past what the model or the machine comfortably does.
 pub fn judge(
     config: &ModelConfig,
+    label: &str,
     ctx: usize,
     sessions: usize,
     available: Option<u64>,
 ) -> Result<Vec<String>> {
     if ctx == 0 {
-        bail!("-c 0: the context must hold at least one token");
+        bail!("{label}: the context must hold at least one token");
     }
     let trained = config.context_length;
     let kv = config.kv_cache_bytes(Numerics::Reference.kv_dtype(config.arch), ctx, 0);
@@ -57,8 +70,8 @@ pub fn judge(
     if let Some(avail) = available {
         if kv.saturating_add(scratch) > avail {
             bail!(
-                "-c {ctx} needs {} of KV cache (+ {} of scratch); this machine has {} available; \
-                 the model was trained for {trained} positions: lower -c",
+                "{label} needs {} of KV cache (+ {} of scratch); this machine has {} available; \
+                 the model was trained for {trained} positions",
                 bytes(kv),
                 bytes(scratch),
                 bytes(avail)
@@ -67,7 +80,7 @@ pub fn judge(
         let all = kv.saturating_mul(sessions as u64).saturating_add(scratch);
         if sessions > 1 && all > avail {
             warnings.push(format!(
-                "{sessions} sessions of -c {ctx} would hold {} of KV cache; this machine has {} available: \
+                "{sessions} sessions of {label} would hold {} of KV cache; this machine has {} available: \
                  lower --max-sessions or -c, or bound the caches with --kv-budget-mib",
                 bytes(all),
                 bytes(avail)
@@ -76,7 +89,7 @@ pub fn judge(
     }
     if ctx > trained {
         warnings.push(format!(
-            "-c {ctx} is above the {trained} positions this model was trained for; text past {trained} tokens may degrade"
+            "{label} is above the {trained} positions this model was trained for; text past {trained} tokens may degrade"
         ));
     }
     Ok(warnings)
@@ -137,7 +150,7 @@ mod tests {
         let c = smollm2();
         let gib = 1u64 << 30;
         // 99999999 positions x 30 layers x 3 x 64 x 2 (K, V) x 2 bytes = 2.1 TiB.
-        let err = judge(&c, 99_999_999, 1, Some(23 * gib))
+        let err = judge(&c, "-c 99999999", 99_999_999, 1, Some(23 * gib))
             .unwrap_err()
             .to_string();
         assert!(
@@ -147,21 +160,21 @@ mod tests {
         assert!(err.contains("this machine has 23.0 GiB available"), "{err}");
         assert!(err.contains("trained for 8192 positions"), "{err}");
         // 4096 positions: 90 MiB, fine on a small machine and within training.
-        assert!(judge(&c, 4096, 1, Some(gib)).unwrap().is_empty());
-        assert!(judge(&c, 0, 1, Some(gib)).is_err());
+        assert!(judge(&c, "-c 4096", 4096, 1, Some(gib)).unwrap().is_empty());
+        assert!(judge(&c, "-c 0", 0, 1, Some(gib)).is_err());
     }
 
     #[test]
     fn warnings_past_the_trained_context_and_for_many_sessions() {
         let c = smollm2();
-        let w = judge(&c, 16384, 1, Some(64 << 30)).unwrap();
+        let w = judge(&c, "-c 16384", 16384, 1, Some(64 << 30)).unwrap();
         assert_eq!(w.len(), 1);
         assert!(w[0].contains("above the 8192 positions"), "{w:?}");
         // 8 sessions x 4096 positions x 22.5 KiB = 720 MiB > 512 MiB.
-        let w = judge(&c, 4096, 8, Some(512 << 20)).unwrap();
+        let w = judge(&c, "-c 4096", 4096, 8, Some(512 << 20)).unwrap();
         assert!(w[0].contains("8 sessions"), "{w:?}");
         // Without a memory figure (another OS, or the GPU) only the context is judged.
-        assert!(judge(&c, 99_999_999, 1, None).unwrap()[0].contains("above"));
+        assert!(judge(&c, "-c 99999999", 99_999_999, 1, None).unwrap()[0].contains("above"));
     }
 
     #[test]

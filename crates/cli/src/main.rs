@@ -63,12 +63,19 @@ enum Command {
     Synth(commands::synth::Args),
 }
 
+const MAX_THREADS: usize = 1024;
+
 /// Sizes the global worker pool (all cores by default).
 pub(crate) fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
     let mut b = rayon::ThreadPoolBuilder::new();
     if let Some(t) = threads {
         if t == 0 {
             anyhow::bail!("--threads must be at least 1");
+        }
+        // Far past any core count; spawning that many threads fails (an abort).
+        if t > MAX_THREADS {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            anyhow::bail!("--threads {t}: at most {MAX_THREADS} (this machine has {cores} cores)");
         }
         b = b.num_threads(t);
     }

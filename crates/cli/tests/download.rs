@@ -42,11 +42,13 @@ enum Route {
     },
 }
 
+/// (path, Range header) of every request, in order.
+type RequestLog = Mutex<Vec<(String, Option<String>)>>;
+
 struct Server {
     base: String,
     routes: Arc<Mutex<HashMap<String, Route>>>,
-    /// (path, Range header) of every request.
-    log: Arc<Mutex<Vec<(String, Option<String>)>>>,
+    log: Arc<RequestLog>,
     cut_done: Arc<Mutex<HashMap<String, bool>>>,
     stop: Arc<AtomicBool>,
 }
@@ -123,7 +125,7 @@ fn file(data: Arc<Vec<u8>>) -> Route {
 fn serve_one(
     conn: TcpStream,
     routes: &Mutex<HashMap<String, Route>>,
-    log: &Mutex<Vec<(String, Option<String>)>>,
+    log: &RequestLog,
     cut_done: &Mutex<HashMap<String, bool>>,
 ) -> std::io::Result<()> {
     let mut reader = BufReader::new(conn.try_clone()?);

@@ -1,7 +1,7 @@
 //! `ModelConfig::kv_cache_bytes` (the size checked before allocating) against
 //! what a real `State` holds: the lengths of its K and V vectors times the
-//! element size, for real packaged models (flat llama cache; gemma3's 3 global
-//! + 15 sliding layers) and a synthetic Muse Glimmer (bf16, 512-slot window
+//! element size, for real packaged models (a flat llama cache; gemma3's 3
+//! global and 15 sliding layers) and a synthetic Muse Glimmer (bf16, window
 //! pattern), with and without ring slack, contexts below and above the window.
 
 use std::path::PathBuf;

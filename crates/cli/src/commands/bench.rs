@@ -100,6 +100,19 @@ fn run_tg(model: &Model, n: usize, depth: usize, seed: u64) -> Result<f64> {
     Ok(n as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// The largest state a bench run sizes (the prefill test's, or the deepest
+/// decode test's), checked before the model loads.
+fn check_size(path: &std::path::Path, args: &Args) -> Result<()> {
+    let deepest = args.depth.iter().copied().max().unwrap_or(0);
+    let ctx =
+        (args.n_prompt.saturating_add(1)).max(deepest.saturating_add(args.n_gen).saturating_add(1));
+    let label = format!(
+        "-p {} -n {} --depth {deepest} (a context of {ctx})",
+        args.n_prompt, args.n_gen
+    );
+    crate::limits::check_sized(path, &label, ctx, 1, args.device)
+}
+
 pub fn run(args: Args) -> Result<()> {
     crate::device::check(args.device)?;
     crate::init_threads(args.threads)?;
@@ -111,6 +124,7 @@ pub fn run(args: Args) -> Result<()> {
             return Ok(());
         }
         let path = crate::registry::resolve_model(args.model.as_deref())?;
+        check_size(&path, &args)?;
         let model = std::sync::Arc::new(
             Model::load_unpacked(&path).with_context(|| format!("loading {}", path.display()))?,
         );
@@ -132,6 +146,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let threads = rayon::current_num_threads();
     let path = crate::registry::resolve_model(args.model.as_deref())?;
+    check_size(&path, &args)?;
     let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
     let reps = args.reps.max(1);
     let measure = |f: &dyn Fn(u64) -> Result<f64>| -> Result<Summary> {
