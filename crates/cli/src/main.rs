@@ -135,3 +135,14 @@ fn restore_sigpipe() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// clap's own consistency checks (duplicate short flags, bad defaults),
+    /// which release builds skip at run time.
+    #[test]
+    fn argument_definitions_are_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

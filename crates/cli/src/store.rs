@@ -366,6 +366,7 @@ impl Remote {
                 etag_is_sha256: self.hf,
             };
             let got = download::download(&req, &part)?;
+            check_gguf_magic(&part, &name)?;
             // The record goes first: a file in place always has one. A
             // rename keeps the modification time, so the stamp carries over.
             let rec = Record {
@@ -412,6 +413,23 @@ pub fn remove_if_present(f: &Path, gone: &mut Vec<(PathBuf, u64)>) -> Result<()>
     if let Ok(m) = std::fs::metadata(f) {
         std::fs::remove_file(f).with_context(|| format!("removing {}", f.display()))?;
         gone.push((f.to_path_buf(), m.len()));
+    }
+    Ok(())
+}
+
+/// A login page or an error page served with 200 is not a model: a GGUF (and
+/// every part of a split one) starts with the bytes "GGUF".
+fn check_gguf_magic(part: &Path, name: &str) -> Result<()> {
+    let mut head = [0u8; 4];
+    let n = std::fs::File::open(part)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .with_context(|| format!("reading {}", part.display()))?;
+    if head[..n] != *b"GGUF" {
+        std::fs::remove_file(part)?;
+        bail!(
+            "{name}: the server sent something that is not a GGUF (it starts with {:?}); nothing was kept",
+            String::from_utf8_lossy(&head[..n])
+        );
     }
     Ok(())
 }

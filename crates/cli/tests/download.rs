@@ -260,19 +260,18 @@ fn sha256(bytes: &[u8]) -> String {
     format!("{:x}", Sha256::digest(bytes))
 }
 
-/// Deterministic bytes (xorshift64), not a valid GGUF: for transfer tests.
+/// "GGUF" and then deterministic bytes (xorshift64): not a loadable model,
+/// for transfer tests.
 fn blob(n: usize, seed: u64) -> Arc<Vec<u8>> {
     let mut x = seed | 1;
-    Arc::new(
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect(),
-    )
+    let mut v = b"GGUF".to_vec();
+    v.extend((4..n).map(|_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x as u8
+    }));
+    Arc::new(v)
 }
 
 fn packaged_models_dir() -> PathBuf {
@@ -555,6 +554,22 @@ fn not_found_is_a_clear_error() {
     );
     assert!(!err.contains("panicked"));
     assert!(!hearth_files(&home).iter().any(|f| f.ends_with(".part")));
+
+    // An error page served as 200 is not taken for a model.
+    let page = b"<!DOCTYPE html><html><body>Sign in</body></html>".to_vec();
+    server.route("/login.gguf", file(Arc::new(page)));
+    let o = hearth(
+        &home,
+        Some(&server),
+        &["pull", &format!("{}/login.gguf", server.base)],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("not a GGUF (it starts with \"<!DO\")"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(hearth_files(&home).is_empty(), "{:?}", hearth_files(&home));
     std::fs::remove_dir_all(&home).unwrap();
 }
 

@@ -254,6 +254,17 @@ fn the_stats_path_is_checked_before_the_model_is_touched() {
         "{err}"
     );
     assert!(o.stdout.is_empty());
+
+    let o = hearth(&[
+        "synth",
+        "--arch",
+        "qwen2",
+        "--output",
+        "/nonexistent-dir/s.gguf",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o)
+        .contains("--output /nonexistent-dir/s.gguf: directory /nonexistent-dir does not exist"));
 }
 
 #[test]

@@ -30,6 +30,10 @@ pub struct Args {
     /// Backend: cpu or cuda.
     #[arg(long, value_enum, default_value_t = crate::device::Device::Cpu)]
     pub device: crate::device::Device,
+    /// llama-bench's -ngl, accepted: hearth places layers by --device.
+    #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_name = "N",
+          value_parser = crate::cli_args::parse_gpu_layers, allow_negative_numbers = true)]
+    pub n_gpu_layers: Option<crate::cli_args::GpuLayers>,
     /// Also decode at these context depths (comma-separated), like llama-bench
     /// -d: on the CPU after a real prefill of that many random tokens (not
     /// timed); with cuda the cache is filled by pseudo-random keys and values.
@@ -115,6 +119,7 @@ fn check_size(path: &std::path::Path, args: &Args) -> Result<()> {
 
 pub fn run(args: Args) -> Result<()> {
     crate::device::check(args.device)?;
+    crate::cli_args::note_gpu_layers(args.n_gpu_layers, args.device);
     crate::init_threads(args.threads)?;
     #[cfg(feature = "cuda")]
     if args.device == crate::device::Device::Cuda {

@@ -184,6 +184,9 @@ fn dflash_plan_for(args: &Args) -> Result<SynthPlan> {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if !args.dry_run {
+        crate::cli_args::check_output_path("--output", &args.output)?;
+    }
     if args.arch == Some(Arch::Dflash) {
         let plan = dflash_plan_for(&args)?;
         return write(&args, &plan);
