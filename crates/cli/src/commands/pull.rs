@@ -81,8 +81,8 @@ pub fn run(args: Args) -> Result<()> {
             r.fetch(sha256.as_deref())?
         }
     };
-    // The last line of stdout is the path (the first part's path is printed
-    // first for a split GGUF), for scripts.
+    // One path per line, for scripts: the file's (the last line), or every
+    // part of a split GGUF in order.
     for p in paths {
         outln!("{}", p.display());
     }

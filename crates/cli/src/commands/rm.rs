@@ -21,9 +21,13 @@ pub fn run(args: Args) -> Result<()> {
     let reg = registry();
     for name in &args.names {
         let mut gone = Vec::new();
-        // A name `hearth list` shows by its place in the store.
+        // A name `hearth list` shows by its place in the store (a relative
+        // path that cannot climb out of it).
+        let relative = std::path::Path::new(name)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
         let in_store = models_dir().join(name);
-        if !name.contains("://") && in_store.is_file() && !in_store.starts_with("..") {
+        if relative && !name.contains("://") && in_store.is_file() {
             remove_file_set(&in_store, &mut gone)?;
         } else {
             match ModelName::parse(name, &reg) {
