@@ -23,7 +23,11 @@ def models_dir() -> Path:
 def fetch(entry) -> Path:
     dest = models_dir() / entry["file"]
     if dest.exists():
-        return dest
+        if dest.stat().st_size == entry["size"]:
+            return dest
+        # A truncated or damaged file (an interrupted copy): fetch it again.
+        print(f"[{entry['name']}] {dest} is {dest.stat().st_size} bytes, expected {entry['size']}: fetching again",
+              file=sys.stderr)
     dest.parent.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
     partial = dest.with_suffix(dest.suffix + ".partial")

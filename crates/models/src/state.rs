@@ -28,12 +28,12 @@ impl State {
             .layers
             .iter()
             .map(|kind| {
-                let (layout, slots) = match *kind {
-                    LayerKind::Global { .. } => (CacheLayout::Flat, max_ctx),
-                    LayerKind::Sliding { window, .. } => {
-                        (CacheLayout::Ring { window }, (window + slack).min(max_ctx))
-                    }
+                let layout = match *kind {
+                    LayerKind::Global { .. } => CacheLayout::Flat,
+                    LayerKind::Sliding { window, .. } => CacheLayout::Ring { window },
                 };
+                // The same count `ModelConfig::kv_cache_bytes` sizes before allocating.
+                let slots = kind.kv_slots(max_ctx, slack);
                 LayerKvCache::new(layout, model.kv_dtype, c.n_kv_heads, c.head_dim, slots)
             })
             .collect();

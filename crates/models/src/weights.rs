@@ -100,6 +100,18 @@ pub enum Numerics {
     F32,
 }
 
+impl Numerics {
+    /// The KV cache type a model computing as `arch` describes uses under
+    /// these numerics (known before loading, so cache sizes can be checked first).
+    pub fn kv_dtype(self, arch: &ArchSpec) -> KvDtype {
+        match (self, arch.bf16_activations) {
+            (Numerics::F32, _) => KvDtype::F32,
+            (Numerics::Reference, true) => KvDtype::Bf16,
+            (Numerics::Reference, false) => KvDtype::F16,
+        }
+    }
+}
+
 pub struct Model {
     pub config: ModelConfig,
     /// What each layer computes (both backends read it).
@@ -341,11 +353,7 @@ impl Model {
     /// Switches numerics (before creating states: it sets the KV dtype).
     pub fn set_numerics(&mut self, numerics: Numerics) {
         self.numerics = numerics;
-        self.kv_dtype = match (numerics, self.arch.bf16_activations) {
-            (Numerics::F32, _) => KvDtype::F32,
-            (Numerics::Reference, true) => KvDtype::Bf16,
-            (Numerics::Reference, false) => KvDtype::F16,
-        };
+        self.kv_dtype = numerics.kv_dtype(&self.arch);
     }
 
     /// Dumps every named intermediate of later forward passes into `dir`

@@ -182,14 +182,14 @@ pub fn run_on<B: Backend + 'static>(
         } else {
             local.ip().to_string()
         };
-        println!(
+        stdout_line(&format!(
             "hearth serve: listening on http://{host}:{}/v1",
             local.port()
-        );
+        ));
         if !local.ip().is_loopback() {
             eprintln!("warning: listening on a non-loopback address; set --api-key");
         }
-        println!("hearth serve: ready");
+        stdout_line("hearth serve: ready");
         let shutdown_engine = engine.clone();
         axum::serve(listener, routes::router(app))
             .with_graceful_shutdown(async move {
@@ -206,6 +206,14 @@ pub fn run_on<B: Backend + 'static>(
     drop(final_stop);
     let _ = engine_thread.join();
     result
+}
+
+/// A line on stdout (the URL and ready lines scripts wait for); a closed
+/// stdout is not the server's problem, so write errors are ignored.
+fn stdout_line(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|_| out.flush());
 }
 
 async fn shutdown_signal() {

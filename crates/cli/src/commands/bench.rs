@@ -30,6 +30,10 @@ pub struct Args {
     /// Backend: cpu or cuda.
     #[arg(long, value_enum, default_value_t = crate::device::Device::Cpu)]
     pub device: crate::device::Device,
+    /// llama-bench's -ngl, accepted: hearth places layers by --device.
+    #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_name = "N",
+          value_parser = crate::cli_args::parse_gpu_layers, allow_negative_numbers = true)]
+    pub n_gpu_layers: Option<crate::cli_args::GpuLayers>,
     /// Also decode at these context depths (comma-separated), like llama-bench
     /// -d: on the CPU after a real prefill of that many random tokens (not
     /// timed); with cuda the cache is filled by pseudo-random keys and values.
@@ -100,8 +104,22 @@ fn run_tg(model: &Model, n: usize, depth: usize, seed: u64) -> Result<f64> {
     Ok(n as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// The largest state a bench run sizes (the prefill test's, or the deepest
+/// decode test's), checked before the model loads.
+fn check_size(path: &std::path::Path, args: &Args) -> Result<()> {
+    let deepest = args.depth.iter().copied().max().unwrap_or(0);
+    let ctx =
+        (args.n_prompt.saturating_add(1)).max(deepest.saturating_add(args.n_gen).saturating_add(1));
+    let label = format!(
+        "-p {} -n {} --depth {deepest} (a context of {ctx})",
+        args.n_prompt, args.n_gen
+    );
+    crate::limits::check_sized(path, &label, ctx, 1, args.device)
+}
+
 pub fn run(args: Args) -> Result<()> {
     crate::device::check(args.device)?;
+    crate::cli_args::note_gpu_layers(args.n_gpu_layers, args.device);
     crate::init_threads(args.threads)?;
     #[cfg(feature = "cuda")]
     if args.device == crate::device::Device::Cuda {
@@ -111,6 +129,7 @@ pub fn run(args: Args) -> Result<()> {
             return Ok(());
         }
         let path = crate::registry::resolve_model(args.model.as_deref())?;
+        check_size(&path, &args)?;
         let model = std::sync::Arc::new(
             Model::load_unpacked(&path).with_context(|| format!("loading {}", path.display()))?,
         );
@@ -132,6 +151,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let threads = rayon::current_num_threads();
     let path = crate::registry::resolve_model(args.model.as_deref())?;
+    check_size(&path, &args)?;
     let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
     let reps = args.reps.max(1);
     let measure = |f: &dyn Fn(u64) -> Result<f64>| -> Result<Summary> {
@@ -171,14 +191,14 @@ pub fn run(args: Args) -> Result<()> {
             "reps": reps,
             "isa": hearth_kernels::cpu::simd::active().name(),
         });
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        outln!("{}", serde_json::to_string_pretty(&j)?);
         return Ok(());
     }
     let isa = hearth_kernels::cpu::simd::active().name();
-    println!("model: {name} ({weight_gb:.2} GB of weights read per token), threads: {threads}, kernels: {isa}, reps: {reps} (+1 warm-up)");
-    println!("{:>8} {:>12} {:>12} {:>12}", "test", "tok/s", "min", "max");
+    outln!("model: {name} ({weight_gb:.2} GB of weights read per token), threads: {threads}, kernels: {isa}, reps: {reps} (+1 warm-up)");
+    outln!("{:>8} {:>12} {:>12} {:>12}", "test", "tok/s", "min", "max");
     if let Some(s) = &pp {
-        println!(
+        outln!(
             "{:>8} {:>12.2} {:>12.2} {:>12.2}",
             format!("pp{}", args.n_prompt),
             s.median,
@@ -187,20 +207,20 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     if let Some(s) = &tg {
-        println!(
+        outln!(
             "{:>8} {:>12.2} {:>12.2} {:>12.2}",
             format!("tg{}", args.n_gen),
             s.median,
             s.min,
             s.max
         );
-        println!(
+        outln!(
             "decode weight bandwidth: {:.2} GB/s",
             tg_gbps.unwrap_or(0.0)
         );
     }
     for (d, s) in &tg_depth {
-        println!(
+        outln!(
             "{:>8} {:>12.2} {:>12.2} {:>12.2}",
             format!("tg{}@d{d}", args.n_gen),
             s.median,

@@ -24,14 +24,13 @@ pub fn run(args: Args) -> Result<()> {
     let file = GgufFile::open(&path)?;
     let config = ModelConfig::from_gguf(&file);
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&to_json(&file, config.as_ref().ok(), args.full))?
         );
         return Ok(());
     }
-    print_tables(&file, &config, args.full);
-    Ok(())
+    print_tables(&file, &config, args.full)
 }
 
 /// Arrays longer than this are summarized unless `--full`.
@@ -172,13 +171,13 @@ fn print_tables(
     file: &GgufFile,
     config: &Result<ModelConfig, hearth_models::ConfigError>,
     full: bool,
-) {
-    println!(
+) -> Result<()> {
+    outln!(
         "{}  ({})",
         file.path().display(),
         human_bytes(file.file_size())
     );
-    println!(
+    outln!(
         "GGUF v{}, alignment {}, {} metadata keys, {} tensors, data at byte {}",
         file.version(),
         file.alignment(),
@@ -186,11 +185,11 @@ fn print_tables(
         file.tensors().len(),
         file.data_offset()
     );
-    println!("\nmetadata:");
+    outln!("\nmetadata:");
     for (k, v) in file.metadata().iter() {
         match v {
-            Value::Array(..) if full => println!("  {k} = {v:?}"),
-            _ => println!("  {k} = {v}"),
+            Value::Array(..) if full => outln!("  {k} = {v:?}"),
+            _ => outln!("  {k} = {v}"),
         }
     }
     let name_w = file
@@ -200,10 +199,13 @@ fn print_tables(
         .max()
         .unwrap_or(4)
         .max(4);
-    println!("\ntensors (shape in ggml order, innermost first):");
-    println!(
+    outln!("\ntensors (shape in ggml order, innermost first):");
+    outln!(
         "  {:name_w$}  {:7}  {:>22}  {:>12}",
-        "name", "type", "shape", "bytes"
+        "name",
+        "type",
+        "shape",
+        "bytes"
     );
     for t in file.tensors() {
         let shape = t
@@ -212,7 +214,7 @@ fn print_tables(
             .map(u64::to_string)
             .collect::<Vec<_>>()
             .join(" x ");
-        println!(
+        outln!(
             "  {:name_w$}  {:7}  {:>22}  {:>12}",
             t.name,
             t.ty.name(),
@@ -224,9 +226,9 @@ fn print_tables(
     let (bytes, elements) = stats
         .values()
         .fold((0, 0), |(b, e), s| (b + s.bytes, e + s.elements));
-    println!("\nby type:");
+    outln!("\nby type:");
     for (t, s) in &stats {
-        println!(
+        outln!(
             "  {:7} {:5} tensors  {:>12}  {:5.1}%  {:.2} bits/weight",
             t.name(),
             s.count,
@@ -235,18 +237,18 @@ fn print_tables(
             t.bits_per_weight()
         );
     }
-    println!(
+    outln!(
         "  total   {:5} tensors  {:>12}  {:.1}M parameters, {:.3} bits/weight",
         file.tensors().len(),
         human_bytes(bytes),
         elements as f64 / 1e6,
         bytes as f64 * 8.0 / elements.max(1) as f64
     );
-    println!("\nconfig:");
+    outln!("\nconfig:");
     match config {
-        Err(e) => println!("  (no model config: {e})"),
+        Err(e) => outln!("  (no model config: {e})"),
         Ok(c) => {
-            println!(
+            outln!(
                 "  architecture {}, {} layers, dim {}, {} heads, {} kv heads, head dim {}, ffn {}, vocab {}, context {}",
                 c.arch.gguf_name(),
                 c.n_layers,
@@ -261,26 +263,29 @@ fn print_tables(
             let sliding = layers_where(c, |l| l.is_sliding());
             let global = layers_where(c, |l| !l.is_sliding());
             match c.sliding_window() {
-                Some(w) => println!(
+                Some(w) => outln!(
                     "  sliding window {w}: sliding layers {} ({}), global layers {} ({})",
                     ranges(&sliding),
                     sliding.len(),
                     ranges(&global),
                     global.len()
                 ),
-                None => println!("  no sliding window: all {} layers global", c.n_layers),
+                None => outln!("  no sliding window: all {} layers global", c.n_layers),
             }
             let nope = layers_where(c, |l| !l.uses_rope());
             if !nope.is_empty() {
-                println!("  NoPE (no positional encoding) layers: {}", ranges(&nope));
+                outln!("  NoPE (no positional encoding) layers: {}", ranges(&nope));
             }
-            println!(
+            outln!(
                 "  rope theta {} ({:?} layout), rms eps {:e}",
-                c.rope_theta, c.rope_layout, c.norm_eps
+                c.rope_theta,
+                c.rope_layout,
+                c.norm_eps
             );
             for d in &c.defaults_used {
-                println!("  default used (not in GGUF): {d}");
+                outln!("  default used (not in GGUF): {d}");
             }
         }
     }
+    Ok(())
 }

@@ -1,7 +1,9 @@
 pub mod bench;
 pub mod inspect;
+pub mod list;
 pub mod parse;
 pub mod pull;
+pub mod rm;
 pub mod run;
 pub mod serve;
 pub mod spec;

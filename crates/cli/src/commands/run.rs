@@ -43,8 +43,8 @@ pub struct Args {
     /// Render the prompt with the chat template (the default; kept for scripts).
     #[arg(long, hide = true, conflicts_with = "raw")]
     pub chat: bool,
-    /// A system message before the prompt (chat mode).
-    #[arg(long = "system-prompt", visible_alias = "sys", conflicts_with = "raw")]
+    /// A system message before the prompt (chat mode; also -sys).
+    #[arg(long = "system-prompt", conflicts_with = "raw")]
     pub system_prompt: Option<String>,
     /// Do not print the model's reasoning (else it goes to stderr).
     #[arg(long)]
@@ -52,31 +52,52 @@ pub struct Args {
     /// Print the rendered prompt (text and token count) to stderr before generating.
     #[arg(long)]
     pub verbose_prompt: bool,
-    /// Tokens to generate.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    /// Tokens to generate (-1 = until end of generation or the context is full).
+    #[arg(short = 'n', long = "n-predict", visible_alias = "predict", default_value_t = 128,
+          value_parser = crate::cli_args::parse_n_predict, allow_negative_numbers = true)]
     pub n_predict: usize,
-    /// Sampling temperature; 0 = greedy (deterministic).
-    #[arg(long, default_value_t = 0.8)]
+    /// Sampling temperature; 0 or -1 = greedy (deterministic).
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     pub temp: f32,
-    /// Keep only the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = 40)]
+    /// Keep only the K most likely tokens (0 or negative = off).
+    #[arg(long, default_value_t = 40, value_parser = crate::cli_args::parse_top_k,
+          allow_negative_numbers = true)]
     pub top_k: usize,
     /// Nucleus sampling mass (1 = off).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Drop tokens below MIN_P times the most likely one (0 = off).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
     pub min_p: f32,
-    /// Penalize repeats of the last 64 tokens (1 = off).
-    #[arg(long, default_value_t = 1.0)]
+    /// Penalize repeats of the last --repeat-last-n tokens (1 = off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub repeat_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
+    /// Tokens the repeat penalties look back over (0 = off, -1 = the whole context).
+    #[arg(long, default_value_t = 64, value_parser = crate::cli_args::parse_repeat_last_n,
+          allow_negative_numbers = true)]
+    pub repeat_last_n: usize,
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub presence_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub frequency_penalty: f32,
-    /// RNG seed (0 = random).
-    #[arg(long, default_value_t = 0)]
+    /// RNG seed (0 or -1 = random).
+    #[arg(short, long, default_value_t = 0, value_parser = crate::cli_args::parse_seed,
+          allow_negative_numbers = true)]
     pub seed: u64,
+    /// Keep generating past end-of-generation tokens (until -n or the context).
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Process escapes in the prompt (\n, \t, \\, \xHH, … as llama.cpp does).
+    #[arg(short = 'e', long, overrides_with = "no_escape")]
+    pub escape: bool,
+    /// Take the prompt's backslashes literally (the default).
+    #[arg(long, overrides_with = "escape")]
+    pub no_escape: bool,
+    /// llama.cpp's -ngl, accepted: hearth places layers by --device (cpu: all
+    /// on the CPU; cuda: all on the GPU).
+    #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_name = "N",
+          value_parser = crate::cli_args::parse_gpu_layers, allow_negative_numbers = true)]
+    pub n_gpu_layers: Option<crate::cli_args::GpuLayers>,
     /// Context size (tokens of prompt + generation).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     pub ctx: usize,
@@ -98,9 +119,11 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     crate::device::check(args.device)?;
+    crate::cli_args::check_run(&args)?;
     crate::init_threads(args.threads)?;
-    let text = read_prompt(&args)?;
+    let text = crate::cli_args::escaped(args.escape, read_prompt(&args)?)?;
     let path = crate::registry::resolve_model(args.model.as_deref())?;
+    crate::limits::check_context(&path, args.ctx, 1, args.device)?;
     let spec = args.spec.config(args.device)?;
     // The GPU copies the file's blocks itself: no CPU repacking for it.
     let load = if args.device == Device::Cuda {
@@ -225,7 +248,7 @@ impl Job<'_> {
             top_p: args.top_p,
             min_p: args.min_p,
             repeat_penalty: args.repeat_penalty,
-            repeat_last_n: 64,
+            repeat_last_n: args.repeat_last_n.min(args.ctx),
             presence_penalty: args.presence_penalty,
             frequency_penalty: args.frequency_penalty,
             seed: args.seed,
@@ -252,7 +275,7 @@ impl Job<'_> {
         let params = TurnParams {
             max_tokens: args.n_predict.min(args.ctx - self.ids.len()),
             stop: args.stop.clone(),
-            ignore_eos: false,
+            ignore_eos: args.ignore_eos,
             n_draft,
             render_special: self.parser.is_some(),
         };
@@ -270,6 +293,9 @@ impl Job<'_> {
         }
         let (stats, _) = turn.into_parts();
         out.finish(stats.finish.unwrap_or(FinishReason::Length));
+        if let Some(e) = out.error {
+            bail!("writing to stdout: {e}");
+        }
         Ok((state, stats))
     }
 
@@ -335,6 +361,8 @@ struct Output {
     hide_reasoning: bool,
     dim: bool,
     stdout: std::io::Stdout,
+    /// The first failed write to stdout (the turn is cancelled on it).
+    error: Option<std::io::Error>,
 }
 
 impl Output {
@@ -344,6 +372,7 @@ impl Output {
             hide_reasoning,
             dim: std::io::stderr().is_terminal(),
             stdout: std::io::stdout(),
+            error: None,
         }
     }
 
@@ -368,10 +397,10 @@ impl Output {
 
     fn show(&mut self, events: Vec<ChatEvent>) -> Flow {
         let mut out = self.stdout.lock();
-        let mut ok = true;
+        let mut result = Ok(());
         for e in events {
             match e {
-                ChatEvent::Content(t) => ok &= out.write_all(t.as_bytes()).is_ok(),
+                ChatEvent::Content(t) => result = result.and(out.write_all(t.as_bytes())),
                 ChatEvent::Reasoning(t) if !self.hide_reasoning => {
                     let (a, b) = if self.dim {
                         ("\x1b[2m", "\x1b[0m")
@@ -384,15 +413,17 @@ impl Output {
                     name, arguments, ..
                 } => {
                     let line = format!("\n[tool call] {name} {arguments}\n");
-                    ok &= out.write_all(line.as_bytes()).is_ok();
+                    result = result.and(out.write_all(line.as_bytes()));
                 }
                 _ => {}
             }
         }
-        if ok && out.flush().is_ok() {
-            Flow::Continue
-        } else {
-            Flow::Stop
+        match result.and_then(|_| out.flush()) {
+            Ok(()) => Flow::Continue,
+            Err(e) => {
+                self.error.get_or_insert(e);
+                Flow::Stop
+            }
         }
     }
 }

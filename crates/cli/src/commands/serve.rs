@@ -56,6 +56,11 @@ pub struct Args {
     /// Worker threads [default: all cores].
     #[arg(short, long)]
     pub threads: Option<usize>,
+    /// llama.cpp's -ngl, accepted: hearth places layers by --device (cpu: all
+    /// on the CPU; cuda: all on the GPU).
+    #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_name = "N",
+          value_parser = crate::cli_args::parse_gpu_layers, allow_negative_numbers = true)]
+    pub n_gpu_layers: Option<crate::cli_args::GpuLayers>,
     /// Backend: cpu or cuda (weights and every session's KV cache on the GPU).
     #[arg(long, value_enum, default_value_t = crate::device::Device::Cpu)]
     pub device: crate::device::Device,
@@ -65,9 +70,11 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     crate::device::check(args.device)?;
+    crate::cli_args::note_gpu_layers(args.n_gpu_layers, args.device);
     let spec = args.spec.config(args.device)?;
     crate::init_threads(args.threads)?;
     let path = crate::registry::resolve_model(args.model.as_deref())?;
+    crate::limits::check_context(&path, args.max_context, args.max_sessions, args.device)?;
     let model_id = args
         .model_id
         .clone()

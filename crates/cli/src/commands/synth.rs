@@ -184,6 +184,9 @@ fn dflash_plan_for(args: &Args) -> Result<SynthPlan> {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if !args.dry_run {
+        crate::cli_args::check_output_path("--output", &args.output)?;
+    }
     if args.arch == Some(Arch::Dflash) {
         let plan = dflash_plan_for(&args)?;
         return write(&args, &plan);
@@ -252,7 +255,7 @@ fn write(args: &Args, plan: &SynthPlan) -> Result<()> {
     let total = plan.data_bytes();
     if args.dry_run {
         for t in &plan.tensors {
-            println!(
+            outln!(
                 "{:40} {:5} {:?} {}",
                 t.name,
                 t.ty.name(),
@@ -313,7 +316,7 @@ fn write(args: &Args, plan: &SynthPlan) -> Result<()> {
         mb(total),
         mb(total) / secs
     );
-    println!("{}", args.output.display());
+    outln!("{}", args.output.display());
     Ok(())
 }
 
