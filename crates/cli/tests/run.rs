@@ -7,7 +7,8 @@ use serde_json::Value;
 
 /// llama.cpp's `llama-completion -p P -n 16 --temp 0` printed, on stdout, the
 /// prompt, the generated text and a final "\n\n" (recorded in the parity
-/// fixture); `hearth run` prints only the generated text.
+/// fixture); `hearth run --raw` (plain completion, as llama-completion's
+/// `-no-cnv`) prints only the generated text.
 #[test]
 fn gemma3_greedy_text_equals_llama_cpp() {
     let fx: Value = serde_json::from_str(
@@ -27,6 +28,7 @@ fn gemma3_greedy_text_equals_llama_cpp() {
     let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
         .args([
             "run",
+            "--raw",
             "-m",
             "gemma3-270m",
             "-p",
@@ -78,12 +80,15 @@ fn bad_arguments_are_clear_errors() {
     let run = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_hearth"))
             .args(args)
+            .stdin(std::process::Stdio::null())
             .output()
             .unwrap()
     };
+    // No -p, no -f, nothing on stdin.
     let out = run(&["run", "-m", "smollm2-135m"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("give a prompt with -p TEXT or -f FILE"));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("give a prompt with -p TEXT, -f FILE, or on stdin"));
     let out = run(&["run", "-m", "smollm2-135m", "-p", "hello world", "-c", "2"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not fit the context"));

@@ -121,6 +121,7 @@ fn llama_cpp_numbers_and_flags_parse() {
     // Greedy SmolLM2 ends "Thanks!" with end-of-generation after 10 tokens.
     let o = hearth(&[
         "run",
+        "--raw",
         "-m",
         "smollm2-135m",
         "-p",
@@ -142,6 +143,7 @@ fn llama_cpp_numbers_and_flags_parse() {
     // --repeat-last-n -1 are llama.cpp's "random" and "whole context".
     let o = hearth(&[
         "run",
+        "--raw",
         "-m",
         "smollm2-135m",
         "-p",
@@ -210,6 +212,7 @@ fn escapes_with_e_equal_the_real_characters() {
         let s = dir.join(name);
         let mut v = vec![
             "run",
+            "--raw",
             "-m",
             "smollm2-135m",
             "-n",

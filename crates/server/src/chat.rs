@@ -46,6 +46,23 @@ pub async fn completions(
         .unwrap_or_else(IntoResponse::into_response)
 }
 
+/// `POST /apply-template` (llama-server's endpoint): the prompt text a chat
+/// request renders to, without generating.
+pub async fn apply_template(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let body = read_body(&app, &headers, body).await?;
+    let obj = parse_object(&body)?;
+    let req = parse_chat(&obj, &app.model_id, header_session(&headers)?)?;
+    let prompt = app
+        .prompter
+        .render(&req.messages, req.tools.as_ref(), true, &req.kwargs)
+        .map_err(prompt_error)?;
+    Ok(Json(json!({ "prompt": prompt })))
+}
+
 async fn chat_inner(
     app: Arc<AppState>,
     headers: HeaderMap,

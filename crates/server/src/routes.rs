@@ -38,6 +38,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(chat::completions))
+        .route("/apply-template", post(chat::apply_template))
         .route("/v1/sessions/{id}/reset", post(reset_session))
         .route("/v1/sessions/{id}", axum::routing::delete(close_session))
         .route("/metrics", get(metrics))

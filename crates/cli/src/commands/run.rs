@@ -136,30 +136,31 @@ pub fn run(args: Args) -> Result<()> {
         Arc::new(Tokenizer::from_gguf(model.file().metadata()).context("building the tokenizer")?);
     let prompter = Prompter::from_gguf(model.file(), Some(tokenizer.clone()), "auto")?;
     let chat = !args.raw && prompter.has_chat_format();
-    let ids = if chat {
+    let (ids, shown) = if chat {
         let mut messages = Vec::new();
         if let Some(s) = &args.system_prompt {
             messages.push(json!({"role": "system", "content": s}));
         }
         messages.push(json!({"role": "user", "content": text}));
-        prompter.chat_ids(&Value::Array(messages), None, &Map::new())?
+        let messages = Value::Array(messages);
+        let ids = prompter.chat_ids(&messages, None, &Map::new())?;
+        let shown = match args.verbose_prompt {
+            true => prompter.render(&messages, None, true, &Map::new())?,
+            false => String::new(),
+        };
+        (ids, shown)
     } else {
         if args.system_prompt.is_some() {
             bail!("--system-prompt needs a chat template, and this model has none")
         }
-        tokenizer.encode(&text, true, false)
+        (tokenizer.encode(&text, true, false), text)
     };
     if args.verbose_prompt {
-        eprintln!(
-            "prompt ({} tokens, {}):\n{}\n",
-            ids.len(),
-            if chat {
-                prompter.describe()
-            } else {
-                "raw".into()
-            },
-            tokenizer.decode(&ids)
-        );
+        let how = match chat {
+            true => prompter.describe(),
+            false => "raw".into(),
+        };
+        eprintln!("prompt ({} tokens, {how}):\n{shown}\n", ids.len());
     }
     if ids.is_empty() {
         bail!("the prompt is empty after tokenization");
@@ -216,6 +217,9 @@ fn read_prompt(args: &Args) -> Result<String> {
         std::io::stdin()
             .read_to_string(&mut s)
             .context("reading the prompt from stdin")?;
+        if s.trim().is_empty() {
+            bail!("stdin held no prompt: give a prompt with -p TEXT, -f FILE, or on stdin");
+        }
         Ok(s)
     };
     match (&args.prompt, &args.file) {

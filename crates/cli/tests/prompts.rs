@@ -1,0 +1,159 @@
+//! `hearth run` chats by default: the prompt is one user turn rendered with
+//! the model's own chat template, by the same prompter `hearth template` and
+//! `hearth serve` use. The templates themselves are checked against
+//! transformers' `apply_chat_template` in hearth-chat's tests; here the three
+//! commands must agree byte for byte and token for token.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+
+use serde_json::{json, Value};
+
+fn hearth(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+struct Server(Child, String);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `hearth serve --port 0` and its base URL (from the URL line it prints).
+fn serve(model: &str) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["serve", "-m", model, "--port", "0", "-t", "2", "-c", "2048"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("serve printed its URL").unwrap();
+        if let Some(u) = line.strip_prefix("hearth serve: listening on ") {
+            break u.trim_end_matches("/v1").to_string();
+        }
+    };
+    for line in lines.by_ref() {
+        if line.unwrap().contains("ready") {
+            break;
+        }
+    }
+    Server(child, url)
+}
+
+fn post(url: &str, body: &Value) -> Value {
+    let body = ureq::post(url)
+        .set("Content-Type", "application/json")
+        .send_string(&body.to_string())
+        .unwrap()
+        .into_string()
+        .unwrap();
+    serde_json::from_str(&body).unwrap()
+}
+
+#[test]
+fn run_template_and_serve_render_the_same_prompt() {
+    let model = "smollm2-135m";
+    let (system, user) = ("You answer in French.", "Name three colours.");
+    let messages = json!([
+        {"role": "system", "content": system},
+        {"role": "user", "content": user},
+    ]);
+    let dir = std::env::temp_dir().join(format!("hearth-prompts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let msgs = dir.join("messages.json");
+    std::fs::write(&msgs, messages.to_string()).unwrap();
+
+    let t = hearth(&[
+        "template",
+        "-m",
+        model,
+        "--messages",
+        msgs.to_str().unwrap(),
+    ]);
+    assert!(t.status.success(), "{}", text(&t.stderr));
+    let template = text(&t.stdout);
+    assert!(
+        template.contains(system) && template.contains(user),
+        "{template}"
+    );
+
+    let stats = dir.join("stats.json");
+    let r = hearth(&[
+        "run",
+        "-m",
+        model,
+        "-sys",
+        system,
+        "-p",
+        user,
+        "-n",
+        "0",
+        "--verbose-prompt",
+        "--stats-json",
+        stats.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", text(&r.stderr));
+    let err = text(&r.stderr);
+    let shown = err.split_once("):\n").expect("the prompt header").1;
+    assert!(
+        shown.starts_with(&template),
+        "run --verbose-prompt:\n{shown}\ntemplate:\n{template}"
+    );
+    let run_tokens = serde_json::from_str::<Value>(&std::fs::read_to_string(&stats).unwrap())
+        .unwrap()["prompt_tokens"]
+        .as_u64()
+        .unwrap();
+
+    let server = serve(model);
+    let applied = post(
+        &format!("{}/apply-template", server.1),
+        &json!({"messages": messages}),
+    );
+    assert_eq!(applied["prompt"], Value::String(template.clone()));
+    let reply = post(
+        &format!("{}/v1/chat/completions", server.1),
+        &json!({"messages": messages, "max_tokens": 1, "temperature": 0}),
+    );
+    assert_eq!(
+        reply["usage"]["prompt_tokens"].as_u64(),
+        Some(run_tokens),
+        "serve and run tokenize the same prompt: {reply}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The README's first command: the default model answers the question (as a
+/// chat model) rather than continuing its text; `--raw` continues it.
+#[test]
+fn run_answers_as_a_chat_model_by_default() {
+    let q = "What is 2 + 2? Answer with one number.";
+    let chat = hearth(&["run", "-p", q, "-n", "16", "--temp", "0"]);
+    assert!(chat.status.success(), "{}", text(&chat.stderr));
+    let answer = text(&chat.stdout);
+    assert!(answer.contains('4'), "{answer:?}");
+    assert!(
+        answer.trim_start().starts_with('4') || answer.trim_start().starts_with("The"),
+        "an answer, not a continuation of the question: {answer:?}"
+    );
+
+    let raw = hearth(&["run", "--raw", "-p", q, "-n", "16", "--temp", "0"]);
+    assert!(raw.status.success(), "{}", text(&raw.stderr));
+    assert_ne!(
+        text(&raw.stdout),
+        answer,
+        "--raw completes the text instead"
+    );
+}
