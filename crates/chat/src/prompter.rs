@@ -35,7 +35,7 @@ pub enum PromptError {
 
 /// How conversations become prompt text.
 pub enum Renderer {
-    Jinja(ChatTemplate),
+    Jinja(Box<ChatTemplate>),
     MuseGlimmer,
     /// No template: chat is refused, raw completion still works.
     None(String),
@@ -73,7 +73,7 @@ impl Prompter {
             Renderer::MuseGlimmer
         } else {
             match ChatTemplate::from_gguf(file) {
-                Ok(t) => Renderer::Jinja(t),
+                Ok(t) => Renderer::Jinja(Box::new(t)),
                 Err(e) => Renderer::None(e.to_string()),
             }
         };

@@ -65,7 +65,7 @@ pub fn judge(
     }
     let trained = config.context_length;
     let kv = config.kv_cache_bytes(
-        Numerics::Reference.kv_dtype(&hearth_models::ArchSpec::of(&config)),
+        Numerics::Reference.kv_dtype(&hearth_models::ArchSpec::of(config)),
         ctx,
         0,
     );

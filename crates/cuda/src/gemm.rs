@@ -10,7 +10,7 @@ use crate::repack::WeightKind;
 
 /// Whether the GEMM kernels take this matrix (its width must be a multiple of the 64-wide k tile).
 pub fn supported(w: &GpuMatrix) -> bool {
-    w.cols % 64 == 0
+    w.cols.is_multiple_of(64)
 }
 
 fn name(kind: WeightKind, bf16: bool) -> &'static str {

@@ -216,7 +216,7 @@ impl<'a> Layout<'a> {
             name: l.name.clone(),
             ty: l.ty,
         })?;
-        if l.cols % kind.k_multiple() != 0 {
+        if !l.cols.is_multiple_of(kind.k_multiple()) {
             return Err(CudaError::Unsupported(format!(
                 "'{}': {} columns, not a multiple of {}",
                 l.name,
@@ -271,7 +271,7 @@ impl GpuModel {
             )));
         }
         ops::check_attn_shape(c.n_heads, c.n_kv_heads, c.head_dim)?;
-        if c.dim % 32 != 0 || c.ffn_dim % 32 != 0 {
+        if !c.dim.is_multiple_of(32) || !c.ffn_dim.is_multiple_of(32) {
             return Err(CudaError::Unsupported(format!(
                 "dim {} / ffn {} not multiples of 32",
                 c.dim, c.ffn_dim

@@ -120,7 +120,7 @@ fn grid1(n: usize, per_block: usize) -> (u32, u32, u32) {
 
 /// Quantizes x [n] (n % 32 == 0) into `a`.
 pub fn quantize_q8(g: &Gpu, x: u64, a: Q8, n: usize) -> Result<()> {
-    if n % 32 != 0 {
+    if !n.is_multiple_of(32) {
         return Err(CudaError::Unsupported(format!(
             "activation width {n} (must be a multiple of 32)"
         )));
@@ -406,7 +406,7 @@ pub fn check_attn_shape(n_heads: usize, n_kv: usize, head_dim: usize) -> Result<
             "head_dim {head_dim} (the attention kernels take 64 or 128)"
         )));
     }
-    if n_kv == 0 || n_heads % n_kv != 0 || n_heads / n_kv > 16 {
+    if n_kv == 0 || !n_heads.is_multiple_of(n_kv) || n_heads / n_kv > 16 {
         return Err(CudaError::Unsupported(format!(
             "{n_heads} query heads over {n_kv} kv heads (at most 16 per kv head)"
         )));

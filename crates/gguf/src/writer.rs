@@ -58,7 +58,7 @@ impl GgufWriter {
         let n: u64 = shape.iter().product();
         let bytes = ty
             .bytes_for(n)
-            .filter(|_| shape[0] % ty.block_size() as u64 == 0)
+            .filter(|_| shape[0].is_multiple_of(ty.block_size() as u64))
             .ok_or_else(|| {
                 GgufError::Write(format!(
                     "tensor '{name}': shape {shape:?} is not whole {ty} blocks"

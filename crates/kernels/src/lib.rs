@@ -3,9 +3,6 @@
 //! [`quant`]: the GGML quantization formats (block layouts, scalar reference
 //! dequantization and quantization).
 
-// `usize::is_multiple_of` needs Rust 1.87; the workspace supports 1.85.
-#![allow(clippy::manual_is_multiple_of)]
-
 pub mod cpu;
 pub mod pool;
 pub mod quant;

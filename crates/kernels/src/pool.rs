@@ -117,7 +117,7 @@ impl ThreadPool {
 #[inline]
 fn spin(spins: &mut u32) {
     *spins += 1;
-    if *spins % 256 == 0 {
+    if (*spins).is_multiple_of(256) {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();

@@ -150,13 +150,13 @@ impl DflashConfig {
             mask_token: int("tokenizer.ggml.mask_token_id", 201818)? as u32,
             windows,
         };
-        if c.n_heads == 0 || c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0 {
+        if c.n_heads == 0 || c.n_kv_heads == 0 || !c.n_heads.is_multiple_of(c.n_kv_heads) {
             return Err(DflashError::Invalid(format!(
                 "{} heads cannot share {} KV heads",
                 c.n_heads, c.n_kv_heads
             )));
         }
-        if c.head_dim == 0 || c.head_dim % 2 != 0 || c.head_dim > 512 {
+        if c.head_dim == 0 || !c.head_dim.is_multiple_of(2) || c.head_dim > 512 {
             return Err(DflashError::Invalid(format!(
                 "head dim {} must be even and at most 512",
                 c.head_dim
@@ -440,7 +440,7 @@ impl DflashModel {
             )));
         }
         let width = self.hidden_width();
-        if hidden.len() % width != 0 {
+        if !hidden.len().is_multiple_of(width) {
             return Err(DflashError::Invalid(format!(
                 "hidden rows of {} values are not multiples of {width}",
                 hidden.len()

@@ -146,13 +146,13 @@ impl SynthShape {
         {
             return bad(format!("every dimension must be positive: {s:?}"));
         }
-        if s.n_heads % s.n_kv_heads != 0 {
+        if !s.n_heads.is_multiple_of(s.n_kv_heads) {
             return bad(format!(
                 "heads ({}) must be a multiple of kv heads ({})",
                 s.n_heads, s.n_kv_heads
             ));
         }
-        if s.head_dim % 2 != 0 {
+        if !s.head_dim.is_multiple_of(2) {
             return bad(format!("head dim ({}) must be even for RoPE", s.head_dim));
         }
         if s.arch == Architecture::Qwen2 && s.q_dim() != s.dim {
@@ -528,11 +528,9 @@ pub fn fill_rows_pooled(
     let rb = t.row_bytes();
     let pool = pool.max(1);
     if rows.len() <= pool {
-        let mut done = 0;
-        for r in rows.clone() {
+        for (done, r) in rows.clone().enumerate() {
             let src = r % pool;
             fill_rows(t, seed, src..src + 1, &mut out[done * rb..(done + 1) * rb])?;
-            done += 1;
         }
         return Ok(());
     }

@@ -59,9 +59,9 @@ impl DflashShape {
 
 /// Q4_K where rows are whole super-blocks, else Q8_0 (32-value blocks), else F32.
 fn weight_type(cols: usize) -> GgmlType {
-    if cols % QK_K == 0 {
+    if cols.is_multiple_of(QK_K) {
         GgmlType::Q4_K
-    } else if cols % 32 == 0 {
+    } else if cols.is_multiple_of(32) {
         GgmlType::Q8_0
     } else {
         GgmlType::F32
@@ -74,7 +74,7 @@ pub fn dflash_plan(target: &ModelConfig, s: &DflashShape) -> Result<SynthPlan, S
     if s.n_layers == 0 || s.n_heads == 0 || s.n_kv_heads == 0 || s.head_dim == 0 || s.ffn_dim == 0 {
         return bad(format!("every draft dimension must be positive: {s:?}"));
     }
-    if s.n_heads % s.n_kv_heads != 0 || s.head_dim % 2 != 0 {
+    if !s.n_heads.is_multiple_of(s.n_kv_heads) || !s.head_dim.is_multiple_of(2) {
         return bad(format!(
             "heads {} / kv heads {} / head dim {}: heads must share KV heads evenly, head dim even",
             s.n_heads, s.n_kv_heads, s.head_dim

@@ -20,6 +20,7 @@ const EOT: &str = "<|eot|>";
 const END_OF_TEXT: &str = "<|end_of_text|>";
 const SPECIALS: [&str; 5] = [START, MESSAGE, EOM, EOT, END_OF_TEXT];
 
+#[allow(clippy::large_enum_variant)] // one per response; boxing buys nothing
 enum State {
     /// Before a message body: collecting a possible header.
     Header,

@@ -103,7 +103,7 @@ fn prompter(args: &Args) -> Result<Prompter> {
             bail!("unknown --format '{other}' (built-in formats: muse-glimmer)")
         }
         (None, Some(t), None) => Ok(Prompter::with_renderer(
-            Renderer::Jinja(ChatTemplate::from_file(t, "", "")?),
+            Renderer::Jinja(Box::new(ChatTemplate::from_file(t, "", "")?)),
             output,
         )),
         (None, template, model) => {
@@ -115,7 +115,7 @@ fn prompter(args: &Args) -> Result<Prompter> {
                 Some(t) => {
                     let (bos, eos) = gguf_special_tokens(&file);
                     Ok(Prompter::with_renderer(
-                        Renderer::Jinja(ChatTemplate::from_file(t, &bos, &eos)?),
+                        Renderer::Jinja(Box::new(ChatTemplate::from_file(t, &bos, &eos)?)),
                         output,
                     ))
                 }

@@ -204,7 +204,7 @@ impl PackedMatrix {
     /// `i`, group `2i + 1` is `b`'s. For [`matmul_packed_glu`]. `None` unless
     /// both pack and have whole groups only.
     pub fn pack_pair(a: &QMatrix, b: &QMatrix) -> Option<PackedMatrix> {
-        if (a.ty, a.rows, a.cols) != (b.ty, b.rows, b.cols) || a.rows % GROUP != 0 {
+        if (a.ty, a.rows, a.cols) != (b.ty, b.rows, b.cols) || !a.rows.is_multiple_of(GROUP) {
             return None;
         }
         let (pa, pb) = (Self::pack(a)?, Self::pack(b)?);
@@ -476,11 +476,13 @@ unsafe fn hsum_rows<S: Simd>(acc: [S::F; 4]) -> [f32; 8] {
     std::array::from_fn(|r| s[2 * r] + s[2 * r + 1])
 }
 
-/// The kernels below compute one group of 8 rows against `NT` tokens at
-/// once: every weight unit is loaded and unpacked once and used for all of
-/// them. Each token's arithmetic is exactly the single-token order.
+// The kernels below compute one group of 8 rows against `NT` tokens at
+// once: every weight unit is loaded and unpacked once and used for all of
+// them. Each token's arithmetic is exactly the single-token order. Token
+// loops index several per-token arrays at once (`for t in 0..NT`).
 
 /// Q8_0 / Q4_0 / Q5_0 weights · Q8_0 activations.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn dot_q0<S: Simd, const NT: usize>(
     ty: GgmlType,
@@ -546,6 +548,7 @@ unsafe fn dot_q0<S: Simd, const NT: usize>(
 }
 
 /// Q4_1 weights · Q8_1 activations.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn dot_q4_1<S: Simd, const NT: usize>(
     w: *const u8,
@@ -583,6 +586,7 @@ unsafe fn dot_q4_1<S: Simd, const NT: usize>(
 }
 
 /// Q4_K weights · Q8_K activations (llama.cpp's repacked gemv or gemm order).
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn dot_q4_k<S: Simd, const NT: usize>(
     w: *const u8,
@@ -657,6 +661,7 @@ unsafe fn dot_q4_k<S: Simd, const NT: usize>(
 }
 
 /// Q6_K weights · Q8_K activations (`vec_dot` lanes, or the tiled per-block order).
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn dot_q6_k<S: Simd, const NT: usize>(
     w: *const u8,

@@ -335,7 +335,7 @@ unsafe impl ByteBlock for BlockQ6K {
 
 fn check_whole_blocks<B: ByteBlock>(len: usize) -> Result<usize, QuantError> {
     let type_size = size_of::<B>();
-    if len % type_size != 0 {
+    if !len.is_multiple_of(type_size) {
         return Err(QuantError::PartialBlock {
             ty: B::TYPE,
             n_bytes: len,

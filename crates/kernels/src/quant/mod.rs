@@ -74,7 +74,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
             op: "dequantization",
         });
     }
-    if src.len() % ty.type_size() != 0 {
+    if !src.len().is_multiple_of(ty.type_size()) {
         return Err(QuantError::PartialBlock {
             ty,
             n_bytes: src.len(),
@@ -129,7 +129,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
         });
     }
     let block_size = ty.block_size();
-    if src.len() % block_size != 0 {
+    if !src.len().is_multiple_of(block_size) {
         return Err(QuantError::PartialBlockValues {
             ty,
             n_values: src.len(),
@@ -176,7 +176,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
 /// Bytes of one row of `n_cols` values of type `ty`.
 pub fn row_size(ty: GgmlType, n_cols: usize) -> Result<usize, QuantError> {
     let block_size = ty.block_size();
-    if n_cols % block_size != 0 {
+    if !n_cols.is_multiple_of(block_size) {
         return Err(QuantError::PartialBlockValues {
             ty,
             n_values: n_cols,
@@ -196,7 +196,7 @@ pub fn dequantize_row(
     dst: &mut [f32],
 ) -> Result<(), QuantError> {
     let row_bytes = row_size(ty, n_cols)?;
-    if row_bytes == 0 || tensor.len() % row_bytes != 0 {
+    if row_bytes == 0 || !tensor.len().is_multiple_of(row_bytes) {
         return Err(QuantError::PartialBlock {
             ty,
             n_bytes: tensor.len(),

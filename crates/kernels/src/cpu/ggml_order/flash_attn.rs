@@ -160,7 +160,7 @@ fn scale_round_f16(acc: &mut [f32], s: f32) {
         target_feature = "avx",
         target_feature = "f16c"
     ))]
-    if acc.len() % 8 == 0 {
+    if acc.len().is_multiple_of(8) {
         use std::arch::x86_64::*;
         // SAFETY: the target features are enabled at compile time; loads and
         // stores stay inside `acc` (whole chunks of 8).
@@ -187,7 +187,7 @@ fn fma_round_f16(acc: &mut [f32], v: &[f32], s: f32) {
         target_feature = "fma",
         target_feature = "f16c"
     ))]
-    if acc.len() % 8 == 0 && v.len() == acc.len() {
+    if acc.len().is_multiple_of(8) && v.len() == acc.len() {
         use std::arch::x86_64::*;
         // SAFETY: as in scale_round_f16; `v` has `acc`'s length.
         unsafe {

@@ -19,7 +19,7 @@ use crate::quant::blocks::*;
 /// Whether llama.cpp repacks a weight matrix of this type and row count on
 /// x86 (AVX2), so that its matmul follows the orders in this module.
 pub fn is_repacked_q4_k(rows: usize) -> bool {
-    rows % 8 == 0
+    rows.is_multiple_of(8)
 }
 
 /// Quantizes one row to Q8_K as llama.cpp's x86 `quantize_mat_q8_K_4x8` does

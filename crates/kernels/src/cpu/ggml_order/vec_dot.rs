@@ -308,6 +308,7 @@ pub fn vec_dot_q2_k_q8_k_ref(x: &[BlockQ2K], y: &[BlockQ8K]) -> f32 {
     sum
 }
 
+#[allow(clippy::needless_range_loop)]
 pub fn vec_dot_q3_k_q8_k_ref(x: &[BlockQ3K], y: &[BlockQ8K]) -> f32 {
     let mut sum = 0.0f32;
     for (bx, by) in x.iter().zip(y) {

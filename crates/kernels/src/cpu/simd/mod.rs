@@ -118,9 +118,13 @@ pub fn active() -> Isa {
     })
 }
 
-/// Vector operations over units (see the module docs). All functions are
-/// `unsafe`: the caller guarantees the instruction set is available and that
-/// pointers are valid for the bytes read.
+/// Vector operations over units (see the module docs).
+///
+/// # Safety
+///
+/// All functions are `unsafe`: the caller guarantees the instruction set is
+/// available and that pointers are valid for the bytes read.
+#[allow(clippy::missing_safety_doc)]
 pub trait Simd: Copy {
     /// 64 bytes: a unit.
     type U: Copy;
