@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Numpy reference of the DFlash drafter (../shared/spec/dflash.md), written from the spec,
+"""Numpy reference of the DFlash drafter (docs/spec/dflash.md), written from the spec,
 in exact f32 (accumulation in f64), on top of the Muse Glimmer target reference
 (muse_glimmer_ref.py) for the tapped hidden states.
 

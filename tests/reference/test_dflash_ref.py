@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks of the numpy DFlash reference (dflash_ref.py) against the spec's §11 vectors
-(../shared/spec/dflash.md) and its own invariants. The Rust drafter is compared with the
+(docs/spec/dflash.md) and its own invariants. The Rust drafter is compared with the
 reference in crates/models/tests/dflash_ref.rs.
 
 Run: python3 tests/reference/test_dflash_ref.py   (or pytest on this file)

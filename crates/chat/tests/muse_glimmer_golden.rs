@@ -1,7 +1,7 @@
 //! Spec chat-format.md §6: the golden Muse Glimmer prompt cases, tokenizer level.
 //!
 //! `ids = [200000] + encode(prompt)`, special strings → their ids, `<img>` → N ×
-//! 200092. The data (shared/spec/data/muse-glimmer-prompt-golden.json, embedded
+//! 200092. The data (docs/spec/data/muse-glimmer-prompt-golden.json, embedded
 //! below and compared with the shared copy when it is present) gives each case's
 //! token count, the positions of its special-token runs and the sha256 of its
 //! ids, but no tokenizer.json. So:
@@ -47,7 +47,7 @@ const GOLDEN: &str = r#"{"comment": "Regenerate with tests/gen_prompt_golden.py.
 
 const SHARED_COPY: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/spec/data/muse-glimmer-prompt-golden.json"
+    "/../../docs/spec/data/muse-glimmer-prompt-golden.json"
 );
 
 struct Case {

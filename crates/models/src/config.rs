@@ -1,6 +1,6 @@
 //! Model hyperparameters read from GGUF metadata (`{arch}.*` keys), with the
 //! per-architecture conventions llama.cpp applies, and the Muse Glimmer spec
-//! defaults (its GGUFs carry few keys; ../shared/spec/muse-glimmer-model.md §1).
+//! defaults (its GGUFs carry few keys; docs/spec/muse-glimmer-model.md §1).
 
 use hearth_gguf::{GgufFile, Metadata};
 

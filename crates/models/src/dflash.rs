@@ -1,4 +1,4 @@
-//! DFlash block-diffusion drafter (../shared/spec/dflash.md): a small
+//! DFlash block-diffusion drafter (docs/spec/dflash.md): a small
 //! non-causal transformer conditioned on hidden states tapped from the target.
 //! One forward over the block `[anchor, MASK × (B−1)]` proposes B−1 tokens.
 //!

@@ -10,7 +10,7 @@
 //! the bytes do not depend on chunking or thread count.
 //!
 //! Quantization mix: llama.cpp's Q4_K_M rule (src/llama-quant.cpp), which is
-//! also the released Muse Glimmer file's mix (../shared/spec/muse-glimmer-model.md §4.5):
+//! also the released Muse Glimmer file's mix (docs/spec/muse-glimmer-model.md §4.5):
 //! Q4_K by default, Q6_K for `output`, F32 for norms and biases, and Q6_K for
 //! `attn_v` and `ffn_down` on the layers where [`q4_k_m_more_bits`] holds.
 

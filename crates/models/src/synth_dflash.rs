@@ -1,5 +1,5 @@
 //! Synthetic DFlash drafts (`hearth synth --arch dflash --target FILE`): a
-//! `dflash` GGUF with the tensors and metadata of ../shared/spec/dflash.md §2,
+//! `dflash` GGUF with the tensors and metadata of docs/spec/dflash.md §2,
 //! seeded random weights, matched to a target's width, depth and vocabulary.
 //! Written through the same streaming writer as [`crate::synth`].
 

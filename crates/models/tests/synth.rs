@@ -1,5 +1,5 @@
 //! Synthetic checkpoints (`hearth_models::synth`): layout against the spec
-//! (../shared/spec/muse-glimmer-model.md §4.2, §4.5) and llama.cpp's Q4_K_M
+//! (docs/spec/muse-glimmer-model.md §4.2, §4.5) and llama.cpp's Q4_K_M
 //! rule, loading and running through `Model`, and byte-level determinism.
 //! The determinism tests are regression guards of our own generator; the
 //! layout tests compare against the spec's tables.

@@ -1,4 +1,4 @@
-//! hearth's OpenAI-compatible HTTP server (spec: shared/spec/server-api.md).
+//! hearth's OpenAI-compatible HTTP server (spec: docs/spec/server-api.md).
 //!
 //! - [`routes`]: the router, authentication, body limit, small endpoints.
 //! - [`chat`]: chat and text completions, whole or streamed as SSE.

@@ -18,7 +18,7 @@ pub enum Arch {
     MuseGlimmer,
     #[value(name = "qwen2")]
     Qwen2,
-    /// A DFlash draft (../shared/spec/dflash.md) matched to `--target`.
+    /// A DFlash draft (docs/spec/dflash.md) matched to `--target`.
     #[value(name = "dflash")]
     Dflash,
 }

@@ -1,4 +1,4 @@
-//! The DFlash drafter (../shared/spec/dflash.md §6–§8): keeps the backlog of
+//! The DFlash drafter (docs/spec/dflash.md §6–§8): keeps the backlog of
 //! target hidden rows not yet in the draft context cache (invariant
 //! `C + rows(Hq) = F`), and per cycle runs one draft forward over
 //! `[anchor, MASK × (B−1)]` that first writes the backlog, then reads argmax

@@ -1,6 +1,6 @@
 //! The acceptance rule of speculative decoding, independent of the drafter
 //! (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
-//! Decoding"; Chen et al. 2023; ../shared/spec/dflash.md §8.3).
+//! Decoding"; Chen et al. 2023; docs/spec/dflash.md §8.3).
 //!
 //! The target scored `[anchor, d_1..d_K]` in one pass, so logits row `z_i`
 //! is the target's next-token distribution after `d_i` (row 0: after the
