@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod inspect;
+pub mod interactive;
 pub mod list;
 pub mod parse;
 pub mod pull;

@@ -22,6 +22,7 @@ use hearth_models::{Backend, LayerKind, Model};
 use hearth_tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 
+use super::interactive::Chat;
 use super::spec::SpecArgs;
 use crate::device::Device;
 
@@ -121,7 +122,10 @@ pub fn run(args: Args) -> Result<()> {
     crate::device::check(args.device)?;
     crate::cli_args::check_run(&args)?;
     crate::init_threads(args.threads)?;
-    let text = crate::cli_args::escaped(args.escape, read_prompt(&args)?)?;
+    let text = match read_prompt(&args)? {
+        Some(t) => Some(crate::cli_args::escaped(args.escape, t)?),
+        None => None,
+    };
     let path = crate::registry::resolve_model(args.model.as_deref())?;
     crate::limits::check_context(&path, args.ctx, 1, args.device)?;
     let spec = args.spec.config(args.device)?;
@@ -135,6 +139,10 @@ pub fn run(args: Args) -> Result<()> {
     let tokenizer =
         Arc::new(Tokenizer::from_gguf(model.file().metadata()).context("building the tokenizer")?);
     let prompter = Prompter::from_gguf(model.file(), Some(tokenizer.clone()), "auto")?;
+    let Some(text) = text else {
+        // No prompt on a terminal: an interactive chat.
+        return interactive(&args, &model, &tokenizer, &prompter, &spec);
+    };
     let chat = !args.raw && prompter.has_chat_format();
     let (ids, shown) = if chat {
         let mut messages = Vec::new();
@@ -203,6 +211,63 @@ pub fn run(args: Args) -> Result<()> {
     job.report(&path, &stats, &kv_summary(&model, &state), state.kv_bytes())
 }
 
+/// `hearth run` without a prompt on a terminal: a multi-turn chat on the
+/// chosen device.
+fn interactive(
+    args: &Args,
+    model: &Arc<Model>,
+    tokenizer: &Tokenizer,
+    prompter: &Prompter,
+    spec: &SpecConfig,
+) -> Result<()> {
+    let model_name = args
+        .model
+        .clone()
+        .unwrap_or_else(|| crate::registry::registry().default.clone());
+    #[cfg(feature = "cuda")]
+    if args.device == Device::Cuda {
+        let gm = crate::cuda::load(model.clone())?;
+        let gpu = gm.gpu.clone();
+        let drafters = DrafterFactory::new(spec, model, |p| {
+            let draft = Model::load_unpacked(p).map_err(|e| e.to_string())?;
+            crate::cuda::upload(gpu, Arc::new(draft)).map_err(|e| format!("{e:#}"))
+        })?;
+        let chat = Chat {
+            backend: &gm,
+            tokenizer,
+            prompter,
+            args,
+            sampling: sampling(args),
+            model_name,
+        };
+        return chat.run(drafters);
+    }
+    let chat = Chat {
+        backend: &**model,
+        tokenizer,
+        prompter,
+        args,
+        sampling: sampling(args),
+        model_name,
+    };
+    chat.run(cpu_drafters(spec, model)?)
+}
+
+/// The sampler settings from the flags.
+fn sampling(args: &Args) -> SamplerConfig {
+    SamplerConfig {
+        temperature: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: args.repeat_last_n.min(args.ctx),
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        seed: args.seed,
+    }
+}
+
 /// The drafters' factory for a CPU target (a draft model loads on the CPU).
 fn cpu_drafters(spec: &SpecConfig, model: &Arc<Model>) -> Result<Option<DrafterFactory<Model>>> {
     Ok(DrafterFactory::new(spec, model, |p| {
@@ -210,8 +275,9 @@ fn cpu_drafters(spec: &SpecConfig, model: &Arc<Model>) -> Result<Option<DrafterF
     })?)
 }
 
-/// The prompt from -p, -f FILE, -f - or a pipe on stdin.
-fn read_prompt(args: &Args) -> Result<String> {
+/// The prompt from -p, -f FILE, -f - or a pipe on stdin; `None` when there is
+/// none and stdin is a terminal (an interactive chat).
+fn read_prompt(args: &Args) -> Result<Option<String>> {
     let stdin = || -> Result<String> {
         let mut s = String::new();
         std::io::stdin()
@@ -222,14 +288,14 @@ fn read_prompt(args: &Args) -> Result<String> {
         }
         Ok(s)
     };
-    match (&args.prompt, &args.file) {
-        (Some(p), _) => Ok(p.clone()),
-        (None, Some(f)) if f.as_os_str() == "-" => stdin(),
+    Ok(Some(match (&args.prompt, &args.file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) if f.as_os_str() == "-" => stdin()?,
         (None, Some(f)) => std::fs::read_to_string(f)
-            .with_context(|| format!("reading prompt file {}", f.display())),
-        (None, None) if !std::io::stdin().is_terminal() => stdin(),
-        (None, None) => bail!("give a prompt with -p TEXT, -f FILE, or on stdin"),
-    }
+            .with_context(|| format!("reading prompt file {}", f.display()))?,
+        (None, None) if !std::io::stdin().is_terminal() => stdin()?,
+        (None, None) => return Ok(None),
+    }))
 }
 
 /// One `run` invocation, on whichever backend.
@@ -244,21 +310,6 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    fn sampling(&self) -> SamplerConfig {
-        let args = self.args;
-        SamplerConfig {
-            temperature: args.temp,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            min_p: args.min_p,
-            repeat_penalty: args.repeat_penalty,
-            repeat_last_n: args.repeat_last_n.min(args.ctx),
-            presence_penalty: args.presence_penalty,
-            frequency_penalty: args.frequency_penalty,
-            seed: args.seed,
-        }
-    }
-
     /// Steps a turn on `backend` to its end (speculatively with `drafters`),
     /// streaming the answer; returns the final state and the statistics.
     fn generate<B: Backend + 'static>(
@@ -267,7 +318,7 @@ impl Job<'_> {
         drafters: Option<DrafterFactory<B>>,
     ) -> Result<(B::State, TurnStats)> {
         let args = self.args;
-        let sampling = self.sampling();
+        let sampling = sampling(args);
         let n_draft = drafters.as_ref().map_or(0, |d| d.n_draft());
         self.n_draft = n_draft;
         // Rings keep K extra slots so rejected positions can be rolled back.
@@ -360,8 +411,10 @@ impl Job<'_> {
 /// Where generated text goes: the answer to stdout; in chat mode the output
 /// parser separates reasoning (stderr, dimmed on a terminal, or hidden) and
 /// tool calls (one line each on stdout).
-struct Output {
+pub(super) struct Output {
     parser: Option<Box<dyn OutputParser + Send>>,
+    /// The answer's text so far, when kept (an interactive chat's history).
+    content: Option<String>,
     hide_reasoning: bool,
     dim: bool,
     stdout: std::io::Stdout,
@@ -370,9 +423,13 @@ struct Output {
 }
 
 impl Output {
-    fn new(parser: Option<Box<dyn OutputParser + Send>>, hide_reasoning: bool) -> Output {
+    pub(super) fn new(
+        parser: Option<Box<dyn OutputParser + Send>>,
+        hide_reasoning: bool,
+    ) -> Output {
         Output {
             parser,
+            content: None,
             hide_reasoning,
             dim: std::io::stderr().is_terminal(),
             stdout: std::io::stdout(),
@@ -380,7 +437,17 @@ impl Output {
         }
     }
 
-    fn text(&mut self, t: &str) -> Flow {
+    /// Keeps the answer's text (see [`Output::content`]).
+    pub(super) fn keep_content(&mut self) {
+        self.content = Some(String::new());
+    }
+
+    /// The answer's text so far (empty unless kept).
+    pub(super) fn content(&self) -> String {
+        self.content.clone().unwrap_or_default()
+    }
+
+    pub(super) fn text(&mut self, t: &str) -> Flow {
         let events = match self.parser.as_mut() {
             Some(p) => p.feed(t),
             None => vec![ChatEvent::Content(t.to_string())],
@@ -388,7 +455,7 @@ impl Output {
         self.show(events)
     }
 
-    fn finish(&mut self, finish: FinishReason) {
+    pub(super) fn finish(&mut self, finish: FinishReason) {
         let hint = match finish {
             FinishReason::Stop => FinishHint::Stop,
             FinishReason::Length | FinishReason::Cancelled => FinishHint::Length,
@@ -404,7 +471,12 @@ impl Output {
         let mut result = Ok(());
         for e in events {
             match e {
-                ChatEvent::Content(t) => result = result.and(out.write_all(t.as_bytes())),
+                ChatEvent::Content(t) => {
+                    if let Some(c) = self.content.as_mut() {
+                        c.push_str(&t);
+                    }
+                    result = result.and(out.write_all(t.as_bytes()))
+                }
                 ChatEvent::Reasoning(t) if !self.hide_reasoning => {
                     let (a, b) = if self.dim {
                         ("\x1b[2m", "\x1b[0m")

@@ -1,0 +1,259 @@
+//! `hearth run` with no prompt on a terminal: a multi-turn chat. The
+//! conversation stays in one session's KV cache (each turn prefills only
+//! what the previous ones did not), with line editing and history
+//! (rustyline), `/clear`, `/save FILE`, `/load FILE`, Ctrl-C to stop an answer
+//! (the session stays) and Ctrl-D to quit.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{bail, Context, Result};
+use hearth_chat::prompter::Prompter;
+use hearth_engine::sampler::{Sampler, SamplerConfig};
+use hearth_engine::session::Session;
+use hearth_engine::spec::factory::{DrafterFactory, MakeDrafter};
+use hearth_engine::turn::{FinishReason, Turn, TurnParams};
+use hearth_models::Backend;
+use hearth_tokenizer::Tokenizer;
+use rustyline::error::ReadlineError;
+use serde_json::{json, Map, Value};
+
+use super::run::{Args, Output};
+
+/// Set by SIGINT while an answer is being generated.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// Prompt tokens prefilled per step, so Ctrl-C stops a long prefill quickly.
+const PREFILL_CHUNK: usize = 256;
+
+const HELP: &str = "commands: /clear (start over), /save FILE (the transcript as JSON), \
+/load FILE (continue a saved transcript), /help, /exit; Ctrl-C stops an answer, Ctrl-D quits";
+
+/// One chat: the model, its session and the messages so far.
+pub struct Chat<'a, B: Backend> {
+    pub backend: &'a B,
+    pub tokenizer: &'a Tokenizer,
+    pub prompter: &'a Prompter,
+    pub args: &'a Args,
+    pub sampling: SamplerConfig,
+    pub model_name: String,
+}
+
+impl<B: Backend + 'static> Chat<'_, B> {
+    pub fn run(self, drafters: Option<DrafterFactory<B>>) -> Result<()> {
+        let args = self.args;
+        if !self.prompter.has_chat_format() {
+            bail!("this model has no chat template: interactive chat needs one (give a prompt with -p for plain completion)");
+        }
+        let n_draft = drafters.as_ref().map_or(0, |d| d.n_draft());
+        let mut session = Session::new(self.backend.new_state(args.ctx, n_draft)?);
+        session.drafter = drafters
+            .as_ref()
+            .map(|d| d.make(args.ctx, &self.sampling))
+            .transpose()?;
+        let system: Vec<Value> = args
+            .system_prompt
+            .iter()
+            .map(|s| json!({"role": "system", "content": s}))
+            .collect();
+        let mut messages = system.clone();
+
+        let mut editor = rustyline::DefaultEditor::new().context("opening the terminal")?;
+        let history = crate::registry::hearth_home().join("chat_history.txt");
+        let _ = editor.load_history(&history);
+        eprintln!(
+            "hearth: chatting with {} (context {} tokens). /help for commands, Ctrl-D to quit.",
+            self.model_name, args.ctx
+        );
+        loop {
+            let line = match editor.readline(">>> ") {
+                Ok(line) => line,
+                Err(ReadlineError::Interrupted) => {
+                    eprintln!("(Ctrl-D or /exit to quit)");
+                    continue;
+                }
+                Err(ReadlineError::Eof) => break,
+                Err(e) => return Err(e).context("reading a line"),
+            };
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let _ = editor.add_history_entry(line);
+            let (cmd, rest) = line.split_once(' ').unwrap_or((line, ""));
+            match cmd {
+                "/exit" | "/quit" | "/bye" => break,
+                "/help" | "/?" => eprintln!("{HELP}"),
+                "/clear" => {
+                    messages = system.clone();
+                    session.reset();
+                    eprintln!("(cleared)");
+                }
+                "/save" => match save(rest.trim(), &messages) {
+                    Ok(()) => eprintln!("(saved {} messages to {})", messages.len(), rest.trim()),
+                    Err(e) => eprintln!("error: {e:#}"),
+                },
+                "/load" => match load(rest.trim()) {
+                    Ok(m) => {
+                        eprintln!("(loaded {} messages from {})", m.len(), rest.trim());
+                        messages = m;
+                    }
+                    Err(e) => eprintln!("error: {e:#}"),
+                },
+                c if c.starts_with('/') => eprintln!("unknown command {c}; {HELP}"),
+                _ => {
+                    messages.push(json!({"role": "user", "content": line}));
+                    match self.answer(&mut session, &messages, n_draft) {
+                        Ok(reply) => messages.push(json!({"role": "assistant", "content": reply})),
+                        Err(e) => {
+                            messages.pop();
+                            eprintln!("error: {e:#}");
+                        }
+                    }
+                }
+            }
+        }
+        let _ = editor.save_history(&history);
+        Ok(())
+    }
+
+    /// Generates the assistant's answer to `messages`, streaming it; returns
+    /// its text (what was shown, when Ctrl-C stopped it).
+    fn answer(
+        &self,
+        session: &mut Session<B::State>,
+        messages: &[Value],
+        n_draft: usize,
+    ) -> Result<String> {
+        let args = self.args;
+        let ids = self
+            .prompter
+            .chat_ids(&Value::Array(messages.to_vec()), None, &Map::new())?;
+        if ids.len() >= args.ctx {
+            bail!(
+                "the conversation ({} tokens) no longer fits the context of {}: /clear to start over, or raise -c",
+                ids.len(),
+                args.ctx
+            );
+        }
+        let resume = session.prepare(&ids);
+        let params = TurnParams {
+            max_tokens: args.n_predict.min(args.ctx - ids.len()),
+            stop: args.stop.clone(),
+            ignore_eos: args.ignore_eos,
+            n_draft,
+            render_special: true,
+        };
+        let mut turn = Turn::new(
+            self.tokenizer,
+            ids,
+            resume.reused,
+            Sampler::new(self.sampling)?,
+            params,
+        );
+        let mut out = Output::new(
+            Some(self.prompter.parser(None, "call_".into())?),
+            args.hide_reasoning,
+        );
+        out.keep_content();
+        INTERRUPTED.store(false, Ordering::Relaxed);
+        // Ctrl-C stops this answer (the line editor handles it between turns).
+        // SAFETY: the handler only stores to an atomic.
+        let previous =
+            unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
+        let result = self.generate(&mut turn, session, &mut out);
+        // SAFETY: puts back the handler that was there.
+        unsafe { libc::signal(libc::SIGINT, previous) };
+        result?;
+        Ok(self.wrap_up(&turn, &mut out))
+    }
+
+    /// Steps the turn to its end, or until Ctrl-C.
+    fn generate(
+        &self,
+        turn: &mut Turn,
+        session: &mut Session<B::State>,
+        out: &mut Output,
+    ) -> Result<()> {
+        while turn.finished().is_none() {
+            if INTERRUPTED.swap(false, Ordering::Relaxed) {
+                turn.cancel();
+                break;
+            }
+            let drafter = session.drafter.as_mut().map(|d| &mut **d as _);
+            let step = turn.step(
+                self.backend,
+                &mut session.state,
+                drafter,
+                PREFILL_CHUNK,
+                &mut |t| out.text(t),
+            );
+            match step {
+                Ok(s) => session.push_fed(&s.fed),
+                Err(e) => {
+                    // The state may be half-written: the next turn starts over.
+                    session.reset();
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reports how the answer ended and returns its text.
+    fn wrap_up(&self, turn: &Turn, out: &mut Output) -> String {
+        let finish = turn.finished().unwrap_or(FinishReason::Cancelled);
+        out.finish(finish);
+        let s = turn.stats();
+        println!();
+        let why = match finish {
+            FinishReason::Cancelled => ", stopped",
+            FinishReason::Length => ", hit the token limit (-n)",
+            FinishReason::Stop => "",
+        };
+        eprintln!(
+            "\x1b[2m[{} tokens, {:.1} tok/s; prompt {} tokens, {} cached{why}]\x1b[0m",
+            s.tokens.len(),
+            s.decode_tok_s(),
+            s.prompt_tokens,
+            s.reused_tokens,
+        );
+        out.content()
+    }
+}
+
+/// The transcript as `{"messages": [...]}`.
+fn save(path: &str, messages: &[Value]) -> Result<()> {
+    if path.is_empty() {
+        bail!("/save needs a file name");
+    }
+    let text = serde_json::to_string_pretty(&json!({ "messages": messages }))?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {path}"))
+}
+
+/// A transcript written by `/save` (or any `{"messages": [...]}` / messages array).
+fn load(path: &str) -> Result<Vec<Value>> {
+    if path.is_empty() {
+        bail!("/load needs a file name");
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    let v: Value = serde_json::from_str(&text).with_context(|| format!("{path} is not JSON"))?;
+    let list = match v {
+        Value::Array(m) => m,
+        Value::Object(mut o) => match o.remove("messages") {
+            Some(Value::Array(m)) => m,
+            _ => bail!("{path}: expected {{\"messages\": [...]}}"),
+        },
+        _ => bail!("{path}: expected {{\"messages\": [...]}}"),
+    };
+    for (i, m) in list.iter().enumerate() {
+        let ok = m.get("role").is_some_and(Value::is_string);
+        if !ok {
+            bail!("{path}: messages[{i}] has no string \"role\"");
+        }
+    }
+    Ok(list)
+}

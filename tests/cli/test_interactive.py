@@ -1,0 +1,147 @@
+"""`hearth run` with no prompt on a terminal: an interactive chat, driven here
+through a pseudo-terminal as a person would type. Checks: two turns, the
+second reusing the first turn's KV cache (its stats line reports cached
+prompt tokens); Ctrl-C in the middle of an answer stops the answer and keeps
+the session (the next turn still reuses the cache); /save writes the
+transcript; Ctrl-D exits cleanly.
+
+Run: HEARTH_BIN=target/release/hearth python3 tests/cli/test_interactive.py
+"""
+
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import termios
+import time
+
+BIN = os.environ.get("HEARTH_BIN", "target/release/hearth")
+MODEL = "smollm2-135m"
+STATS = re.compile(r"\[(\d+) tokens, [\d.]+ tok/s; prompt (\d+) tokens, (\d+) cached([^\]]*)\]")
+
+
+class Terminal:
+    """hearth run in a pty; stdout and stderr both go to the terminal."""
+
+    def __init__(self, args):
+        self.master, slave = pty.openpty()
+        env = dict(os.environ, TERM="xterm")
+        def controlling_tty():
+            # A session of its own with the pty as its terminal, so Ctrl-C
+            # raises SIGINT as in a real terminal.
+            os.setsid()
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.proc = subprocess.Popen(
+            [BIN] + args,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            close_fds=True,
+            preexec_fn=controlling_tty,
+        )
+        os.close(slave)
+        self.buf = b""
+
+    def read_until(self, pattern, timeout):
+        """Reads until `pattern` (a regex on the text since the last match) appears."""
+        deadline = time.time() + timeout
+        rx = re.compile(pattern)
+        while True:
+            text = self.buf.decode("utf-8", "replace")
+            m = rx.search(text)
+            if m:
+                self.buf = self.buf[len(text[: m.end()].encode("utf-8")) :]
+                return text[: m.end()], m
+            left = deadline - time.time()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting for {pattern!r}; got:\n{text[-2000:]}")
+            r, _, _ = select.select([self.master], [], [], min(left, 1.0))
+            if r:
+                try:
+                    chunk = os.read(self.master, 4096)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    if self.proc.poll() is not None:
+                        raise AssertionError(f"hearth exited ({self.proc.returncode}) before {pattern!r}:\n{text[-2000:]}")
+                self.buf += chunk
+
+    def send(self, data):
+        os.write(self.master, data.encode() if isinstance(data, str) else data)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        os.close(self.master)
+
+
+def turn(term, text, timeout=300):
+    term.send(text + "\r")
+    out, m = term.read_until(STATS.pattern, timeout)
+    term.read_until(r">>> ", 60)
+    return out, int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4)
+
+
+def main():
+    home = tempfile.mkdtemp(prefix="hearth-interactive-")
+    transcript = os.path.join(home, "chat.json")
+    # The packaged models stay where they are; only the history file moves.
+    models = os.path.join(os.environ.get("HEARTH_HOME") or os.path.expanduser("~/.cache/hearth"), "models")
+    os.symlink(models, os.path.join(home, "models"))
+    os.environ["HEARTH_HOME"] = home
+    term = Terminal(["run", "-m", MODEL, "--temp", "0", "-n", "48", "-t", "2", "-c", "2048"])
+    try:
+        term.read_until(r"chatting with .*\n", 120)
+        term.read_until(r">>> ", 60)
+
+        out1, n1, p1, c1, _ = turn(term, "Hi! What is the capital of France?")
+        assert n1 > 0 and c1 == 0, out1
+        assert "Paris" in out1, out1
+
+        out2, n2, p2, c2, _ = turn(term, "And of Italy?")
+        assert p2 > p1, (p1, p2)
+        assert c2 >= p1, f"turn 2 reuses turn 1's prompt from the KV cache: {c2} cached of {p2}"
+
+        # A long answer, stopped with Ctrl-C once it has started.
+        term.send("Write a long story about a dragon who learns to bake bread.\r")
+        term.read_until(r"bake bread\.", 30)  # the terminal's echo of the line
+        term.read_until(r"[A-Za-z]{4,}", 120)  # the answer has begun
+        time.sleep(0.3)
+        term.send(b"\x03")
+        out3, m3 = term.read_until(STATS.pattern, 120)
+        assert "stopped" in m3.group(4), out3
+        term.read_until(r">>> ", 60)
+
+        out4, n4, p4, c4, _ = turn(term, "Thanks. One word: what colour is the sky?")
+        assert n4 > 0, out4
+        assert c4 > p2, f"the session survived Ctrl-C: {c4} cached of {p4}"
+
+        term.send(f"/save {transcript}\r")
+        term.read_until(r"saved \d+ messages", 30)
+        term.read_until(r">>> ", 30)
+        saved = json.load(open(transcript))["messages"]
+        assert [m["role"] for m in saved] == ["user", "assistant"] * 4, saved
+        assert saved[0]["content"] == "Hi! What is the capital of France?"
+
+        term.send(b"\x04")  # Ctrl-D
+        deadline = time.time() + 30
+        while term.proc.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert term.proc.returncode == 0, term.proc.returncode
+    finally:
+        term.close()
+    print("PASS interactive chat: two turns with cache reuse, Ctrl-C keeps the session, /save, Ctrl-D")
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(main())
