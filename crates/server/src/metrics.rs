@@ -26,6 +26,8 @@ pub struct Metrics {
     pub active_generations: AtomicU64,
     pub session_evictions: AtomicU64,
     pub session_capacity: AtomicU64,
+    /// Output that began like a tool call but was not one (returned as content).
+    pub tool_call_parse_warnings: AtomicU64,
     /// Speculative decoding: (drafter, K) when on, and the acceptance
     /// statistics of finished requests.
     pub spec_config: Mutex<Option<(String, usize)>>,
@@ -134,6 +136,11 @@ impl Metrics {
             "hearth_session_evictions_total",
             "Idle sessions evicted (least recently used) to make room.",
             get(&self.session_evictions),
+        );
+        counter(
+            "hearth_tool_call_parse_warnings_total",
+            "Model output that began like a tool call but was malformed or cut off; returned as content.",
+            get(&self.tool_call_parse_warnings),
         );
         let rate = |tokens: u64, us: u64| {
             if us == 0 {
