@@ -70,8 +70,9 @@ impl VisibleBody {
         self.run(cx, false);
     }
 
-    /// The body is complete: decide what was waiting, flush text, drop a
-    /// truncated call (one without its structural end is never confirmed, §4.1).
+    /// The body is complete: decide what was waiting and flush text. A call
+    /// without its structural end is never confirmed (§4.1); its text is
+    /// content, with a warning.
     pub fn end(&mut self, cx: &mut Ctx) {
         self.run(cx, true);
         let rest = std::mem::take(&mut self.buf);

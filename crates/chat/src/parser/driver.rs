@@ -12,7 +12,7 @@ use super::{ChatEvent, FinishHint, FinishReason, OutputParser, ParserOptions, Un
 /// into events.
 pub(crate) trait Machine: Send {
     fn feed(&mut self, text: &str, cx: &mut Ctx);
-    /// End of generation: flush held text, drop truncated calls.
+    /// End of generation: flush held text; a truncated call becomes content.
     fn finish(&mut self, cx: &mut Ctx);
 }
 
