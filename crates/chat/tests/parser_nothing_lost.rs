@@ -392,3 +392,46 @@ fn no_call_means_the_text_comes_back_verbatim() {
     }
     assert!(checked > 1000, "only {checked} call-free cases");
 }
+
+/// Found by fuzzing (fuzz/parse_qwen3_xml, parse_atem, parse_muse_glimmer): a
+/// tag name longer than the 512-byte limit was refused when the text arrived
+/// in pieces (the limit was applied to the text so far) but accepted when it
+/// arrived whole. Now the name's own length decides: too long is never a tag.
+#[test]
+fn overlong_tag_names_are_text_however_the_output_is_split() {
+    let long = "n".repeat(600);
+    let ok = "n".repeat(512);
+    for (format, text, is_call) in [
+        (
+            "qwen3-xml",
+            format!("<function={long}>\n<parameter=x>\n1\n</parameter>\n</function>"),
+            false,
+        ),
+        (
+            "qwen3-xml",
+            format!("<function={ok}>\n<parameter=x>\n1\n</parameter>\n</function>"),
+            true,
+        ),
+        (
+            "atem",
+            format!("<atem:invoke name=\"{long}\">\n</atem:invoke>"),
+            false,
+        ),
+        (
+            "atem",
+            format!("<atem:invoke name=\"{ok}\">\n</atem:invoke>"),
+            true,
+        ),
+    ] {
+        let o = outcome(&parse(format, None, &text, FinishHint::Stop));
+        if is_call {
+            assert_eq!((o.calls.len(), o.content), (1, None), "{format}");
+        } else {
+            assert_eq!(
+                (o.calls.len(), o.content.as_deref()),
+                (0, Some(text.as_str())),
+                "{format}"
+            );
+        }
+    }
+}

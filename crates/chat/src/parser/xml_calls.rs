@@ -23,7 +23,9 @@ pub(crate) struct XmlDialect {
     pub qwen_values: bool,
 }
 
-/// Longest tag name we wait for before deciding a tag is not one.
+/// Longest name a tag may carry: a longer one means the text is not a tag.
+/// Judged on the name's length alone, never on how much text has arrived, so
+/// the outcome does not depend on how the output was split.
 const MAX_NAME: usize = 512;
 
 impl XmlDialect {
@@ -50,12 +52,11 @@ impl XmlDialect {
                 Lit::Partial => return Match::Partial,
                 Lit::Yes => i += 6,
             }
-            let Some(q) = s[i..].find('"') else {
-                return if s.len() - i > MAX_NAME {
-                    Match::No
-                } else {
-                    Match::Partial
-                };
+            let q = match s[i..].find('"') {
+                Some(q) if q <= MAX_NAME => q,
+                Some(_) => return Match::No,
+                None if s.len() - i > MAX_NAME => return Match::No,
+                None => return Match::Partial,
             };
             let name = s[i..i + q].to_string();
             i += q + 1;
@@ -68,6 +69,7 @@ impl XmlDialect {
         } else {
             // `<function=` + NAME + `>`, NAME on one line.
             match s[i..].find(['>', '\n']) {
+                Some(q) if q > MAX_NAME => Match::No,
                 Some(q) if s.as_bytes()[i + q] == b'>' => {
                     let name = s[i..i + q].trim().to_string();
                     Match::Full(i + q + 1, name)
