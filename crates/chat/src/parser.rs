@@ -13,6 +13,13 @@
 //!   preview; only [`ChatEvent::ToolCall`] confirms a call. A call cut off by the
 //!   end of generation gets no `ToolCall` (spec §4.7 "the partial call is never
 //!   sent").
+//! - Nothing is lost: text that is not a confirmed call comes back as content
+//!   (or reasoning), verbatim and in order. Only the markup of confirmed calls,
+//!   the whitespace around it, and framing tokens are consumed. A call block
+//!   that turns out malformed (or is cut off by the end of generation) is
+//!   reported with a [`ChatEvent::Warning`] and its text returned as content;
+//!   scanning resumes right where the block went wrong, so a well-formed call
+//!   after it still counts.
 //!
 //! Formats (one file each): [`atem`] (bare ATEM XML), [`muse_glimmer`] (recipient
 //! framing around ATEM), [`hermes`] (Qwen2.5 `<tool_call>{json}</tool_call>`),
@@ -76,6 +83,10 @@ pub enum ChatEvent {
         name: String,
         arguments: serde_json::Value,
     },
+    /// Text that began like a tool call was not one (malformed, or cut off by
+    /// the end of generation); it comes back as content right after this event.
+    /// For logs and metrics, not for the client's message.
+    Warning { message: String },
     /// Generation ended; always the last event.
     End { finish_reason: FinishReason },
 }

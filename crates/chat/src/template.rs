@@ -453,7 +453,10 @@ fn normalize_source(src: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else { break };
+        // The closing `%}` comes after the opening `{%` (in `{%}` they overlap).
+        let Some(end) = tag[2..].find("%}").map(|p| p + 2) else {
+            break;
+        };
         let inner = tag[2..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
         let replacement = match inner {
             "generation" => Some("if true"),
@@ -722,6 +725,25 @@ mod tests {
         assert_eq!(
             render(src, json!([{"role": "user", "content": "a"}])).unwrap(),
             "[a]"
+        );
+    }
+
+    #[test]
+    fn overlapping_block_delimiters_are_a_syntax_error() {
+        // Found by fuzzing (fuzz/chat_template): `{%}` made the tag rewriter
+        // slice backwards and panic.
+        for src in ["{%}", "a {%} b %}", "{%}} for x in y %}{{ x }}{% endfor %}"] {
+            let err = ChatTemplate::from_source(src, "", "").unwrap_err();
+            assert!(matches!(err, TemplateError::Syntax { .. }), "{src}: {err}");
+        }
+        // Whitespace control on rewritten tags survives: `-` strips, `+` keeps.
+        assert_eq!(
+            render(
+                "{%- generation -%} x {%+ endgeneration +%}",
+                json!([{"role": "user"}])
+            )
+            .unwrap(),
+            "x "
         );
     }
 

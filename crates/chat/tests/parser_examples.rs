@@ -5,154 +5,13 @@
 //! identical; and every call's streamed argument deltas concatenate to JSON
 //! equal to its confirmed arguments.
 
+mod common;
+
+use common::*;
 use hearth_chat::parser::{
-    merge_events, parser_with, ChatEvent, FinishHint, FinishReason, OutputFormat, ParserOptions,
-    UnknownToolPolicy,
+    merge_events, ChatEvent, FinishHint, FinishReason, ParserOptions, UnknownToolPolicy,
 };
 use serde_json::{json, Value};
-
-const S: &str = "<|start|>";
-const M: &str = "<|message|>";
-const E: &str = "<|eom|>";
-const T: &str = "<|eot|>";
-
-fn tools_weather_add() -> Value {
-    json!([
-        {"type": "function", "function": {"name": "get_weather", "description": "Weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
-        {"type": "function", "function": {"name": "add",
-            "parameters": {"type": "object", "properties": {
-                "a": {"type": "integer"}, "b": {"type": "integer"}}}}},
-    ])
-}
-
-fn feed_chunks(
-    format: &str,
-    tools: Option<&Value>,
-    opts: &ParserOptions,
-    chunks: &[&str],
-    hint: FinishHint,
-) -> Vec<ChatEvent> {
-    let format = OutputFormat::from_name(format).expect("known format");
-    let mut p = parser_with(format, tools, opts.clone()).unwrap();
-    let mut events = Vec::new();
-    for c in chunks {
-        events.extend(p.feed(c));
-    }
-    events.extend(p.finish(hint));
-    merge_events(events)
-}
-
-/// Parses `text` whole, checks chunking invariance and the argument-stream
-/// invariant, and returns the merged events.
-fn parse_opts(
-    format: &str,
-    tools: Option<&Value>,
-    opts: &ParserOptions,
-    text: &str,
-    hint: FinishHint,
-) -> Vec<ChatEvent> {
-    let whole = feed_chunks(format, tools, opts, &[text], hint);
-    for (i, _) in text.char_indices().skip(1) {
-        let split = feed_chunks(format, tools, opts, &[&text[..i], &text[i..]], hint);
-        assert_eq!(split, whole, "{format}: split at byte {i} of {text:?}");
-    }
-    let chars: Vec<String> = text.chars().map(String::from).collect();
-    let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
-    let by_char = feed_chunks(format, tools, opts, &chars, hint);
-    assert_eq!(by_char, whole, "{format}: char by char {text:?}");
-    check_arg_stream(&whole);
-    match whole.last() {
-        Some(ChatEvent::End { .. }) => {}
-        other => panic!("last event must be End, got {other:?}"),
-    }
-    whole
-}
-
-fn parse(format: &str, tools: Option<&Value>, text: &str, hint: FinishHint) -> Vec<ChatEvent> {
-    parse_opts(format, tools, &ParserOptions::default(), text, hint)
-}
-
-/// For every confirmed call, the argument deltas of its index concatenate to
-/// JSON equal to `arguments` (streaming clients rebuild exactly the call).
-fn check_arg_stream(events: &[ChatEvent]) {
-    for e in events {
-        if let ChatEvent::ToolCall {
-            index, arguments, ..
-        } = e
-        {
-            let streamed: String = events
-                .iter()
-                .filter_map(|e| match e {
-                    ChatEvent::ToolCallArgs { index: i, delta } if i == index => {
-                        Some(delta.as_str())
-                    }
-                    _ => None,
-                })
-                .collect();
-            let v: Value = serde_json::from_str(&streamed)
-                .unwrap_or_else(|err| panic!("streamed args {streamed:?}: {err}"));
-            assert_eq!(&v, arguments, "streamed {streamed:?}");
-        }
-    }
-}
-
-/// The client's view: reasoning, content (None when empty), confirmed calls
-/// (index, name, arguments as JSON text in key order), finish reason.
-#[derive(Debug, PartialEq)]
-struct Outcome {
-    reasoning: Option<String>,
-    content: Option<String>,
-    calls: Vec<(usize, String, String)>,
-    finish: FinishReason,
-}
-
-fn outcome(events: &[ChatEvent]) -> Outcome {
-    let mut reasoning = String::new();
-    let mut content = String::new();
-    let mut calls = Vec::new();
-    let mut finish = None;
-    for e in events {
-        match e {
-            ChatEvent::Reasoning(t) => reasoning.push_str(t),
-            ChatEvent::Content(t) => content.push_str(t),
-            ChatEvent::ToolCall {
-                index,
-                name,
-                arguments,
-                ..
-            } => calls.push((*index, name.clone(), arguments.to_string())),
-            ChatEvent::End { finish_reason } => finish = Some(*finish_reason),
-            _ => {}
-        }
-    }
-    let some = |s: String| if s.is_empty() { None } else { Some(s) };
-    Outcome {
-        reasoning: some(reasoning),
-        content: some(content),
-        calls,
-        finish: finish.expect("an End event"),
-    }
-}
-
-fn call(index: usize, name: &str, args: Value) -> (usize, String, String) {
-    (index, name.to_string(), args.to_string())
-}
-
-fn atem_block(invokes: &[(&str, &[(&str, &str)])]) -> String {
-    let mut s = String::from("<atem:function_calls>\n");
-    for (name, params) in invokes {
-        s.push_str(&format!("<atem:invoke name=\"{name}\">\n"));
-        for (k, v) in params.iter() {
-            s.push_str(&format!(
-                "<atem:parameter name=\"{k}\">{v}</atem:parameter>\n"
-            ));
-        }
-        s.push_str("</atem:invoke>\n");
-    }
-    s.push_str("</atem:function_calls>");
-    s
-}
 
 // ---- Muse Glimmer, §5 ----
 
@@ -335,6 +194,9 @@ fn mg_5_parallel() {
 
 #[test]
 fn mg_6_truncated_call() {
+    // The spec's example gives content "Sure!" (the reference drops the cut-off
+    // call); hearth returns the cut-off call's text as content too (issue 19,
+    // "nothing lost in parsing"), with a warning.
     let text = "Sure! <atem:function_calls>\n<atem:invoke name=\"get_weather\">\n<atem:parameter name=\"city\">Pa";
     for format in ["muse-glimmer", "atem"] {
         let events = parse(format, Some(&tools_weather_add()), text, FinishHint::Length);
@@ -342,11 +204,12 @@ fn mg_6_truncated_call() {
             outcome(&events),
             Outcome {
                 reasoning: None,
-                content: Some("Sure!".into()),
+                content: Some(text.into()),
                 calls: vec![],
                 finish: FinishReason::Length
             }
         );
+        assert_eq!(warnings(&events), 1);
     }
     // Cut right after a complete invoke but before its structural end is seen:
     // the end of generation is end of input, so the invoke counts (§4.2).
@@ -654,20 +517,25 @@ fn hermes_calls() {
 #[test]
 fn hermes_malformed_truncated_think_unknown() {
     let tools = tools_weather_add();
-    // Malformed (text after the JSON value): dropped, content is the text before.
+    // Malformed (text after the JSON value): content, verbatim, with a warning
+    // (the reference drops it and keeps only the text before).
     let text = "Hi <tool_call>{\"name\": \"add\", \"arguments\": {}} oops</tool_call>";
-    let o = outcome(&parse("hermes", Some(&tools), text, FinishHint::Stop));
+    let events = parse("hermes", Some(&tools), text, FinishHint::Stop);
+    let o = outcome(&events);
     assert_eq!(
         (o.content.as_deref(), o.calls.len(), o.finish),
-        (Some("Hi"), 0, FinishReason::Stop)
+        (Some(text), 0, FinishReason::Stop)
     );
-    // Truncated.
+    assert_eq!(warnings(&events), 1);
+    // Truncated: content too.
     let text = "Hi <tool_call>{\"name\": \"add\", \"arguments\": {\"a\": 1";
-    let o = outcome(&parse("hermes", Some(&tools), text, FinishHint::Length));
+    let events = parse("hermes", Some(&tools), text, FinishHint::Length);
+    let o = outcome(&events);
     assert_eq!(
         (o.content.as_deref(), o.calls.len(), o.finish),
-        (Some("Hi"), 0, FinishReason::Length)
+        (Some(text), 0, FinishReason::Length)
     );
+    assert_eq!(warnings(&events), 1);
     // Calls inside <think> are not calls.
     let text = "<think>maybe <tool_call>{\"name\": \"add\"}</tool_call></think>\n\nNo call.";
     let o = outcome(&parse("hermes", Some(&tools), text, FinishHint::Stop));
@@ -739,7 +607,8 @@ fn qwen3_xml_think_and_truncation() {
         o,
         Outcome {
             reasoning: Some("\nuse <function=f>\n</function> maybe\n".into()),
-            content: Some("OK".into()),
+            // The cut-off call is content (issue 19).
+            content: Some("OK <function=f>\n<parameter=x>\nabc".into()),
             calls: vec![],
             finish: FinishReason::Length
         }
@@ -824,11 +693,12 @@ fn harmony_builtin_recipients_and_truncation() {
         (o.calls.len(), o.content.as_deref()),
         (0, Some("{\"query\": \"x\"}"))
     );
+    // A cut-off call body is content (issue 19); its header is framing.
     let text = "<|channel|>commentary to=functions.add <|constrain|>json<|message|>{\"a\": 1";
     let o = outcome(&parse("harmony", Some(&tools), text, FinishHint::Length));
     assert_eq!(
-        (o.calls.len(), o.content, o.finish),
-        (0, None, FinishReason::Length)
+        (o.calls.len(), o.content.as_deref(), o.finish),
+        (0, Some("{\"a\": 1"), FinishReason::Length)
     );
     // Unframed text is content.
     let o = outcome(&parse("harmony", None, "just text", FinishHint::Stop));

@@ -306,7 +306,15 @@ fn parse_header(cur: &mut Cursor<'_>) -> Result<Header, GgufError> {
             )
         })?;
         let n_elements = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
-        let size_ok = n_elements.and_then(|n| ty.bytes_for(n)).is_some()
+        // Every partial product (the row count ne[1]*ne[2]*..., say) must fit
+        // too, also when another dimension is 0 and the element count is 0.
+        let dims_fit = shape
+            .iter()
+            .filter(|&&d| d != 0)
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .is_some();
+        let size_ok = dims_fit
+            && n_elements.and_then(|n| ty.bytes_for(n)).is_some()
             && shape
                 .first()
                 .is_none_or(|&ne0| ne0 % ty.block_size() as u64 == 0);

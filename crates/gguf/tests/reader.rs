@@ -337,6 +337,36 @@ fn specific_corruptions_name_field_and_offset() {
     );
     assert_eq!(field, "tensor 'f32.weight' shape");
 
+    // Found by fuzzing (fuzz/gguf_reader): a zero dimension made the element
+    // count 0, so huge other dimensions passed, and the row count
+    // (ne[1]*ne[2]) overflowed when asked for.
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes()); // version
+    b.extend_from_slice(&1u64.to_le_bytes()); // tensor_count
+    b.extend_from_slice(&0u64.to_le_bytes()); // metadata_kv_count
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.push(b't');
+    b.extend_from_slice(&3u32.to_le_bytes());
+    for ne in [0u64, 1 << 40, 1 << 40] {
+        b.extend_from_slice(&ne.to_le_bytes());
+    }
+    b.extend_from_slice(&0u32.to_le_bytes()); // f32
+    b.extend_from_slice(&0u64.to_le_bytes()); // offset
+    b.resize(b.len().next_multiple_of(32), 0);
+    let (field, _, _) = format_problem(
+        GgufFile::from_bytes("small-zero-dim.gguf", b.clone())
+            .err()
+            .unwrap(),
+    );
+    assert_eq!(field, "tensor 't' shape");
+    // The same with dimensions whose product fits opens, and has no rows' data.
+    b[45..53].copy_from_slice(&(1u64 << 20).to_le_bytes()); // ne[1]
+    let f = GgufFile::from_bytes("small-zero-dim.gguf", b).unwrap();
+    assert_eq!(
+        (f.tensors()[0].n_rows(), f.tensors()[0].n_bytes()),
+        (1 << 60, 0)
+    );
+
     // Misaligned offset.
     let (field, _, _) = format_problem(patched(type_at + 4, &3u64.to_le_bytes()).err().unwrap());
     assert_eq!(field, "tensor 'f32.weight' offset");

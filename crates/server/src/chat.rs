@@ -3,6 +3,7 @@
 //! generation token by token (server-api.md §4–5).
 
 use std::convert::Infallible;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -23,6 +24,7 @@ use tokio::sync::mpsc;
 
 use crate::engine::ChannelSink;
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 use crate::request::{parse_chat, parse_completion, parse_object, Common};
 use crate::routes::{check_context, header_session, read_body, AppState};
 
@@ -76,10 +78,14 @@ async fn chat_inner(
         .chat_ids(&req.messages, req.tools.as_ref(), &req.kwargs)
         .map_err(prompt_error)?;
     let id = random_hex();
-    let parser = app
-        .prompter
-        .parser(req.tools.as_ref(), format!("call_{}_", &id[..12]))
-        .map_err(prompt_error)?;
+    let parser = Box::new(WarningLog {
+        inner: app
+            .prompter
+            .parser(req.tools.as_ref(), format!("call_{}_", &id[..12]))
+            .map_err(prompt_error)?,
+        metrics: app.metrics.clone(),
+        id: format!("chatcmpl-{id}"),
+    });
     let reply = Reply {
         id: format!("chatcmpl-{id}"),
         created: unix_now(),
@@ -164,6 +170,44 @@ async fn submit(
         Some(Event::Admitted { .. }) => Ok(rx),
         Some(Event::Failed(e)) => Err(e.into()),
         _ => Err(ApiError::server("the engine dropped the request")),
+    }
+}
+
+/// Logs and counts the parser's warnings (output that began like a tool call
+/// but was not one; its text reaches the client as content) and passes every
+/// other event on.
+struct WarningLog {
+    inner: Box<dyn OutputParser + Send>,
+    metrics: Arc<Metrics>,
+    /// The response id, to find the turn in the log.
+    id: String,
+}
+
+impl WarningLog {
+    fn pass(&self, mut events: Vec<ChatEvent>) -> Vec<ChatEvent> {
+        events.retain(|e| match e {
+            ChatEvent::Warning { message } => {
+                eprintln!("tool_call_parse_warning id={} {message}", self.id);
+                self.metrics
+                    .tool_call_parse_warnings
+                    .fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            _ => true,
+        });
+        events
+    }
+}
+
+impl OutputParser for WarningLog {
+    fn feed(&mut self, text: &str) -> Vec<ChatEvent> {
+        let events = self.inner.feed(text);
+        self.pass(events)
+    }
+
+    fn finish(&mut self, hint: FinishHint) -> Vec<ChatEvent> {
+        let events = self.inner.finish(hint);
+        self.pass(events)
     }
 }
 
@@ -259,6 +303,8 @@ impl DeltaWriter {
                     *self.slot(index) = (true, full);
                 }
                 ChatEvent::End { finish_reason } => *finish = Some(finish_reason.as_str()),
+                // Logged by `WarningLog`; not part of the message.
+                ChatEvent::Warning { .. } => {}
             }
         }
         out
@@ -394,7 +440,9 @@ async fn chat_whole(
                 "function": {"name": name, "arguments": arguments.to_string()}
             })),
             ChatEvent::End { finish_reason } => finish = finish_reason.as_str(),
-            ChatEvent::ToolCallStart { .. } | ChatEvent::ToolCallArgs { .. } => {}
+            ChatEvent::ToolCallStart { .. }
+            | ChatEvent::ToolCallArgs { .. }
+            | ChatEvent::Warning { .. } => {}
         }
     }
     let mut message = Map::new();
@@ -496,4 +544,37 @@ fn unix_now() -> u64 {
 /// 32 random hex digits.
 fn random_hex() -> String {
     format!("{:032x}", rand::random::<u128>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parser_warnings_are_logged_counted_and_kept_out_of_the_reply() {
+        let metrics = Arc::new(Metrics::default());
+        let mut parser = WarningLog {
+            inner: hearth_chat::parser::parser_for("hermes", None).unwrap(),
+            metrics: metrics.clone(),
+            id: "chatcmpl-test".into(),
+        };
+        let text = "Before<tool_call>not json</tool_call> after";
+        let mut events = parser.feed(text);
+        events.extend(parser.finish(FinishHint::Stop));
+        assert!(!events
+            .iter()
+            .any(|e| matches!(e, ChatEvent::Warning { .. })));
+        let content: String = events
+            .iter()
+            .filter_map(|e| match e {
+                ChatEvent::Content(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(content, text);
+        assert_eq!(metrics.tool_call_parse_warnings.load(Ordering::Relaxed), 1);
+        assert!(metrics
+            .render()
+            .contains("\nhearth_tool_call_parse_warnings_total 1\n"));
+    }
 }

@@ -17,6 +17,8 @@ pub struct Metrics {
     /// (endpoint, status) -> count.
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     pub engine: Arc<SchedulerStats>,
+    /// Output that began like a tool call but was not one (returned as content).
+    pub tool_call_parse_warnings: AtomicU64,
 }
 
 impl Metrics {
@@ -123,6 +125,11 @@ impl Metrics {
             "hearth_session_evictions_total",
             "Idle sessions evicted (least recently used) to make room.",
             get(&self.engine.session_evictions),
+        );
+        counter(
+            "hearth_tool_call_parse_warnings_total",
+            "Model output that began like a tool call but was malformed or cut off; returned as content.",
+            get(&self.tool_call_parse_warnings),
         );
         let rate = |tokens: u64, us: u64| {
             if us == 0 {

@@ -58,7 +58,9 @@ impl BareJsonFallback {
                         self.release(out);
                     }
                 }
-                (State::Undecided, e @ ChatEvent::Reasoning(_)) => out.push(e),
+                (State::Undecided, e @ (ChatEvent::Reasoning(_) | ChatEvent::Warning { .. })) => {
+                    out.push(e)
+                }
                 (State::Undecided, e) => {
                     // A tagged call or the end: the fallback does not apply.
                     self.release(out);

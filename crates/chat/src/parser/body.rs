@@ -70,15 +70,18 @@ impl VisibleBody {
         self.run(cx, false);
     }
 
-    /// The body is complete: decide what was waiting, flush text, drop a
-    /// truncated call (one without its structural end is never confirmed, §4.1).
+    /// The body is complete: decide what was waiting and flush text. A call
+    /// without its structural end is never confirmed (§4.1); its text is
+    /// content, with a warning.
     pub fn end(&mut self, cx: &mut Ctx) {
         self.run(cx, true);
         let rest = std::mem::take(&mut self.buf);
         match &self.state {
             State::Text => cx.content(&rest),
             State::Think => cx.reasoning(&rest),
-            State::SkipWs { .. } | State::Xml(_) | State::Json(_) => cx.markup(&rest),
+            // An unfinished block is content (with a warning); whitespace
+            // after finished calls is dropped.
+            State::SkipWs { .. } | State::Xml(_) | State::Json(_) => cx.end_markup(&rest),
         }
         self.state = State::Text;
     }
@@ -92,6 +95,7 @@ impl VisibleBody {
                     let n = ws_len(&self.buf);
                     if *markup {
                         cx.markup(&self.buf[..n]);
+                        cx.commit_markup();
                     }
                     self.buf.drain(..n);
                     if self.buf.is_empty() {
@@ -108,12 +112,19 @@ impl VisibleBody {
                     };
                     xml_calls::step(d, stage, &mut self.buf, cx, end)
                 }
-                State::Json(call) => hermes::step(call, &mut self.buf, cx, end),
+                State::Json(call) => hermes::step(call, &mut self.buf, cx),
             };
             match step {
                 Step::Continue => {}
                 Step::Wait => break,
-                Step::Done => self.state = State::SkipWs { markup: true },
+                Step::Done => {
+                    cx.commit_markup();
+                    self.state = State::SkipWs { markup: true };
+                }
+                Step::Malformed(why) => {
+                    cx.release_markup(&why);
+                    self.state = State::Text;
+                }
             }
         }
     }
@@ -174,7 +185,7 @@ impl VisibleBody {
                     self.state = match t {
                         Trigger::Invoke(name) => State::Xml(Stage::Invoke(cx.open_call(&name))),
                         _ if self.syntax == CallSyntax::Hermes => State::Json(JsonCall::default()),
-                        _ => State::Xml(Stage::Block),
+                        _ => State::Xml(Stage::Block { empty: true }),
                     };
                     return Step::Continue;
                 }

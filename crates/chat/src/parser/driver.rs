@@ -12,7 +12,7 @@ use super::{ChatEvent, FinishHint, FinishReason, OutputParser, ParserOptions, Un
 /// into events.
 pub(crate) trait Machine: Send {
     fn feed(&mut self, text: &str, cx: &mut Ctx);
-    /// End of generation: flush held text, drop truncated calls.
+    /// End of generation: flush held text; a truncated call becomes content.
     fn finish(&mut self, cx: &mut Ctx);
 }
 
@@ -21,7 +21,7 @@ pub(crate) trait Machine: Send {
 /// content after all.
 pub(crate) enum Out {
     Event(ChatEvent),
-    /// Raw text consumed as tool-call markup (or dropped around it).
+    /// Raw text of confirmed tool-call markup (and the whitespace around it).
     Markup(String),
     /// A call named an unregistered tool.
     UnknownTool,
@@ -38,6 +38,10 @@ pub(crate) struct Ctx {
     pub tools: ToolSet,
     opts: ParserOptions,
     out: Vec<Out>,
+    /// Raw text consumed by call syntax that is not yet known to be a call: it
+    /// becomes [`Out::Markup`] when the call is confirmed, or content (with a
+    /// warning) when it turns out not to be one.
+    pending: String,
     next_index: usize,
     /// Per channel (reasoning, content): has it emitted text, and does the next
     /// text start a new message body (joined with "\n\n", as the reference joins).
@@ -78,10 +82,47 @@ impl Ctx {
         self.new_body = [true, true];
     }
 
+    /// Raw text consumed by call syntax; held until [`Ctx::commit_markup`] or
+    /// [`Ctx::release_markup`] decides what it was.
     pub fn markup(&mut self, s: &str) {
-        if !s.is_empty() {
-            self.out.push(Out::Markup(s.to_string()));
+        self.pending.push_str(s);
+    }
+
+    /// The held markup belongs to a confirmed call (or is whitespace around one).
+    pub fn commit_markup(&mut self) {
+        if !self.pending.is_empty() {
+            self.out
+                .push(Out::Markup(std::mem::take(&mut self.pending)));
         }
+    }
+
+    /// The held markup was not a call after all: report `why` and return the
+    /// text as content, verbatim.
+    pub fn release_markup(&mut self, why: &str) {
+        let text = std::mem::take(&mut self.pending);
+        if text.is_empty() {
+            return;
+        }
+        self.warning(why);
+        self.content(&text);
+    }
+
+    /// Held markup and `rest` at the end of a body: whitespace only is dropped
+    /// (markup around calls); anything else was a call cut off by the end of
+    /// the body and becomes content.
+    pub fn end_markup(&mut self, rest: &str) {
+        self.pending.push_str(rest);
+        if self.pending.trim().is_empty() {
+            self.commit_markup();
+        } else {
+            self.release_markup("tool call cut off by the end of the output; kept as content");
+        }
+    }
+
+    pub fn warning(&mut self, message: &str) {
+        self.out.push(Out::Event(ChatEvent::Warning {
+            message: message.to_string(),
+        }));
     }
 
     /// Opens a call named `written` (normalized per §4.6) and announces it.
@@ -134,6 +175,7 @@ impl Ctx {
     }
 
     fn confirm(&mut self, call: Call) {
+        self.commit_markup();
         self.out.push(Out::Event(ChatEvent::ToolCall {
             index: call.index,
             id: call.id,
@@ -235,6 +277,7 @@ impl<M: Machine> Driver<M> {
                 tools,
                 opts,
                 out: Vec::new(),
+                pending: String::new(),
                 next_index: 0,
                 emitted: [false; 2],
                 new_body: [false; 2],
@@ -296,6 +339,9 @@ impl<M: Machine> OutputParser for Driver<M> {
         }
         self.finished = true;
         self.machine.finish(&mut self.cx);
+        // Machines settle their markup at the end; this only guards against
+        // losing text if one did not.
+        self.cx.end_markup("");
         self.route(&mut events);
         let queue = std::mem::take(&mut self.queue);
         let as_text = queue.iter().any(|o| matches!(o, Out::UnknownTool));

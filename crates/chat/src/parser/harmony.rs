@@ -176,10 +176,12 @@ impl HarmonyParser {
                     _ => None,
                 }
             };
-            // A body that is not a JSON object is no call (dropped, as malformed
-            // Hermes blocks are).
-            if let Some(args) = args {
-                cx.whole_call(&name, args);
+            match args {
+                Some(args) => cx.whole_call(&name, args),
+                // A body that is not a JSON object is no call: it is content.
+                None => cx.release_markup(&format!(
+                    "call to {name:?} whose body is not a JSON object; kept as content"
+                )),
             }
         }
     }
@@ -257,9 +259,10 @@ impl Machine for HarmonyParser {
 
     fn finish(&mut self, cx: &mut Ctx) {
         self.run(cx, true);
-        // A call body without its `<|call|>` was cut off: never confirmed.
+        // A call body without its `<|call|>` was cut off: never confirmed, and
+        // its text is content.
         if let State::Call { body, .. } = std::mem::replace(&mut self.state, State::Header) {
-            cx.markup(&body);
+            cx.end_markup(&body);
         }
     }
 }

@@ -5,15 +5,15 @@
 //! Each block holds one JSON value, decoded with a real JSON scanner (so
 //! `</tool_call>` inside a string is safe), followed by only whitespace and
 //! `</tool_call>`. The value is a call object or a list of them; the arguments
-//! come whole when the block closes. A malformed block is dropped, as the
-//! reference drops it (its content is the text before the block).
+//! come whole when the block closes. A malformed or unclosed block is content,
+//! verbatim, with a warning (the reference drops it and everything after).
 
 use serde_json::{Map, Value};
 
 use super::body::{CallSyntax, Terminated};
 use super::driver::{Ctx, Machine};
 use super::pyjson;
-use super::scan::{lit, partial_suffix_len, ws_len, Lit};
+use super::scan::{lit, ws_len, Lit};
 use super::xml_calls::Step;
 
 pub(crate) const TOOL_CALL_OPEN: &str = "<tool_call>";
@@ -52,7 +52,8 @@ pub(crate) struct JsonCall {
     in_string: bool,
     escaped: bool,
     value_end: Option<usize>,
-    malformed: bool,
+    /// The block does not start with `{` or `[`.
+    not_json: bool,
 }
 
 fn take(buf: &mut String, n: usize, cx: &mut Ctx) {
@@ -60,9 +61,11 @@ fn take(buf: &mut String, n: usize, cx: &mut Ctx) {
     buf.drain(..n);
 }
 
-/// One step inside a `<tool_call>` block.
-pub(crate) fn step(st: &mut JsonCall, buf: &mut String, cx: &mut Ctx, end: bool) -> Step {
-    if st.value_end.is_none() && !st.malformed {
+/// One step inside a `<tool_call>` block (its opening tag is already markup).
+/// A block that is not `ws JSON ws </tool_call>` holding calls is malformed;
+/// the text after the point where it went wrong is read as text again.
+pub(crate) fn step(st: &mut JsonCall, buf: &mut String, cx: &mut Ctx) -> Step {
+    if st.value_end.is_none() && !st.not_json {
         let b = buf.as_bytes();
         let mut i = st.scanned;
         while i < b.len() {
@@ -76,7 +79,7 @@ pub(crate) fn step(st: &mut JsonCall, buf: &mut String, cx: &mut Ctx, end: bool)
                     }
                     c if c.is_ascii_whitespace() => {}
                     _ => {
-                        st.malformed = true;
+                        st.not_json = true;
                         break;
                     }
                 }
@@ -105,39 +108,47 @@ pub(crate) fn step(st: &mut JsonCall, buf: &mut String, cx: &mut Ctx, end: bool)
         }
         st.scanned = i;
     }
-    if let (Some(e), false) = (st.value_end, st.malformed) {
-        let rest = &buf[e..];
-        let ws = ws_len(rest);
-        match lit(&rest[ws..], TOOL_CALL_CLOSE) {
-            Lit::Yes => {
-                let calls = serde_json::from_str::<Value>(&buf[..e])
-                    .ok()
-                    .and_then(calls_of);
-                take(buf, e + ws + TOOL_CALL_CLOSE.len(), cx);
-                for (name, args) in calls.into_iter().flatten() {
-                    cx.whole_call(&name, args);
+    if st.not_json {
+        // Prose that mentions the tag: everything after it is text again.
+        return Step::Malformed(
+            "<tool_call> not followed by a JSON object or array; kept as content".to_string(),
+        );
+    }
+    let Some(e) = st.value_end else {
+        return Step::Wait;
+    };
+    let rest = &buf[e..];
+    let ws = ws_len(rest);
+    match lit(&rest[ws..], TOOL_CALL_CLOSE) {
+        Lit::Yes => {
+            let calls = serde_json::from_str::<Value>(&buf[..e])
+                .ok()
+                .and_then(calls_of)
+                .filter(|c| !c.is_empty());
+            take(buf, e + ws + TOOL_CALL_CLOSE.len(), cx);
+            match calls {
+                Some(calls) => {
+                    for (name, args) in calls {
+                        cx.whole_call(&name, args);
+                    }
+                    Step::Done
                 }
-                return Step::Done;
+                None => Step::Malformed(
+                    "<tool_call> block is not {\"name\": …, \"arguments\": {…}} or a list of them; kept as content"
+                        .to_string(),
+                ),
             }
-            Lit::Partial if !end => return Step::Wait,
-            _ => st.malformed = true,
+        }
+        // Whitespace so far, or the end of generation before `</tool_call>`
+        // (the body's end returns the block as content).
+        Lit::Partial => Step::Wait,
+        Lit::No => {
+            take(buf, e, cx);
+            Step::Malformed(
+                "text between the tool-call JSON and </tool_call>; kept as content".to_string(),
+            )
         }
     }
-    if st.malformed {
-        // Drop the block through its closing tag.
-        if let Some(p) = buf.find(TOOL_CALL_CLOSE) {
-            take(buf, p + TOOL_CALL_CLOSE.len(), cx);
-            return Step::Done;
-        }
-        let hold = if end {
-            0
-        } else {
-            partial_suffix_len(buf, &[TOOL_CALL_CLOSE])
-        };
-        let n = buf.len() - hold;
-        take(buf, n, cx);
-    }
-    Step::Wait
 }
 
 /// The calls a decoded block holds: an object or a list of objects with a

@@ -25,7 +25,7 @@ enum State {
     /// Before a message body: collecting a possible header.
     Header,
     Reasoning,
-    Visible(VisibleBody),
+    Visible(Box<VisibleBody>),
 }
 
 pub(crate) struct MuseGlimmerParser {
@@ -150,7 +150,7 @@ impl MuseGlimmerParser {
         self.after_word = false;
         self.state = match recipient.as_deref() {
             Some("self") => State::Reasoning,
-            _ => State::Visible(VisibleBody::new(CallSyntax::Atem, false, false)),
+            _ => State::Visible(Box::new(VisibleBody::new(CallSyntax::Atem, false, false))),
         };
     }
 

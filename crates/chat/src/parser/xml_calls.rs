@@ -23,7 +23,9 @@ pub(crate) struct XmlDialect {
     pub qwen_values: bool,
 }
 
-/// Longest tag name we wait for before deciding a tag is not one.
+/// Longest name a tag may carry: a longer one means the text is not a tag.
+/// Judged on the name's length alone, never on how much text has arrived, so
+/// the outcome does not depend on how the output was split.
 const MAX_NAME: usize = 512;
 
 impl XmlDialect {
@@ -50,12 +52,11 @@ impl XmlDialect {
                 Lit::Partial => return Match::Partial,
                 Lit::Yes => i += 6,
             }
-            let Some(q) = s[i..].find('"') else {
-                return if s.len() - i > MAX_NAME {
-                    Match::No
-                } else {
-                    Match::Partial
-                };
+            let q = match s[i..].find('"') {
+                Some(q) if q <= MAX_NAME => q,
+                Some(_) => return Match::No,
+                None if s.len() - i > MAX_NAME => return Match::No,
+                None => return Match::Partial,
             };
             let name = s[i..i + q].to_string();
             i += q + 1;
@@ -68,6 +69,7 @@ impl XmlDialect {
         } else {
             // `<function=` + NAME + `>`, NAME on one line.
             match s[i..].find(['>', '\n']) {
+                Some(q) if q > MAX_NAME => Match::No,
                 Some(q) if s.as_bytes()[i + q] == b'>' => {
                     let name = s[i..i + q].trim().to_string();
                     Match::Full(i + q + 1, name)
@@ -91,7 +93,10 @@ impl XmlDialect {
 /// Where inside a call block the engine is.
 pub(crate) enum Stage {
     /// Between invokes (inside the block wrapper, or after a bare invoke).
-    Block,
+    /// `empty`: no invoke yet since the wrapper opened.
+    Block {
+        empty: bool,
+    },
     Invoke(Call),
     Value {
         call: Call,
@@ -111,19 +116,16 @@ pub(crate) enum Step {
     Wait,
     /// The block is closed; back to text.
     Done,
+    /// The text at the start of the buffer cannot continue the block: the
+    /// block's held markup is not a call (the reason says why), and the
+    /// buffer is read as text again from here.
+    Malformed(String),
 }
 
 /// Consumes `n` bytes of `buf` as markup.
 fn take(buf: &mut String, n: usize, cx: &mut Ctx) {
     cx.markup(&buf[..n]);
     buf.drain(..n);
-}
-
-/// Skips junk (text that is no tag here): up to the next `<`, at least one char.
-fn skip_junk(buf: &mut String, cx: &mut Ctx) {
-    let first = buf.chars().next().map_or(0, char::len_utf8);
-    let n = buf[first..].find('<').map_or(buf.len(), |p| p + first);
-    take(buf, n, cx);
 }
 
 /// One step of the engine on `buf`. `end`: no more text will come (end of the
@@ -136,7 +138,7 @@ pub(crate) fn step(
     end: bool,
 ) -> Step {
     match stage {
-        Stage::Block => {
+        Stage::Block { empty } => {
             let ws = ws_len(buf);
             take(buf, ws, cx);
             if buf.is_empty() {
@@ -155,6 +157,12 @@ pub(crate) fn step(
             match lit(buf, d.block_close) {
                 Lit::Yes => {
                     take(buf, d.block_close.len(), cx);
+                    if *empty {
+                        return Step::Malformed(format!(
+                            "{}{} holds no call; kept as content",
+                            d.block_open, d.block_close
+                        ));
+                    }
                     return Step::Done;
                 }
                 Lit::Partial => partial = true,
@@ -171,8 +179,10 @@ pub(crate) fn step(
             if partial && !end {
                 return Step::Wait;
             }
-            skip_junk(buf, cx);
-            Step::Continue
+            Step::Malformed(format!(
+                "text inside a tool-call block that is neither {} nor {}; kept as content",
+                d.invoke_prefix, d.block_close
+            ))
         }
         Stage::Invoke(_) => {
             let ws = ws_len(buf);
@@ -184,7 +194,9 @@ pub(crate) fn step(
             match d.open_tag(buf, d.param_prefix) {
                 Match::Full(n, key) => {
                     take(buf, n, cx);
-                    let Stage::Invoke(mut call) = std::mem::replace(stage, Stage::Block) else {
+                    let Stage::Invoke(mut call) =
+                        std::mem::replace(stage, Stage::Block { empty: false })
+                    else {
                         unreachable!()
                     };
                     cx.begin_param(&mut call, &key);
@@ -206,16 +218,20 @@ pub(crate) fn step(
                         None => return Step::Wait,
                         Some(true) => {
                             take(buf, n, cx);
-                            let Stage::Invoke(call) = std::mem::replace(stage, Stage::Block) else {
+                            let Stage::Invoke(call) =
+                                std::mem::replace(stage, Stage::Block { empty: false })
+                            else {
                                 unreachable!()
                             };
                             cx.close_call(call);
                             return Step::Continue;
                         }
-                        // Not structural: junk between parameters.
+                        // Not structural: text follows the call inside it.
                         Some(false) => {
-                            take(buf, n, cx);
-                            return Step::Continue;
+                            return Step::Malformed(format!(
+                                "{} followed by text; the call is kept as content",
+                                d.invoke_close
+                            ))
                         }
                     }
                 }
@@ -225,8 +241,10 @@ pub(crate) fn step(
             if partial && !end {
                 return Step::Wait;
             }
-            skip_junk(buf, cx);
-            Step::Continue
+            Step::Malformed(format!(
+                "text inside a tool call that is neither {} nor {}; the call is kept as content",
+                d.param_prefix, d.invoke_close
+            ))
         }
         Stage::Value {
             call,
@@ -268,7 +286,8 @@ pub(crate) fn step(
                             value.pop();
                         }
                         let key = std::mem::take(key);
-                        let Stage::Value { mut call, .. } = std::mem::replace(stage, Stage::Block)
+                        let Stage::Value { mut call, .. } =
+                            std::mem::replace(stage, Stage::Block { empty: false })
                         else {
                             unreachable!()
                         };

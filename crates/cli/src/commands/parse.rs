@@ -5,8 +5,11 @@
 //! {"type":"reasoning","text":"..."}
 //! {"type":"content","text":"..."}
 //! {"type":"tool_call","index":0,"name":"get_weather","arguments":{"city":"Paris"}}
+//! {"type":"warning","message":"..."}
 //! {"type":"end","finish_reason":"tool_calls"}
 //! ```
+//! A `warning` line reports text that began like a tool call but was not one
+//! (malformed, or cut off); that text follows as content.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -148,6 +151,10 @@ impl Printer<'_> {
             } => {
                 self.flush_text()?;
                 return self.line(json!({"type": "tool_call", "index": index, "name": name, "arguments": arguments}));
+            }
+            ChatEvent::Warning { message } => {
+                self.flush_text()?;
+                return self.line(json!({"type": "warning", "message": message}));
             }
             ChatEvent::End { finish_reason } => {
                 self.flush_text()?;
