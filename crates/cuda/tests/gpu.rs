@@ -104,6 +104,7 @@ fn upload_matrix(
         body: bb.ptr,
         scales: if ns > 0 { sb.ptr } else { 0 },
         tune: Default::default(),
+        scale: None,
     };
     (m, bb, sb)
 }

@@ -16,6 +16,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use super::activations::expf_ggml_v;
+use super::half_dot::{dot_f16_ggml, reduce_add_16};
 use crate::cpu::kv_cache::{CacheLayout, LayerKvCache};
 
 /// KV cells per tile of the tiled path (`GGML_FA_TILE_KV`).
@@ -406,43 +407,4 @@ pub(crate) fn tiled_rows(
         out.iter_mut().for_each(|a| *a *= inv);
     }
     vkq
-}
-
-/// `_mm512_reduce_add_ps` as GCC expands it: halves added pairwise (+8, +4, +2, +1).
-fn reduce_add_16(mut v: [f32; 16]) -> f32 {
-    let mut width = 8;
-    while width > 0 {
-        for l in 0..width {
-            v[l] += v[l + width];
-        }
-        width /= 2;
-    }
-    v[0]
-}
-
-/// Dot product of two f16-valued rows in the summation order of ggml's
-/// `ggml_vec_dot_f16` on AVX-512 (4 accumulators of 16 lanes over steps of 64,
-/// folded 0+2, 1+3, 0+1, then `_mm512_reduce_add_ps`'s halving tree; the tail
-/// past a multiple of 64 added in f64). Products of f16 values are exact in f32,
-/// so only this order decides the rounding.
-fn dot_f16_ggml(a: &[f32], b: &[f32]) -> f32 {
-    let np = a.len() & !63;
-    let mut acc = [[0.0f32; 16]; 4];
-    // Fixed-size chunks so the 64 lanes compile to vector multiplies and adds.
-    for (ac, bc) in a[..np].chunks_exact(64).zip(b[..np].chunks_exact(64)) {
-        for (j, lanes) in acc.iter_mut().enumerate() {
-            let aa: &[f32; 16] = ac[j * 16..j * 16 + 16].try_into().expect("16 lanes");
-            let bb: &[f32; 16] = bc[j * 16..j * 16 + 16].try_into().expect("16 lanes");
-            for l in 0..16 {
-                lanes[l] += aa[l] * bb[l];
-            }
-        }
-    }
-    let v: [f32; 16] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
-    let tail: f64 = a[np..]
-        .iter()
-        .zip(&b[np..])
-        .map(|(x, y)| (x * y) as f64)
-        .sum();
-    (reduce_add_16(v) as f64 + tail) as f32
 }
