@@ -1,6 +1,7 @@
 //! Dot products of F16 and BF16 weight rows with activations converted to
-//! the same type (their `vec_dot_type`), in the summation orders of
-//! llama.cpp's AVX-512 CPU build (the reference build's ISA):
+//! the same type (their `vec_dot_type`), and of F32 rows with f32
+//! activations, in the summation orders of llama.cpp's AVX-512 CPU build
+//! (the reference build's ISA):
 //!
 //! - one activation row (decode): `ggml_vec_dot_f16` / `ggml_vec_dot_bf16`
 //!   (ggml-cpu vec.cpp);
@@ -152,6 +153,40 @@ pub fn dot_bf16_tinyblas(w: &[u8], y: &[bf16]) -> f32 {
         dpbf16_512(&mut acc, wc, yc);
     }
     reduce_add_16(acc)
+}
+
+/// One output of llamafile's `tinyBLAS<16, __m512, __m512, float, float,
+/// float>` (F32 weights, two or more f32 activation rows): 16 lanes of fma
+/// chains over chunks of 16 (the last zero-padded), then `hsum`.
+pub fn dot_f32_tinyblas(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    for (ac, bc) in a.chunks(16).zip(b.chunks(16)) {
+        for (l, (&x, &y)) in ac.iter().zip(bc).enumerate() {
+            lanes[l] = x.mul_add(y, lanes[l]);
+        }
+    }
+    reduce_add_16(lanes)
+}
+
+/// `ggml_vec_dot_f32` on AVX-512 (one activation row): 4 accumulators of 16
+/// lanes over steps of 64 (`GGML_F32x16_REDUCE`), then the tail past a
+/// multiple of 64 as a sequential f32 fma chain.
+pub fn vec_dot_f32_ggml(a: &[f32], b: &[f32]) -> f32 {
+    let np = a.len() & !63;
+    let mut acc = [[0.0f32; 16]; 4];
+    for (ac, bc) in a[..np].chunks_exact(64).zip(b[..np].chunks_exact(64)) {
+        for (j, lanes) in acc.iter_mut().enumerate() {
+            for l in 0..16 {
+                lanes[l] = ac[16 * j + l].mul_add(bc[16 * j + l], lanes[l]);
+            }
+        }
+    }
+    let v: [f32; 16] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let mut sum = reduce_add_16(v);
+    for (x, y) in a[np..].iter().zip(&b[np..]) {
+        sum += x * y;
+    }
+    sum
 }
 
 #[cfg(test)]
