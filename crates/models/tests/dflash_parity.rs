@@ -65,7 +65,10 @@ fn replay(draft_name: &str) {
             .collect::<Vec<_>>(),
         "target layers in file order"
     );
-    assert_eq!(draft.is_dflash2(), fx["settings"]["is_dflash2"].as_bool().unwrap());
+    assert_eq!(
+        draft.is_dflash2(),
+        fx["settings"]["is_dflash2"].as_bool().unwrap()
+    );
     let vocab = target.config.vocab_size;
     let n_block = fx["settings"]["n_block"].as_u64().unwrap() as usize;
     let taps = c.target_layers.clone();
@@ -131,14 +134,10 @@ fn replay(draft_name: &str) {
                             }
                         }
                         stats.rows += 1;
-                        stats.exact_rows += tids
-                            .iter()
-                            .zip(&tl)
-                            .all(|(&id, &w)| row[id as usize] == w)
-                            as usize;
+                        stats.exact_rows +=
+                            tids.iter().zip(&tl).all(|(&id, &w)| row[id as usize] == w) as usize;
                         // Drafts are rows 1..: compare where llama.cpp's pick is clear.
-                        if i >= 1 && i - 1 < want_draft.len() && tl[0] - tl[1] > 2.0 * LOGIT_TOL
-                        {
+                        if i >= 1 && i - 1 < want_draft.len() && tl[0] - tl[1] > 2.0 * LOGIT_TOL {
                             stats.drafts_compared += 1;
                             if argmax(row) != want_draft[i - 1] {
                                 failures.push(format!(
@@ -272,13 +271,12 @@ fn replay(draft_name: &str) {
     eprintln!(
         "{draft_name}: {} rows compared, {} bit-identical, max |diff| of the others {:e}; \
          {} drafted tokens compared; {} rows with swapped candidates (long run)",
-        stats.rows,
-        stats.exact_rows,
-        stats.max_diff,
-        stats.drafts_compared,
-        stats.candidate_swaps
+        stats.rows, stats.exact_rows, stats.max_diff, stats.drafts_compared, stats.candidate_swaps
     );
-    assert!(stats.drafts_compared > 100, "too few clear drafts to compare");
+    assert!(
+        stats.drafts_compared > 100,
+        "too few clear drafts to compare"
+    );
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",

@@ -107,7 +107,11 @@ impl Drafter for DflashDrafter {
         let mut block = vec![self.draft.config.mask_token; b];
         block[0] = context[f];
         // DFlash1 needs only the logits of rows 1..=n; DFlash2 its lattice.
-        let rows = if self.draft.is_dflash2() { 1..1 } else { 1..n + 1 };
+        let rows = if self.draft.is_dflash2() {
+            1..1
+        } else {
+            1..n + 1
+        };
         let out = self
             .draft
             .forward(&self.target, &mut self.state, &self.backlog, &block, rows)?;

@@ -75,10 +75,9 @@ fn key(k: &str) -> String {
 fn int(md: &Metadata, k: &str) -> Result<Option<usize>, DflashError> {
     match md.get(&key(k)) {
         None => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(|x| Some(x as usize))
-            .ok_or_else(|| DflashError::Invalid(format!("metadata '{}' is not an integer", key(k)))),
+        Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| {
+            DflashError::Invalid(format!("metadata '{}' is not an integer", key(k)))
+        }),
     }
 }
 
@@ -139,9 +138,7 @@ impl DflashConfig {
         let dim = required(int(md, "embedding_length")?, "embedding_length")?;
         let n_heads = required(int(md, "attention.head_count")?, "attention.head_count")?;
         if n_layers == 0 || dim == 0 || n_heads == 0 {
-            return Err(DflashError::Invalid(
-                "zero layers, width or heads".into(),
-            ));
+            return Err(DflashError::Invalid("zero layers, width or heads".into()));
         }
         let n_kv_heads = int(md, "attention.head_count_kv")?.unwrap_or(n_heads);
         let head_dim = int(md, "attention.key_length")?.unwrap_or(dim / n_heads);
@@ -209,8 +206,8 @@ impl DflashConfig {
             }
         };
         let nonzero = |v: Option<f32>| v.filter(|&x| x != 0.0);
-        let attn_scale = nonzero(float(md, "attention.scale")?)
-            .unwrap_or(1.0 / (head_dim as f32).sqrt());
+        let attn_scale =
+            nonzero(float(md, "attention.scale")?).unwrap_or(1.0 / (head_dim as f32).sqrt());
         let dflash2 = match file.tensor_info("selector_hidden.weight") {
             None => None,
             Some(_) => {

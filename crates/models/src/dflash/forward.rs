@@ -7,11 +7,39 @@ use hearth_kernels::cpu::interleaved::matmul_packed;
 use hearth_kernels::cpu::simd;
 use hearth_kernels::{matmul, Activations, QMatrix, RowOrder};
 
+use super::FfnActivation;
 use super::{selector, DflashError, DflashModel, DflashState, DraftLayer, Mat};
 use crate::blocks::{add, gelu_tanh, rmsnorm, silu};
 use crate::forward::Pass;
-use crate::weights::{Model, ModelError};
-use super::FfnActivation;
+use crate::weights::{Model, ModelError, Numerics};
+
+/// Exact attention of one query row: scores, f32 softmax with the sink
+/// logit (if any) in the denominator, Σ p·v.
+fn softmax_attend_row<'a>(
+    q: &[f32],
+    kv: impl Iterator<Item = (&'a [f32], &'a [f32])>,
+    scale: f32,
+    sink: Option<f32>,
+) -> Vec<f32> {
+    let kv: Vec<_> = kv.collect();
+    let scores: Vec<f32> = kv
+        .iter()
+        .map(|(k, _)| q.iter().zip(*k).map(|(a, b)| a * b).sum::<f32>() * scale)
+        .collect();
+    let max = scores
+        .iter()
+        .copied()
+        .chain(sink)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let p: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+    let sum: f32 = p.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - max).exp());
+    let mut out = vec![0.0f32; q.len()];
+    for (&pj, (_, v)) in p.iter().zip(&kv) {
+        let w = pj / sum;
+        out.iter_mut().zip(*v).for_each(|(a, b)| *a += w * b);
+    }
+    out
+}
 
 /// What one draft forward returns.
 #[derive(Clone, Debug)]
@@ -25,9 +53,11 @@ pub struct DraftOutput {
 }
 
 /// f32 rounded to f16 and back: what llama.cpp's f16 KV cache and flash
-/// attention hold.
-fn f16_round(x: &mut [f32]) {
-    x.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
+/// attention hold (not in exact numerics).
+fn f16_round(exact: bool, x: &mut [f32]) {
+    if !exact {
+        x.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
+    }
 }
 
 impl DflashModel {
@@ -182,10 +212,11 @@ impl DflashModel {
             let (mut kb, mut vb) = self.kv(mode, l, &h);
             self.rope(&mut q, nh, c1);
             self.rope(&mut kb, nkv, c1);
-            f16_round(&mut q);
-            f16_round(&mut kb);
-            f16_round(&mut vb);
-            let att = self.attend(li, l, &q, &kb, &vb, st, c1, b);
+            let exact = target.numerics == Numerics::F32;
+            f16_round(exact, &mut q);
+            f16_round(exact, &mut kb);
+            f16_round(exact, &mut vb);
+            let att = self.attend(exact, li, l, &q, &kb, &vb, st, c1, b);
             let mut y = self.linear(mode, &l.wo, &att);
             if let Some(s) = c.value_scale {
                 y.iter_mut().for_each(|v| *v *= s);
@@ -211,7 +242,9 @@ impl DflashModel {
                 FfnActivation::Silu => silu,
                 FfnActivation::Gelu => gelu_tanh,
             };
-            g.iter_mut().zip(&u).for_each(|(gi, ui)| *gi = act(*gi) * ui);
+            g.iter_mut()
+                .zip(&u)
+                .for_each(|(gi, ui)| *gi = act(*gi) * ui);
             let mut m = self.linear(mode, &l.down, &g);
             if let (Some(cv), Some(dynamic)) = (&l.conv, &ffn_dyn) {
                 m = selector::conv(self, &m, dynamic, &cv.ffn_base, 1);
@@ -282,8 +315,9 @@ impl DflashModel {
         for (li, l) in self.layers.iter().enumerate() {
             let (mut k, mut v) = self.kv(mode, l, &g);
             self.rope(&mut k, nkv, c0);
-            f16_round(&mut k);
-            f16_round(&mut v);
+            let exact = target.numerics == Numerics::F32;
+            f16_round(exact, &mut k);
+            f16_round(exact, &mut v);
             let (ck, cv) = (&mut st.k[li], &mut st.v[li]);
             for r in 0..n_new {
                 for h in 0..nkv {
@@ -320,7 +354,8 @@ impl DflashModel {
                 z.iter_mut().for_each(|v| *v *= s);
             }
             if let Some(cap) = c.softcap {
-                z.iter_mut().for_each(|v| *v = (*v * (1.0 / cap)).tanh() * cap);
+                z.iter_mut()
+                    .for_each(|v| *v = (*v * (1.0 / cap)).tanh() * cap);
             }
         }
         match &self.d2t {
@@ -344,11 +379,13 @@ impl DflashModel {
     /// caller's). Row t (position c1 + t) sees every context position on a
     /// full layer, those p with c1 + t − p < W on a sliding one, and every
     /// block row (only rows ≤ t when causal), in position order, with
-    /// llama.cpp's f16 flash-attention rounding and the sink logit (if any)
-    /// in the denominator. Returns [B, n_heads · hd].
+    /// llama.cpp's f16 flash-attention rounding (`exact`: a plain f32
+    /// softmax) and the sink logit (if any) in the denominator. Returns
+    /// [B, n_heads · hd].
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
+        exact: bool,
         li: usize,
         l: &DraftLayer,
         q: &[f32],
@@ -386,7 +423,11 @@ impl DflashModel {
                     }
                 };
                 let keys = (0..c1 - lo + n_blk).map(|j| (key(j), val(j)));
-                let o = f16_attend_row(qv, keys, c.attn_scale, l.sinks.as_ref().map(|s| s[h]));
+                let sink = l.sinks.as_ref().map(|s| s[h]);
+                let o = match exact {
+                    false => f16_attend_row(qv, keys, c.attn_scale, sink),
+                    true => softmax_attend_row(qv, keys, c.attn_scale, sink),
+                };
                 y[(t * nh + h) * hd..][..hd].copy_from_slice(&o);
             }
         }

@@ -228,7 +228,9 @@ impl Loader<'_> {
         let packed = PackedMatrix::pack(&m).map(Arc::new);
         let stem = name.trim_end_matches(".weight");
         let scale = match scaled {
-            true => self.opt_vector(&format!("{stem}.scale"), &[1])?.map(|v| v[0]),
+            true => self
+                .opt_vector(&format!("{stem}.scale"), &[1])?
+                .map(|v| v[0]),
             false => None,
         };
         if scaled {
@@ -357,7 +359,9 @@ impl DflashModel {
                     .map(|id| u32::try_from(id).ok().filter(|&i| (i as usize) < vocab))
                     .collect::<Option<_>>()
                     .ok_or_else(|| {
-                        DflashError::Mismatch("d2t maps to ids outside the target vocabulary".into())
+                        DflashError::Mismatch(
+                            "d2t maps to ids outside the target vocabulary".into(),
+                        )
                     })?;
                 Some(ids)
             }

@@ -13,7 +13,13 @@ use super::{DflashModel, Selector};
 /// conv_group`. `dynamic` ([B, 2·K·groups], laid out group-fastest, then
 /// tap, then side) comes from the pre-attention or pre-MLP normed input and
 /// serves both sides. Taps are summed in order k = 0, 1, ...
-pub(crate) fn conv(m: &DflashModel, x: &[f32], dynamic: &[f32], base: &[f32], side: usize) -> Vec<f32> {
+pub(crate) fn conv(
+    m: &DflashModel,
+    x: &[f32],
+    dynamic: &[f32],
+    base: &[f32],
+    side: usize,
+) -> Vec<f32> {
     let c = &m.config;
     let d2 = c.dflash2.as_ref().expect("a DFlash2 layer");
     let (d, k_taps, g_size) = (c.dim, d2.conv_kernel, d2.conv_group);
@@ -93,7 +99,11 @@ pub(crate) fn lattice(
         let gate: Vec<f32> = (0..r)
             .map(|i| dot_f32_tinyblas(&s.hidden[i * d..(i + 1) * d], h))
             .collect();
-        let preds: Vec<u32> = if t == 1 { vec![anchor] } else { prev_cands.clone() };
+        let preds: Vec<u32> = if t == 1 {
+            vec![anchor]
+        } else {
+            prev_cands.clone()
+        };
         let row = &mut out[t * d..(t + 1) * d];
         for (ci, &id) in cand.iter().enumerate() {
             row[ci] = id as f32;
