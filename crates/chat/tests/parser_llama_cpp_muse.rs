@@ -42,7 +42,10 @@ fn msg(reasoning: &str, content: &str, calls: &[(&str, Value)]) -> Msg {
     Msg {
         reasoning: reasoning.into(),
         content: content.into(),
-        calls: calls.iter().map(|(n, a)| (n.to_string(), a.clone())).collect(),
+        calls: calls
+            .iter()
+            .map(|(n, a)| (n.to_string(), a.clone()))
+            .collect(),
     }
 }
 
@@ -57,7 +60,10 @@ fn plain_answer() {
 #[test]
 fn tool_call_first() {
     let got = parse(&format!(" to=special_function<|message|>{CALL}"));
-    assert_eq!(got, msg("", "", &[("special_function", json!({"arg1": 1}))]));
+    assert_eq!(
+        got,
+        msg("", "", &[("special_function", json!({"arg1": 1}))])
+    );
 }
 
 /// "Inform then act": an answer closed by <|eom|>, then a call in the same generation.

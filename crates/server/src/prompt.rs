@@ -43,17 +43,18 @@ impl Prompter {
             })?
         };
         let arch = file.architecture().unwrap_or("");
-        let renderer = if arch == "muse_glimmer"
-            || (detected == OutputFormat::MuseGlimmer
-                && file.metadata().get_str("tokenizer.chat_template").is_none())
-        {
-            Renderer::MuseGlimmer
-        } else {
-            match ChatTemplate::from_gguf(file) {
-                Ok(t) => Renderer::Jinja(t),
-                Err(e) => Renderer::None(e.to_string()),
-            }
-        };
+        // A Muse Glimmer file renders through its own chat template (as
+        // llama.cpp does); the built-in format is for files without one.
+        let no_template = file.metadata().get_str("tokenizer.chat_template").is_none();
+        let renderer =
+            if no_template && (arch == "muse-glimmer" || detected == OutputFormat::MuseGlimmer) {
+                Renderer::MuseGlimmer
+            } else {
+                match ChatTemplate::from_gguf(file) {
+                    Ok(t) => Renderer::Jinja(t),
+                    Err(e) => Renderer::None(e.to_string()),
+                }
+            };
         Ok(Prompter {
             renderer,
             output,
@@ -92,7 +93,7 @@ impl Prompter {
                 let mut opts = RenderOptions::default();
                 for (k, v) in kwargs {
                     match (k.as_str(), v) {
-                        ("reasoning_strength", Value::String(s)) => {
+                        ("reasoning_strength" | "reasoning_effort", Value::String(s)) => {
                             opts.reasoning_strength = s.clone()
                         }
                         ("current_date", Value::String(s)) => opts.current_date = Some(s.clone()),
