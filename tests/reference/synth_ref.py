@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
-"""Writes a tiny synthetic `muse_glimmer` GGUF for developing and testing the numpy reference.
+"""Writes a tiny synthetic `muse-glimmer` GGUF in llama.cpp 11434's layout (the keys and
+tensors of docs/muse-glimmer-llamacpp.md §1) for developing and testing the numpy reference.
 
-Tensor names, types and layout follow spec muse-glimmer-model.md §4:
-  - Q4_K: token_embd, attn_q, attn_k, attn_gate, attn_output, ffn_gate, ffn_up;
+Tensor types follow a Q4_K_M-like mix:
+  - Q4_K: token_embd, attn_q, attn_k, attn_gate, attn_output, ffn_gate, ffn_up (or attn_qkv);
   - Q6_K: output;
-  - F32: every norm (random positive gains near 1, absolute values: no +1);
-  - attn_v Q6_K on layers {0, 3, 5} else Q4_K; ffn_down Q6_K on {1, 4} else Q4_K
-    (the spec's 8-layer fixture map, §4.5).
-It also writes tensors the loader must ignore (§4.3): attn_q_norm / attn_k_norm filled
-with values far from 1, and a junk rope_freqs.weight, so a runtime that wrongly uses them
-produces visibly different logits.
+  - F32: every norm and q/k-norm gain (random positive gains near 1; the q gain around 2.7,
+    like the converter's qk_scale_factor), biases and per-tensor scales;
+  - attn_v Q6_K on layers {0, 3, 5} else Q4_K; ffn_down Q6_K on {1, 4} else Q4_K.
+Options write the optional pieces llama.cpp reads: a fused attn_qkv (+ bias), attn_output.scale,
+a per-layer sliding pattern array, no soft-cap key (default 30) or cap 0. The random stream does
+not depend on those options, so a fused file holds exactly the separate file's weights.
 
 gguf-py 0.19 can dequantize Q4_K/Q6_K but not quantize them (`gguf.quants.quantize`
 raises NotImplementedError), so this file packs K-quant blocks itself: a plain
-min/max quantizer (not llama.cpp's error-minimizing search) that emits the §4.6 block
+min/max quantizer (not llama.cpp's error-minimizing search) that emits ggml's block
 layout. `test_muse_glimmer_ref.py` checks the packing by round-tripping through
 `gguf.quants.dequantize`. `quant="q8_0"` (or "f16", "bf16") writes every linear in that
 type instead, converted by gguf-py itself.
@@ -126,15 +127,18 @@ def _add(writer, name, w, qtype):
 
 
 def write_synthetic(path, layers=8, dim=256, heads=4, kv_heads=2, head_dim=64, ffn=512, vocab=512,
-                    window=16, seed=0, quant="kquant", gate_alias_layers=(), output_scale=4.0,
-                    v_q6k_layers=(0, 3, 5), down_q6k_layers=(1, 4), ignored_junk=True):
-    """Writes a random muse_glimmer GGUF at `path`.
+                    window=16, seed=0, quant="kquant", output_scale=4.0, v_q6k_layers=(0, 3, 5),
+                    down_q6k_layers=(1, 4), fused_qkv=False, qkv_bias=False, wo_scale=None,
+                    pattern=None, soft_cap=20.0, rope_base=500000.0, rope_base_swa=None,
+                    extra_tensor=None, logit_scale=0.19611613513):
+    """Writes a random muse-glimmer GGUF at `path`.
 
-    quant: "kquant" (the §4.2 fixture types), or "q8_0" / "f16" / "bf16" for every linear.
-    gate_alias_layers: layers whose output gate uses the older name `attn_output_gate` (§4.3).
+    quant: "kquant" (the mix above), or "q8_0" / "f16" / "bf16" for every linear.
     output_scale: multiplies the lm_head init so logits spread enough to exercise the soft-cap.
-    ignored_junk: attn_q_norm/attn_k_norm/rope_freqs hold values far from 1 (True) or ones (False);
-      the random stream is the same either way, so both files have identical real weights.
+    fused_qkv / qkv_bias: one attn_qkv (+ attn_qkv.bias) instead of attn_q/k/v (the same values).
+    wo_scale: writes attn_output.scale. pattern: a per-layer bool array (else the default period).
+    soft_cap: final_logit_softcapping (None: key absent). extra_tensor: a name llama.cpp has no
+    place for (to check it is refused).
     Linear weights are N(0, 1/fan_in), so every linear roughly preserves the RMS of its input.
     """
     q_dim = heads * head_dim
@@ -144,8 +148,8 @@ def write_synthetic(path, layers=8, dim=256, heads=4, kv_heads=2, head_dim=64, f
     rng = np.random.default_rng(seed)
     t4, t6 = QUANT_MIXES[quant]
 
-    w = gguf.GGUFWriter(str(path), arch="muse_glimmer")
-    arch = "muse_glimmer"
+    arch = "muse-glimmer"
+    w = gguf.GGUFWriter(str(path), arch=arch)
     w.add_uint32(f"{arch}.block_count", layers)
     w.add_uint32(f"{arch}.embedding_length", dim)
     w.add_uint32(f"{arch}.feed_forward_length", ffn)
@@ -154,33 +158,55 @@ def write_synthetic(path, layers=8, dim=256, heads=4, kv_heads=2, head_dim=64, f
     w.add_uint32(f"{arch}.attention.key_length", head_dim)
     w.add_uint32(f"{arch}.attention.value_length", head_dim)
     w.add_uint32(f"{arch}.attention.sliding_window", window)
+    if pattern is not None:
+        w.add_array(f"{arch}.attention.sliding_window_pattern", [bool(p) for p in pattern])
     w.add_uint32(f"{arch}.context_length", 131072)
-    w.add_float32(f"{arch}.rope.freq_base", 500000.0)
+    w.add_float32(f"{arch}.rope.freq_base", rope_base)
+    if rope_base_swa is not None:
+        w.add_float32(f"{arch}.rope.freq_base_swa", rope_base_swa)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    if logit_scale is not None:  # None: leave out a key llama.cpp requires
+        w.add_float32(f"{arch}.logit_scale", logit_scale)
+    if soft_cap is not None:
+        w.add_float32(f"{arch}.final_logit_softcapping", soft_cap)
+    w.add_string("tokenizer.ggml.model", "no_vocab")
+    w.add_uint32(f"{arch}.vocab_size", vocab)
+
+    pending = []  # (name, values, type): written in this order after the draws
 
     def linear(name, out_f, in_f, qtype, scale=1.0):
         m = rng.standard_normal((out_f, in_f), dtype=np.float32) * np.float32(scale / np.sqrt(in_f))
-        _add(w, name, m, qtype)
+        pending.append((name, m, qtype))
+        return m
 
-    def gain(name, n, lo=0.8, hi=1.2, ignored=False):
+    def gain(name, n, lo=0.8, hi=1.2):
         g = rng.uniform(lo, hi, n).astype(np.float32)
-        if ignored and not ignored_junk:
-            g = np.ones_like(g)
-        w.add_tensor(name, g)
+        pending.append((name, g, F32))
+        return g
 
-    # Embedding rows are RMS-normalised (scaleless) after lookup, so their scale is irrelevant.
-    _add(w, "token_embd.weight", rng.standard_normal((vocab, dim), dtype=np.float32), t4)
+    # Embedding rows are RMS-normalised (gainless) after lookup, so their scale is irrelevant.
+    pending.append(("token_embd.weight", rng.standard_normal((vocab, dim), dtype=np.float32), t4))
     for i in range(layers):
         p = f"blk.{i}."
         gain(p + "attn_norm.weight", dim)
-        linear(p + "attn_q.weight", q_dim, dim, t4)
-        linear(p + "attn_k.weight", kv_dim, dim, t4)
-        linear(p + "attn_v.weight", kv_dim, dim, t6 if i in v_q6k_layers else t4)
-        gate = "attn_output_gate" if i in gate_alias_layers else "attn_gate"
-        linear(p + gate + ".weight", q_dim, dim, t4)
+        mats = [linear(p + n, rows, dim, t) for n, rows, t in (
+            ("attn_q.weight", q_dim, t4), ("attn_k.weight", kv_dim, t4),
+            ("attn_v.weight", kv_dim, t6 if i in v_q6k_layers else t4))]
+        biases = [0.1 * rng.standard_normal(n).astype(np.float32) for n in (q_dim, kv_dim, kv_dim)]
+        if fused_qkv:
+            del pending[-3:]
+            pending.append((p + "attn_qkv.weight", np.concatenate(mats), t4))
+            if qkv_bias:
+                pending.append((p + "attn_qkv.bias", np.concatenate(biases), F32))
+        elif qkv_bias:
+            for n, b in zip(("attn_q.bias", "attn_k.bias", "attn_v.bias"), biases):
+                pending.append((p + n, b, F32))
+        linear(p + "attn_gate.weight", q_dim, dim, t4)
         linear(p + "attn_output.weight", dim, q_dim, t4)
-        gain(p + "attn_q_norm.weight", head_dim, 0.3, 3.0, ignored=True)   # must be ignored (§4.3)
-        gain(p + "attn_k_norm.weight", head_dim, 0.3, 3.0, ignored=True)   # must be ignored (§4.3)
+        if wo_scale is not None:
+            pending.append((p + "attn_output.scale", np.array([wo_scale], np.float32), F32))
+        gain(p + "attn_q_norm.weight", head_dim, 2.2, 3.2)
+        gain(p + "attn_k_norm.weight", head_dim)
         gain(p + "post_attention_norm.weight", dim)
         gain(p + "ffn_norm.weight", dim)
         linear(p + "ffn_gate.weight", ffn, dim, t4)
@@ -189,7 +215,13 @@ def write_synthetic(path, layers=8, dim=256, heads=4, kv_heads=2, head_dim=64, f
         gain(p + "post_ffw_norm.weight", dim)
     gain("output_norm.weight", dim)
     linear("output.weight", vocab, dim, t6, scale=output_scale)
-    gain("rope_freqs.weight", head_dim // 2, 1.0, 40.0, ignored=True)      # must be ignored (§4.3)
+    if extra_tensor is not None:
+        pending.append((extra_tensor, np.ones(head_dim // 2, np.float32), F32))
+    for name, values, qtype in pending:
+        if qtype == F32:
+            w.add_tensor(name, values)
+        else:
+            _add(w, name, values, qtype)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

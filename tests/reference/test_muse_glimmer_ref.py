@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Checks of the numpy Muse Glimmer reference against the spec's §8 vectors and its own
-cross-path invariants (chunked vs one-shot prefill, decode vs prefill rows, ring vs flat cache).
+"""Checks of the numpy Muse Glimmer reference (llama.cpp 11434's muse-glimmer math) against
+known values (llama.cpp's layer schedule and key defaults, the released model's soft-cap and
+RoPE numbers, sampling vectors) and its own cross-path invariants (chunked vs one-shot
+prefill, decode vs prefill rows, ring vs flat cache, fused vs separate q/k/v).
 
 Run: python3 tests/reference/test_muse_glimmer_ref.py   (or pytest on this file)
 
 What each check compares against:
-  - §8 vectors (soft-cap, RoPE, masks, layer schedule, sampling): the spec's numbers.
+  - Vectors (soft-cap, RoPE, masks, layer schedule, sampling): llama.cpp's schedule
+    (llama-hparams.cpp set_swa_pattern), the Muse Glimmer spec's §8 numbers.
   - K-quant dequantization: a transcription of §4.6 against gguf-py's dequantizer.
   - RNG: the §7.5 MT19937/seed_seq against C++ std::mt19937 (needs g++; skipped otherwise).
   - Forward pass: the literal §5 ring cache against a flat-cache oracle (plain causal
@@ -54,6 +57,7 @@ def synth(**kw) -> str:
 
 @functools.lru_cache(maxsize=None)
 def model(precision="bf16", accum="f64", **kw) -> ref.Model:
+    # kw are write_synthetic options; tuples keep them hashable for the cache.
     return ref.Model(synth(**kw), precision, accum=accum)
 
 
@@ -70,46 +74,72 @@ def assert_close(a, b, what, atol=ATOL, rtol=RTOL):
         raise AssertionError(f"{what}: max excess {err.max():.3g} at {i}: {a[i]} vs {b[i]}")
 
 
-# ---- §8.1 layer classification, §8.2 attention scale ---------------------------------------
+# ---- layer schedule, attention scale ------------------------------------------------------
 def test_layer_classification():
-    g52 = [i for i in range(52) if ref.layer_window(i, 52) == 0]
-    assert g52 == list(range(3, 52, 4)) and len(g52) == 13
-    assert [i for i in range(52) if not ref.use_rope(i, 52)] == g52
-    assert all(ref.layer_window(i, 52) == 2048 for i in range(52) if i not in g52)
-    assert [i for i in range(8) if ref.layer_window(i, 8, 16) == 0] == [3, 7]
-    assert all(ref.layer_window(i, 8, 16) == 16 for i in (0, 1, 2, 4, 5, 6))
-    for n in range(1, 70):
-        for i in range(n):
-            assert ref.use_rope(i, n) == (ref.layer_window(i, n) > 0), (n, i)
+    # llama.cpp's default period 4 counts from the first layer: i slides iff i % 4 < 3.
+    s52 = ref.sliding_by_period(52)
+    assert [i for i in range(52) if not s52[i]] == list(range(3, 52, 4))
+    assert ref.sliding_by_period(8) == [True, True, True, False] * 2
+    assert ref.sliding_by_period(6) == [True, True, True, False, True, True]
+    assert ref.sliding_by_period(5, 0) == [True] * 5
+    assert ref.sliding_by_period(4, 2) == [True, False, True, False]
     cfg = model().cfg
     assert (cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.vocab,
             cfg.window) == (8, 256, 4, 2, 64, 512, 512, 16)
     assert cfg.windows == [16, 16, 16, 0, 16, 16, 16, 0] and cfg.rope == [w > 0 for w in cfg.windows]
+    # A per-layer array wins over the period.
+    cfg = model(pattern=(False, True, True, False, True, True, True, True)).cfg
+    assert cfg.windows == [0, 16, 16, 0, 16, 16, 16, 16]
+
+
+def test_key_defaults_and_required_keys():
+    cfg = model().cfg
+    assert (cfg.eps, cfg.soft_cap, cfg.rope_base_swa) == (np.float32(1e-5), 20.0, 500000.0)
+    assert abs(cfg.logit_scale - 0.19611613513) < 1e-9
+    assert model(soft_cap=None).cfg.soft_cap == 30.0           # llama.cpp's default
+    assert model(rope_base_swa=25000.0).cfg.rope_base_swa == 25000.0
+    path = os.path.join(_tmpdir(), "no_logit_scale.gguf")
+    write_synthetic(path, window=WINDOW, logit_scale=None)
+    try:
+        ref.Model(path)
+    except ValueError as e:  # llama.cpp: "key not found in model: muse-glimmer.logit_scale"
+        assert "muse-glimmer.logit_scale" in str(e)
+    else:
+        raise AssertionError("logit_scale is required")
 
 
 def test_attention_scale():
-    assert ref.ATTN_SCALE == 0.3420629053992187
-    assert abs(ref.ATTN_SCALE - 43.7840518911 / 128) < 1e-15
+    # q·k is scaled by 1/sqrt(head_dim); the q gain carries the model's own factor, so a q gain
+    # of c·sqrt(hd) everywhere gives the released model's c = 0.3420629 on unit-RMS q and k.
+    q = np.ones((1, 1, 64), np.float32)
+    k = np.ones((1, 64), np.float32)[None]                          # [KVH=1, S=1, hd]
+    p = ref.attention(q, k, k, np.ones((1, 1), bool), 1, ref.Numerics("f32"))
+    assert np.allclose(p, 1.0)  # one key: softmax is 1 whatever the scale
+    scale = np.float32(1.0) / np.sqrt(np.float32(64))
+    assert scale == np.float32(0.125)
 
 
-# ---- §8.3 soft-cap -------------------------------------------------------------------------
+# ---- soft-cap (the released model's logit_scale and cap: the spec's §8.3 table) -----------
 def test_soft_cap_table():
     table = {0: 0.0, 1: 0.1961098, 10: 1.9548997, 50: 9.0889368, 100: 15.0663433,
              -100: -15.0663433, 1000: 19.9999999}
-    got = ref.soft_cap(np.array(list(table), dtype=np.float32))
+    got = ref.soft_cap(np.array(list(table), dtype=np.float32), 0.19611613513, 20.0)
     assert got.dtype == np.float32
     for (z, want), g in zip(table.items(), got):
         assert abs(g - want) <= 2e-6 * max(1.0, abs(want)), (z, g, want)
     # In exact arithmetic |logit| < 20. In f32 a correctly rounded tanh is exactly 1 for
     # arguments above about 9.1 (|z| >~ 930), so the f32 guarantee is |logit| <= 20.
-    big = ref.soft_cap(np.array([1e4, -1e4, 3e38, -3e38], dtype=np.float32))
+    big = ref.soft_cap(np.array([1e4, -1e4, 3e38, -3e38], dtype=np.float32), 0.19611613513, 20.0)
     assert np.abs(big).tolist() == [20.0] * 4
-    assert np.all(np.abs(ref.soft_cap(np.linspace(-900, 900, 10001, dtype=np.float32))) < 20.0)
+    assert np.all(np.abs(ref.soft_cap(np.linspace(-900, 900, 10001, dtype=np.float32),
+                                      0.19611613513, 20.0)) < 20.0)
+    # cap 0 disables the cap: only the scale applies.
+    assert ref.soft_cap(np.array([100.0], np.float32), 0.5, 0.0).tolist() == [50.0]
 
 
 # ---- §8.4 RoPE -----------------------------------------------------------------------------
 def test_rope_frequencies_and_identity_at_zero():
-    f = ref.rope_inv_freq(128)
+    f = ref.rope_inv_freq(128, 500000.0)
     assert f.dtype == np.float32 and f.shape == (64,)
     assert f[0] == 1.0
     assert abs(f[1] - 0.8146172) < 1e-7
@@ -127,7 +157,7 @@ def test_rope_frequencies_and_identity_at_zero():
 
 
 def test_global_layers_never_rotate():
-    # Recompute q from the traced attention pre-norm: on global layers it is exactly the
+    # Recompute q from the traced attention pre-norm: on full layers it is exactly the
     # QK-normed projection (no positional encoding); on sliding layers it differs for p > 0.
     m, nx = model(), model().nx
     trace = {}
@@ -135,8 +165,8 @@ def test_global_layers_never_rotate():
     cfg = m.cfg
     for i, w in enumerate(cfg.windows):
         h = trace[f"blk.{i}.attn_norm"][0]
-        q_plain = ref.rms_0(ref.linear(h, m.layers[i]["wq"], nx).reshape(6, cfg.n_heads, cfg.head_dim),
-                            ref.NORM_EPS, nx).reshape(6, -1)
+        q_plain = ref.rms_w(ref.linear(h, m.layers[i]["wq"], nx).reshape(6, cfg.n_heads, cfg.head_dim),
+                            m.layers[i]["q_norm"], cfg.eps, nx).reshape(6, -1)
         q = trace[f"blk.{i}.q"][0]
         assert np.array_equal(q[0], q_plain[0]), i  # position 0: RoPE is the identity
         if w == 0:
@@ -240,11 +270,11 @@ def test_ring_actually_wraps_and_window_matters():
 
 
 def test_other_shapes_and_layer_counts():
-    # 6 layers: the §2 formula puts the globals at {1, 5} (not i mod 4 == 3); 1 KV head of 128.
+    # 6 layers: llama.cpp's period 4 from the first layer makes only layer 3 full; 1 KV head of 128.
     m = model(layers=6, heads=2, kv_heads=1, head_dim=128, seed=3)
     cfg = m.cfg
     assert (cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == (6, 2, 1, 128)
-    assert [i for i, w in enumerate(cfg.windows) if w == 0] == [1, 5]
+    assert [i for i, w in enumerate(cfg.windows) if w == 0] == [3]
     toks = prompt(40, seed=12)
     oracle = ref.run_sequence(m, toks, kv="flat")
     for chunk in (1, 9, 17):
@@ -428,19 +458,35 @@ def test_gguf_loading_rules():
         assert tt[f"blk.{i}.ffn_down.weight"] == ("Q6_K" if i in (1, 4) else "Q4_K")
         assert tt[f"blk.{i}.attn_q.weight"] == "Q4_K"
     assert tt["output.weight"] == "Q6_K" and tt["token_embd.weight"] == "Q4_K"
-    assert "rope_freqs.weight" in m.ignored and "blk.0.attn_q_norm.weight" in m.ignored
-    # Norms are absolute gains (no +1): the loaded gain is the file value rounded to bf16.
+    # Norms are gains as stored: the loaded gain is the file value rounded to bf16.
     r = gguf.GGUFReader(synth())
     g = next(x for x in r.tensors if x.name == "blk.2.ffn_norm.weight").data
     assert np.array_equal(m.layers[2]["ffn_norm"], ref.bf16(g)) and g.min() > 0.5 and g.max() < 1.5
     toks = prompt(20)
+    # The q/k-norm gains are applied: they are far from 1 (q around 2.7), and replacing the
+    # file's q gains by ones changes the logits.
     base = ref.run_sequence(m, toks, chunk=8)
-    # attn_output_gate alias gives the same model.
-    alias = ref.run_sequence(model(gate_alias_layers=(1, 6)), toks, chunk=8)
-    assert np.array_equal(base, alias)
-    # attn_q_norm / attn_k_norm / rope_freqs contents do not matter.
-    ones = ref.run_sequence(model(ignored_junk=False), toks, chunk=8)
-    assert np.array_equal(base, ones)
+    m1 = ref.Model(synth(), "bf16")
+    for lw in m1.layers:
+        lw["q_norm"] = np.ones_like(lw["q_norm"])
+    assert np.abs(ref.run_sequence(m1, toks, chunk=8) - base).max() > 1e-2
+    # A fused attn_qkv holding the same rows computes the same model (Q8_0: one type for all).
+    sep = ref.run_sequence(model("f32", quant="q8_0", qkv_bias=True), toks, chunk=8)
+    fused = ref.run_sequence(model("f32", quant="q8_0", qkv_bias=True, fused_qkv=True), toks, chunk=8)
+    assert np.array_equal(sep, fused)
+    # attn_output.scale multiplies W_o's product (before the post-norm, whose eps is tiny).
+    plain = ref.run_sequence(model("f32", quant="q8_0"), toks, chunk=8)
+    scaled = ref.run_sequence(model("f32", quant="q8_0", wo_scale=0.5), toks, chunk=8)
+    assert 0 < np.abs(plain - scaled).max() < 1e-2
+    # A tensor llama.cpp has no place for is refused, naming it.
+    path = os.path.join(_tmpdir(), "extra.gguf")
+    write_synthetic(path, window=WINDOW, extra_tensor="rope_freqs.weight")
+    try:
+        ref.Model(path)
+    except ValueError as e:
+        assert "rope_freqs.weight" in str(e)
+    else:
+        raise AssertionError("an unexpected tensor must be refused")
     # Other supported types load and run (types come from the file); the weights are the
     # same random draws, so the logits stay near the K-quant ones.
     for quant, qname in (("q8_0", "Q8_0"), ("f16", "F16"), ("bf16", "BF16")):
@@ -454,7 +500,8 @@ def test_cli_roundtrip():
     out = os.path.join(_tmpdir(), "cli.npy")
     toks = prompt(40, seed=3)
     cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "muse_glimmer_ref.py"),
-           synth(), "--tokens", ",".join(map(str, toks)), "--chunk", "16", "--all-positions", "--out", out]
+           synth(), "--tokens", ",".join(map(str, toks)), "--chunk", "16", "--all-positions",
+           "--precision", "bf16", "--out", out]
     subprocess.run(cmd, check=True, capture_output=True)
     got = np.load(out)
     assert got.shape == (40, 512)

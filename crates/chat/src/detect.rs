@@ -79,7 +79,7 @@ const HARMONY_TOKENS: [&str; 4] = ["<|start|>", "<|channel|>", "<|return|>", "<|
 
 /// Picks the output format for a model.
 ///
-/// - `architecture`: GGUF `general.architecture` (`muse_glimmer`, `gpt-oss`, `qwen2`...);
+/// - `architecture`: GGUF `general.architecture` (`muse-glimmer`, `gpt-oss`, `qwen2`...);
 /// - `template`: the chat template text, if the model has one;
 /// - `has_token`: whether a string is one token of the vocabulary.
 pub fn detect(

@@ -66,9 +66,12 @@ impl Prompter {
             })?
         };
         let arch = file.architecture().unwrap_or("");
-        let renderer = if matches!(arch, "muse_glimmer" | "muse-glimmer")
-            || (detected == OutputFormat::MuseGlimmer
-                && file.metadata().get_str("tokenizer.chat_template").is_none())
+        // A Muse Glimmer file renders through its own chat template (as
+        // llama.cpp does); the built-in format is for files without one.
+        let no_template = file.metadata().get_str("tokenizer.chat_template").is_none();
+        let renderer = if no_template
+            && (matches!(arch, "muse_glimmer" | "muse-glimmer")
+                || detected == OutputFormat::MuseGlimmer)
         {
             Renderer::MuseGlimmer
         } else {
@@ -198,9 +201,11 @@ fn muse_options(
     };
     for (k, v) in kwargs {
         match (k.as_str(), v) {
-            ("reasoning_strength", Value::String(s)) => opts.reasoning_strength = s.clone(),
+            ("reasoning_strength" | "reasoning_effort", Value::String(s)) => {
+                opts.reasoning_strength = s.clone()
+            }
             ("current_date", Value::String(s)) => opts.current_date = Some(s.clone()),
-            ("reasoning_strength" | "current_date", _) => {
+            ("reasoning_strength" | "reasoning_effort" | "current_date", _) => {
                 return Err(PromptError::Render(format!(
                     "chat_template_kwargs.{k} must be a string."
                 )))

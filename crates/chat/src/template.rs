@@ -242,11 +242,69 @@ impl ChatTemplate {
             Json::Bool(add_generation_prompt),
         );
 
+        // llama.cpp (common/chat.cpp, jinja::caps_apply_reasoning_effort): a
+        // request's reasoning effort is also the template's `reasoning_strength`
+        // (Muse Glimmer's name for it), unless the caller set that too.
+        if let Some(Json::String(effort)) = ctx.get("reasoning_effort").cloned() {
+            if !effort.is_empty() && !ctx.contains_key("reasoning_strength") {
+                ctx.insert("reasoning_strength".into(), Json::String(effort));
+            }
+        }
+
         let template = self.env.get_template(name).map_err(render_error)?;
         template
             .render(Value::from_serialize(&ctx))
             .map_err(render_error)
     }
+
+    /// Makes `strftime_now` format this fixed local time instead of the
+    /// clock (reproducible renders: tests, fixtures).
+    pub fn with_fixed_time(mut self, now: chrono::NaiveDateTime) -> ChatTemplate {
+        self.env.add_function(
+            "strftime_now",
+            move |format: String| -> Result<String, Error> { format_time(&now, &format) },
+        );
+        self
+    }
+}
+
+/// Turns messages as llama.cpp's OpenAI-compatible server holds them into what
+/// its templates see (common/chat.cpp `to_json_oaicompat`): content given as
+/// parts that include a media marker (`{"type": "media_marker", "text":
+/// "<__media__>"}`, where an image or audio goes) becomes one string, text
+/// parts joined by newlines except next to a marker; tool-call arguments given
+/// as JSON strings become objects ([`decode_tool_call_arguments`]).
+pub fn llama_cpp_messages(messages: &Json) -> Json {
+    let mut messages = decode_tool_call_arguments(messages);
+    for m in messages.as_array_mut().into_iter().flatten() {
+        let Some(Json::Array(parts)) = m.get("content") else {
+            continue;
+        };
+        if !parts
+            .iter()
+            .any(|p| p.get("type").and_then(Json::as_str) == Some("media_marker"))
+        {
+            continue;
+        }
+        let mut text = String::new();
+        let mut last_was_marker = false;
+        for p in parts {
+            let s = p.get("text").and_then(Json::as_str).unwrap_or("");
+            match p.get("type").and_then(Json::as_str) {
+                Some("text") => {
+                    if !last_was_marker && !text.is_empty() {
+                        text.push('\n');
+                    }
+                    last_was_marker = false;
+                }
+                Some("media_marker") => last_was_marker = true,
+                _ => continue,
+            }
+            text.push_str(s);
+        }
+        m["content"] = Json::String(text);
+    }
+    messages
 }
 
 /// The BOS and EOS token strings of a GGUF's vocabulary (empty when unset),
@@ -507,9 +565,13 @@ fn raise_exception(message: Value) -> Result<Value, Error> {
 }
 
 fn strftime_now(format: String) -> Result<String, Error> {
+    format_time(&chrono::Local::now().naive_local(), &format)
+}
+
+fn format_time(now: &chrono::NaiveDateTime, format: &str) -> Result<String, Error> {
     use std::fmt::Write;
     let mut out = String::new();
-    write!(out, "{}", chrono::Local::now().format(&format)).map_err(|_| {
+    write!(out, "{}", now.format(format)).map_err(|_| {
         Error::new(
             ErrorKind::InvalidOperation,
             format!("strftime_now: bad format '{format}'"),

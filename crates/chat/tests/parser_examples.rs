@@ -425,14 +425,15 @@ fn mg_bodies_join_and_text_after_calls_is_kept() {
         o.calls,
         vec![call(0, "get_weather", json!({"city": "Oslo"}))]
     );
-    // Unaddressed and `user` bodies starting with a block are tool bodies.
+    // A message to the user is the answer: a block quoted in it stays
+    // content (llama.cpp 11434's parser; a call needs a ` to=TOOL` message).
     let o = outcome(&parse(
         "muse-glimmer",
         Some(&tools_weather_add()),
         &format!(" to=user{M}{block}"),
         FinishHint::Stop,
     ));
-    assert_eq!((o.content, o.calls.len()), (None, 1));
+    assert_eq!((o.content, o.calls.len()), (Some(block.clone()), 0));
     // A header without `<|start|>` mid-body still switches messages (§3.2 rule 1).
     let o = outcome(&parse(
         "muse-glimmer",
@@ -462,7 +463,8 @@ fn never_emit_a_partial_marker() {
     // Cut at every byte: whatever was emitted so far is a prefix of the final
     // text of its channel, and never contains framing or partial markup.
     let block = atem_block(&[("get_weather", &[("city", "Paris")])]);
-    let text = format!(" to=self{M}ok{E}{S}assistant to=user{M}Hi <b>x</b> {block}");
+    let text =
+        format!(" to=self{M}ok{E}{S}assistant to=user{M}Hi <b>x</b>{E}{S}assistant to=get_weather{M}{block}");
     for (i, _) in text.char_indices() {
         let mut p =
             hearth_chat::parser::parser_for("muse-glimmer", Some(&tools_weather_add())).unwrap();

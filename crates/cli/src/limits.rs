@@ -64,11 +64,7 @@ pub fn judge(
         bail!("{label}: the context must hold at least one token");
     }
     let trained = config.context_length;
-    let kv = config.kv_cache_bytes(
-        Numerics::Reference.kv_dtype(&hearth_models::ArchSpec::of(config)),
-        ctx,
-        0,
-    );
+    let kv = config.kv_cache_bytes(Numerics::Reference.kv_dtype(), ctx, 0);
     let scratch = config.forward_scratch_bytes(ctx);
     let mut warnings = Vec::new();
     if let Some(avail) = available {
@@ -145,6 +141,8 @@ mod tests {
             rope_layout: RopeLayout::Interleaved,
             attn_scale: 0.125,
             layers: vec![LayerKind::Global { rope: true }; 30],
+            logit_scale: None,
+            final_logit_softcap: None,
             defaults_used: vec![],
         }
     }

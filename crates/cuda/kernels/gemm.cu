@@ -436,7 +436,6 @@ __device__ __forceinline__ void gemm_tc(const u8* __restrict__ w, const u16* __r
                     float v = acc[i][j][e];
                     if (bias) v += bias[r];
                     if (flags & OUT_BF16) v = round_bf16(v);
-                    if (flags & OUT_SOFTCAP) v = 20.0f * tanhf(v * 0.19611613513f / 20.0f);
                     float* out = y + (size_t)t * y_stride + r;
                     *out = (flags & OUT_ADD) ? *out + v : v;
                 }

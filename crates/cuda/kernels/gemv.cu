@@ -24,7 +24,6 @@
 #define WT_Q5_K 7
 #define WT_Q6_K 8
 
-#define OUT_SOFTCAP 4  // Muse Glimmer's 20*tanh(z*0.19611613513/20) after bf16 rounding
 
 // Quantizes x [n_blocks * 32] into int8 with one f32 scale per 32 values:
 // d = amax / 127, q = round(x / d) (halves away from zero), and s = d * sum(q)
@@ -452,7 +451,6 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ w, const u16* _
             const int r = r0 + lane;
             if (bias) v += bias[r];
             if (flags & OUT_BF16) v = round_bf16(v);
-            if (flags & OUT_SOFTCAP) v = 20.0f * tanhf(v * 0.19611613513f / 20.0f);
             y[r] = (flags & OUT_ADD) ? y[r] + v : v;
         }
     }
@@ -505,7 +503,6 @@ __device__ __forceinline__ void gemv(const u8* __restrict__ w, const u16* __rest
                 if (t == lane) v = acc[t];
             if (bias) v += bias[r];
             if (flags & OUT_BF16) v = round_bf16(v);
-            if (flags & OUT_SOFTCAP) v = 20.0f * tanhf(v * 0.19611613513f / 20.0f);
             float* out = y + (size_t)lane * y_stride + r;
             *out = (flags & OUT_ADD) ? *out + v : v;
         }
@@ -630,7 +627,6 @@ __device__ __forceinline__ void gemv_x(const u8* __restrict__ w, const u16* __re
                 }
                 if (b) acc += b[r - lo];
                 if (flags & OUT_BF16) acc = round_bf16(acc);
-                if (flags & OUT_SOFTCAP) acc = 20.0f * tanhf(acc * 0.19611613513f / 20.0f);
                 float* out = y + (size_t)t * (hi - lo) + (r - lo);
                 *out = (flags & OUT_ADD) ? *out + acc : acc;
             }

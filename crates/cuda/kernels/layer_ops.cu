@@ -1,8 +1,8 @@
 // The small per-layer operations between the matrix products, each fused with
 // its neighbours so that an intermediate does not make an extra trip through
 // device memory: RMSNorm (+ residual add) (+ 8-bit quantization for the next
-// product), QK-norm + RoPE + KV-cache write, and SwiGLU / sigmoid gate +
-// quantization.
+// product), QK-norm (+ gains) + RoPE + KV-cache write, SwiGLU / sigmoid gate +
+// quantization, per-tensor scales and the logit scale / soft-cap.
 
 #define NORM_BF16_GAIN 8  // bf16(bf16(u) * bf16(g)): the gain applied at bf16 rounding points (Muse Glimmer spec §3.1)
 
@@ -81,7 +81,7 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, float* __restric
     }
 }
 
-#define HEAD_QK_RMS 1   // RMSNorm of each q and k head, without a gain
+#define HEAD_QK_RMS 1   // RMSNorm of each q and k head (then the gains, when given)
 #define HEAD_ROPE 2
 #define HEAD_NEOX 4     // rotate halves (x[i], x[i + d/2]) instead of adjacent pairs
 #define HEAD_BF16 8     // round to bf16 after the norm and after RoPE
@@ -196,6 +196,32 @@ extern "C" __global__ void glu_q8(const float* __restrict__ a, const float* __re
     if (flags & OUT_BF16) v = round_bf16(v);
     if (out) out[i] = v;
     quantize_lane(v, blk, lane, xq, xd, xs);
+}
+
+// out[i] = y[i] * s (+ bias[i % width]) (+ out[i] with OUT_ADD) over n values:
+// a product's per-tensor scale (`*.scale`, llama.cpp build_lora_mm), applied
+// before its bias as llama.cpp's build_qkv does.
+extern "C" __global__ void scale_bias(const float* __restrict__ y, float* __restrict__ out, int n, int width,
+                                      float s, const float* __restrict__ bias, int flags) {
+    PDL_TRIGGER();
+    PDL_WAIT();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float v = y[i] * s;
+        if (bias) v += bias[i % width];
+        out[i] = (flags & OUT_ADD) ? out[i] + v : v;
+    }
+}
+
+// The LM head's output transforms over n logits (llama.cpp muse-glimmer.cpp:
+// 185-193): z * scale, then cap * tanh(z * (1 / cap)) when cap > 0.
+extern "C" __global__ void logit_transform(float* __restrict__ z, int n, float scale, float cap) {
+    PDL_TRIGGER();
+    PDL_WAIT();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float v = z[i] * scale;
+        if (cap > 0.0f) v = tanhf(v * (1.0f / cap)) * cap;
+        z[i] = v;
+    }
 }
 
 // Fills n cache entries with pseudo-random values in [-1, 1) (a hash of the

@@ -21,7 +21,7 @@ const LOGIT_ROWS: usize = 16;
 /// Keys per decode split at least (two 32-key tiles of the attention kernel).
 const ATT_TILE: usize = 64;
 
-/// One layer's K and V caches, [n_kv, slots, head_dim] each, f16 or bf16.
+/// One layer's K and V caches, [n_kv, slots, head_dim] each, f16.
 pub struct GpuKv {
     pub k: DevBuf,
     pub v: DevBuf,
@@ -286,15 +286,8 @@ impl GpuModel {
             st.host_x.iter_mut().for_each(|v| *v *= s);
         }
         if arch.embed.rms_norm {
-            // Muse Glimmer §3.2: e = bf16(RMS_0(bf16(E[t]))).
-            let round = |x: &mut [f32]| {
-                if arch.bf16_activations {
-                    blocks::round_bf16(x)
-                }
-            };
-            round(&mut st.host_x);
+            // muse-glimmer: a gainless RMSNorm of the looked-up rows.
             blocks::rmsnorm(&mut st.host_x, c.dim, None, c.norm_eps);
-            round(&mut st.host_x);
         }
         self.gpu.upload(st.s.x.ptr, &st.host_x)
     }
@@ -320,6 +313,8 @@ impl GpuModel {
 
     /// W · x for t tokens: x is both in the 8-bit buffer (for the GEMV, small
     /// blocks) and as f32 at `x` (for the tensor-core GEMM, larger blocks).
+    /// A per-tensor scale is applied to the product before the bias (the
+    /// product then goes through `tmp` when it accumulates into y).
     #[allow(clippy::too_many_arguments)]
     fn linear(
         &self,
@@ -331,22 +326,49 @@ impl GpuModel {
         bias: u64,
         flags: i32,
     ) -> Result<()> {
-        if t >= st.gemm_min_tokens && crate::gemm::supported(w) {
-            let bf16 = self.model.arch.bf16_activations;
-            crate::gemm::gemm(
-                &self.gpu,
-                w,
-                x,
-                st.s.xh.ptr,
-                t,
-                y,
-                w.rows,
-                bias,
-                flags,
-                bf16,
-            )
-        } else {
-            ops::gemv(&self.gpu, w, Self::q8(st), t, y, w.rows, bias, flags)
+        let product = |dst: u64, bias: u64, flags: i32| {
+            if t >= st.gemm_min_tokens && crate::gemm::supported(w) {
+                crate::gemm::gemm(
+                    &self.gpu,
+                    w,
+                    x,
+                    st.s.xh.ptr,
+                    t,
+                    dst,
+                    w.rows,
+                    bias,
+                    flags,
+                    false,
+                )
+            } else {
+                ops::gemv(&self.gpu, w, Self::q8(st), t, dst, w.rows, bias, flags)
+            }
+        };
+        match w.scale {
+            None => product(y, bias, flags),
+            Some(scale) => {
+                let dst = match flags & ops::OUT_ADD {
+                    0 => y,
+                    _ if y == st.s.tmp.ptr => {
+                        return Err(CudaError::Unsupported(
+                            "a scaled product accumulating into the scratch row".into(),
+                        ))
+                    }
+                    _ => st.s.tmp.ptr,
+                };
+                product(dst, 0, flags & !ops::OUT_ADD)?;
+                let n = t * w.rows;
+                ops::scale_bias(
+                    &self.gpu,
+                    dst,
+                    y,
+                    n,
+                    w.rows,
+                    scale,
+                    bias,
+                    flags & ops::OUT_ADD,
+                )
+            }
         }
     }
 
@@ -364,8 +386,13 @@ impl GpuModel {
         flags: i32,
     ) -> Result<()> {
         // Fused launches only where the register kernels are the faster ones
-        // (one or two tokens; see ops::gemv).
-        let together = fused.parts.len() > 1 && fused.m.tune.x && t <= 2;
+        // (one or two tokens; see ops::gemv), and only of unscaled products.
+        let together = fused.parts.len() > 1
+            && fused.m.tune.x
+            && t <= 2
+            && items
+                .iter()
+                .all(|(p, w, ..)| !fused.parts.contains(p) || w.scale.is_none());
         for &(p, w, y, b) in items {
             if !(together && fused.parts.contains(&p)) {
                 self.linear(st, w, t, x, y, b, flags)?;
@@ -433,7 +460,7 @@ impl GpuModel {
         self.linear(st, w, t, a, y, 0, flags)
     }
 
-    fn attn_args(&self, kv: &GpuKv, kv_bf16: bool) -> AttnArgs {
+    fn attn_args(&self, kv: &GpuKv) -> AttnArgs {
         let c = &self.model.config;
         AttnArgs {
             n_heads: c.n_heads,
@@ -442,7 +469,7 @@ impl GpuModel {
             slots: kv.slots,
             window: kv.window,
             scale: c.attn_scale,
-            kv_bf16,
+            kv_bf16: false,
         }
     }
 
@@ -452,12 +479,11 @@ impl GpuModel {
         st: &GpuState,
         li: usize,
         t: usize,
-        kv_bf16: bool,
         out_flags: i32,
         quantize: bool,
     ) -> Result<()> {
         let kv = &st.caches[li];
-        let args = self.attn_args(kv, kv_bf16);
+        let args = self.attn_args(kv);
         let splits = if t == 1 {
             kv.decode_splits
         } else {
@@ -501,16 +527,14 @@ impl GpuModel {
                 flags |= ops::HEAD_NEOX;
             }
         }
-        match spec.qk_norm {
-            QkNorm::None => {}
-            QkNorm::Scaleless => flags |= ops::HEAD_QK_RMS,
+        let l = &self.layers[li];
+        let gains = match spec.qk_norm {
+            QkNorm::None => (0, 0),
             QkNorm::Gains => {
-                return Err(CudaError::Unsupported("QK-norm with learned gains".into()))
+                flags |= ops::HEAD_QK_RMS;
+                (l.q_norm, l.k_norm)
             }
-        }
-        if self.model.arch.bf16_activations {
-            flags |= ops::HEAD_BF16 | ops::HEAD_KV_BF16;
-        }
+        };
         let prep = HeadPrep {
             n_heads: c.n_heads,
             n_kv: c.n_kv_heads,
@@ -521,16 +545,7 @@ impl GpuModel {
         };
         let (s, kv) = (&st.s, &st.caches[li]);
         ops::prepare_heads(
-            &self.gpu,
-            &prep,
-            t,
-            s.q.ptr,
-            s.k.ptr,
-            s.v.ptr,
-            (0, 0),
-            s.pos.ptr,
-            kv.k.ptr,
-            kv.v.ptr,
+            &self.gpu, &prep, t, s.q.ptr, s.k.ptr, s.v.ptr, gains, s.pos.ptr, kv.k.ptr, kv.v.ptr,
             kv.slots,
         )
     }
@@ -545,19 +560,11 @@ impl GpuModel {
         let spec: &LayerSpec = &self.model.arch.layers[li];
         let l: &GpuLayer = &self.layers[li];
         let (g, s) = (&*self.gpu, &st.s);
-        // The Muse Glimmer spec's bf16 rounding points: projections' outputs,
-        // weighted norms (bf16(bf16(u) · bf16(g))), q/k, the KV cache.
-        let bf16 = self.model.arch.bf16_activations;
-        let (out_bf, norm_bf) = if bf16 {
-            (ops::OUT_BF16, ops::NORM_BF16_GAIN)
-        } else {
-            (0, 0)
-        };
         // Sublayer outputs go to tmp when a post-norm adds them to x, else
         // straight into x.
         let (sub_out, sub_flags) = match spec.post_norm_eps {
-            Some(_) => (s.tmp.ptr, out_bf),
-            None => (s.x.ptr, ops::OUT_ADD | out_bf),
+            Some(_) => (s.tmp.ptr, 0),
+            None => (s.x.ptr, ops::OUT_ADD),
         };
         let post_norm = |gain: u64| -> Result<()> {
             match spec.post_norm_eps {
@@ -569,7 +576,7 @@ impl GpuModel {
                     t,
                     c.dim,
                     eps,
-                    norm_bf | ops::OUT_ADD | out_bf,
+                    ops::OUT_ADD,
                     None,
                 ),
                 None => Ok(()),
@@ -594,15 +601,15 @@ impl GpuModel {
         if let Some(gate) = gate {
             items.push((Proj::Gate, gate, s.gate.ptr, 0));
         }
-        self.norm_and_project(st, &l.attn_in, t, l.attn_norm, norm_bf, &items, out_bf)?;
+        self.norm_and_project(st, &l.attn_in, t, l.attn_norm, 0, &items, 0)?;
         self.prepare_heads(st, li, t)?;
         match gate {
             Some(_) => {
-                self.attention(st, li, t, bf16, out_bf, false)?;
+                self.attention(st, li, t, 0, false)?;
                 self.glu_and_project(
                     st,
                     t,
-                    (s.att.ptr, s.gate.ptr, ops::GLU_GATE, out_bf),
+                    (s.att.ptr, s.gate.ptr, ops::GLU_GATE, 0),
                     c.n_heads * c.head_dim,
                     &l.wo,
                     sub_out,
@@ -610,7 +617,7 @@ impl GpuModel {
                 )?;
             }
             None => {
-                self.attention(st, li, t, bf16, 0, true)?;
+                self.attention(st, li, t, 0, true)?;
                 self.linear(st, &l.wo, t, s.att.ptr, sub_out, 0, sub_flags)?;
             }
         }
@@ -622,17 +629,17 @@ impl GpuModel {
             &l.ffn_in,
             t,
             l.ffn_norm,
-            norm_bf,
+            0,
             &[
                 (Proj::FfnGate, &l.ffn_gate, s.fg.ptr, 0),
                 (Proj::FfnUp, &l.ffn_up, s.fu.ptr, 0),
             ],
-            out_bf,
+            0,
         )?;
         self.glu_and_project(
             st,
             t,
-            (s.fg.ptr, s.fu.ptr, ops::GLU_SWIGLU, out_bf),
+            (s.fg.ptr, s.fu.ptr, ops::GLU_SWIGLU, 0),
             c.ffn_dim,
             &l.ffn_down,
             sub_out,
@@ -641,20 +648,13 @@ impl GpuModel {
         post_norm(l.post_ffn_norm)
     }
 
-    /// Final norm and LM head for rows first..first+n of x into the logits buffer.
+    /// Final norm, LM head, logit scale and soft-cap for rows first..first+n
+    /// of x into the logits buffer.
     fn head(&self, st: &GpuState, first: usize, n: usize) -> Result<()> {
         let c = &self.model.config;
         let (g, s) = (&*self.gpu, &st.s);
         let a8 = Self::q8(st);
         let x = s.x.ptr + (first * c.dim * 4) as u64;
-        let arch = &self.model.arch;
-        let (norm_flags, mut out_flags) = match arch.bf16_activations {
-            true => (ops::NORM_BF16_GAIN, ops::OUT_BF16),
-            false => (0, 0),
-        };
-        if arch.softcap.is_some() {
-            out_flags |= ops::OUT_SOFTCAP;
-        }
         ops::rmsnorm(
             g,
             x,
@@ -663,10 +663,21 @@ impl GpuModel {
             n,
             c.dim,
             c.norm_eps,
-            norm_flags,
+            0,
             Some(a8),
         )?;
-        self.linear(st, &self.output, n, s.h.ptr, s.logits.ptr, 0, out_flags)
+        self.linear(st, &self.output, n, s.h.ptr, s.logits.ptr, 0, 0)?;
+        let spec = self.model.arch.logits;
+        if spec.is_identity() {
+            return Ok(());
+        }
+        ops::logit_transform(
+            g,
+            s.logits.ptr,
+            n * c.vocab_size,
+            spec.scale.unwrap_or(1.0),
+            spec.softcap.unwrap_or(0.0),
+        )
     }
 
     /// Benchmarks: puts `n` positions of pseudo-random keys and values in
@@ -682,14 +693,13 @@ impl GpuModel {
             }
             .into());
         }
-        let bf16 = self.model.arch.bf16_activations;
         for (i, kv) in st.caches.iter().enumerate() {
             for (j, buf) in [&kv.k, &kv.v].into_iter().enumerate() {
                 self.gpu.fill_random(
                     buf.ptr,
                     buf.bytes / 2,
                     (seed as i32) ^ (2 * i + j) as i32,
-                    bf16,
+                    false,
                 )?;
             }
         }

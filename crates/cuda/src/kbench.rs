@@ -32,6 +32,7 @@ fn random_matrix(
         body: body.ptr,
         scales: if ns > 0 { scales.ptr } else { 0 },
         tune: Default::default(),
+        scale: None,
     };
     Ok((m, body, scales))
 }

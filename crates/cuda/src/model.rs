@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use hearth_models::{ArchSpec, FfnAct, LayerKind, Linear, Model, QkNorm};
+use hearth_models::{ArchSpec, FfnAct, LayerKind, Linear, Model};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::driver::{DevBuf, Gpu};
@@ -25,6 +25,9 @@ pub struct GpuLayer {
     pub bq: u64,
     pub bk: u64,
     pub bv: u64,
+    /// Per-head QK-norm gains [head_dim] (0 = none).
+    pub q_norm: u64,
+    pub k_norm: u64,
     pub attn_gate: Option<GpuMatrix>,
     pub post_attn_norm: u64,
     pub ffn_norm: u64,
@@ -80,27 +83,16 @@ const ALIGN: usize = 256;
 
 /// What an architecture's description asks of the GPU layer walk
 /// (forward.rs) that its kernels cannot do yet; empty when it runs. gemma3
-/// lists three features and needs nothing else: a gain vector in
-/// `prepare_heads`' QK-norm, q scaled there before attention, and a GELU
-/// mode (ggml's f16-table GELU) in `glu_q8`.
+/// lists two features and needs nothing else: q scaled in `prepare_heads`
+/// before attention, and a GELU mode (ggml's f16-table GELU) in `glu_q8`.
 pub fn missing_features(spec: &ArchSpec) -> Vec<&'static str> {
     let mut missing = Vec::new();
     let any = |f: &dyn Fn(&hearth_models::LayerSpec) -> bool| spec.layers.iter().any(f);
-    if any(&|l| l.qk_norm == QkNorm::Gains) {
-        missing.push("QK-norm with learned gains");
-    }
     if any(&|l| l.scale_q_first) {
         missing.push("q scaled before attention");
     }
     if any(&|l| l.ffn_act == FfnAct::GeluF16) {
         missing.push("a GELU-gated MLP");
-    }
-    // The kernels' OUT_SOFTCAP computes Muse Glimmer's 20·tanh(z·0.19611613513/20).
-    if spec
-        .softcap
-        .is_some_and(|s| (s.cap, s.multiplier) != (20.0, 0.196_116_14))
-    {
-        missing.push("this logit soft-cap");
     }
     missing
 }
@@ -250,6 +242,7 @@ impl Resolve {
                 self.0 + scales as u64
             },
             tune: Default::default(),
+            scale: None,
         }
     }
 
@@ -265,7 +258,7 @@ impl GpuModel {
         let missing = missing_features(&model.arch);
         if !missing.is_empty() {
             return Err(CudaError::Unsupported(format!(
-                "the {} architecture: the GPU kernels lack {} (supported: llama, qwen2, muse_glimmer)",
+                "the {} architecture: the GPU kernels lack {} (supported: llama, qwen2, muse-glimmer)",
                 c.arch.gguf_name(),
                 missing.join(", ")
             )));
@@ -291,6 +284,8 @@ impl GpuModel {
             bq: Option<usize>,
             bk: Option<usize>,
             bv: Option<usize>,
+            q_norm: Option<usize>,
+            k_norm: Option<usize>,
             post_attn: Option<usize>,
             ffn_norm: usize,
             ffn: Vec<(Proj, Mat)>,
@@ -310,6 +305,8 @@ impl GpuModel {
             let bq = l.bq.as_deref().map(|b| lay.vector(b));
             let bk = l.bk.as_deref().map(|b| lay.vector(b));
             let bv = l.bv.as_deref().map(|b| lay.vector(b));
+            let q_norm = l.q_norm.as_deref().map(|g| lay.vector(g));
+            let k_norm = l.k_norm.as_deref().map(|g| lay.vector(g));
             let post_attn = l.post_attn_norm.as_deref().map(|v| lay.vector(v));
             let ffn_norm = lay.vector(&l.ffn_norm);
             let (ffn, ffn_fused) =
@@ -324,6 +321,8 @@ impl GpuModel {
                 bq,
                 bk,
                 bv,
+                q_norm,
+                k_norm,
                 post_attn,
                 ffn_norm,
                 ffn,
@@ -389,21 +388,28 @@ impl GpuModel {
         let layers = ls
             .into_iter()
             .zip(&c.layers)
-            .map(|(l, &kind)| {
+            .zip(&m.layers)
+            .map(|((l, &kind), host)| {
                 let get = |list: &[(Proj, Mat)], p: Proj| {
                     list.iter().find(|(q, _)| *q == p).map(|(_, m)| r.mat(*m))
+                };
+                let scaled = |mut g: GpuMatrix, h: &Linear| {
+                    g.scale = h.scale;
+                    g
                 };
                 let fused = |(parts, m): Group| Fused { m: r.mat(m), parts };
                 GpuLayer {
                     kind,
                     attn_norm: r.at(Some(l.attn_norm)),
-                    wq: get(&l.attn, Proj::Q).expect("q"),
-                    wk: get(&l.attn, Proj::K).expect("k"),
-                    wv: get(&l.attn, Proj::V).expect("v"),
-                    wo: r.mat(l.wo),
+                    wq: scaled(get(&l.attn, Proj::Q).expect("q"), &host.wq),
+                    wk: scaled(get(&l.attn, Proj::K).expect("k"), &host.wk),
+                    wv: scaled(get(&l.attn, Proj::V).expect("v"), &host.wv),
+                    wo: scaled(r.mat(l.wo), &host.wo),
                     bq: r.at(l.bq),
                     bk: r.at(l.bk),
                     bv: r.at(l.bv),
+                    q_norm: r.at(l.q_norm),
+                    k_norm: r.at(l.k_norm),
                     attn_gate: get(&l.attn, Proj::Gate),
                     post_attn_norm: r.at(l.post_attn),
                     ffn_norm: r.at(Some(l.ffn_norm)),

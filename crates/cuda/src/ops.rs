@@ -31,6 +31,8 @@ pub const KERNEL_NAMES: &[&str] = &[
     "gemm_q6_k_bf16",
     "fill_random_kv",
     "to_half",
+    "scale_bias",
+    "logit_transform",
 ];
 
 /// Whether a kernel is written for programmatic dependent launch (it calls
@@ -39,14 +41,19 @@ pub fn uses_pdl(name: &str) -> bool {
     name.starts_with("gemv_")
         || matches!(
             name,
-            "quantize_q8" | "rmsnorm" | "prepare_heads" | "glu_q8" | "fill_random_kv"
+            "quantize_q8"
+                | "rmsnorm"
+                | "prepare_heads"
+                | "glu_q8"
+                | "fill_random_kv"
+                | "scale_bias"
+                | "logit_transform"
         )
 }
 
 // Flags shared with the kernels (kernels/common.cuh, gemv.cu, layer_ops.cu).
 pub const OUT_BF16: i32 = 1;
 pub const OUT_ADD: i32 = 2;
-pub const OUT_SOFTCAP: i32 = 4;
 pub const NORM_BF16_GAIN: i32 = 8;
 pub const HEAD_QK_RMS: i32 = 1;
 pub const HEAD_ROPE: i32 = 2;
@@ -68,6 +75,8 @@ pub struct GpuMatrix {
     pub scales: u64,
     /// Single-token GEMV variant (chosen by `tune::tune_gemv` on the device).
     pub tune: GemvTune,
+    /// Per-tensor scale of the product (`*.scale`), applied before the bias.
+    pub scale: Option<f32>,
 }
 
 /// A variant of the single-token GEMV: `u` items' loads issued together per
@@ -301,6 +310,49 @@ pub fn rmsnorm(
             Arg::Ptr(a.q),
             Arg::Ptr(a.d),
             Arg::Ptr(a.s),
+        ],
+    )
+}
+
+/// out = y · s (+ bias[i % width]) (+ out with OUT_ADD) over n values.
+#[allow(clippy::too_many_arguments)]
+pub fn scale_bias(
+    g: &Gpu,
+    y: u64,
+    out: u64,
+    n: usize,
+    width: usize,
+    s: f32,
+    bias: u64,
+    flags: i32,
+) -> Result<()> {
+    g.launch(
+        "scale_bias",
+        (n.div_ceil(256).clamp(1, 65535) as u32, 1, 1),
+        256,
+        &[
+            Arg::Ptr(y),
+            Arg::Ptr(out),
+            Arg::I32(n as i32),
+            Arg::I32(width as i32),
+            Arg::F32(s),
+            Arg::Ptr(bias),
+            Arg::I32(flags),
+        ],
+    )
+}
+
+/// z = z · scale, then cap · tanh(z / cap) when cap > 0, over n logits.
+pub fn logit_transform(g: &Gpu, z: u64, n: usize, scale: f32, cap: f32) -> Result<()> {
+    g.launch(
+        "logit_transform",
+        (n.div_ceil(256).clamp(1, 4096) as u32, 1, 1),
+        256,
+        &[
+            Arg::Ptr(z),
+            Arg::I32(n as i32),
+            Arg::F32(scale),
+            Arg::F32(cap),
         ],
     )
 }

@@ -1,6 +1,6 @@
 //! GPU tests: each kernel family against a CPU reference on random inputs of
 //! odd sizes, and whole-model logits of the CUDA backend against the CPU
-//! backend on synthetic qwen2 and muse_glimmer models. They need a CUDA GPU
+//! backend on synthetic qwen2 and muse-glimmer models. They need a CUDA GPU
 //! and are ignored elsewhere; on the GPU machine run
 //! `cargo test -p hearth-cuda --release --test gpu -- --ignored --nocapture`
 //! (or the built test binary with `--ignored --nocapture --test-threads 1`).
@@ -104,6 +104,7 @@ fn upload_matrix(
         body: bb.ptr,
         scales: if ns > 0 { sb.ptr } else { 0 },
         tune: Default::default(),
+        scale: None,
     };
     (m, bb, sb)
 }
@@ -694,9 +695,13 @@ fn rmsnorm_matches_cpu_reference() {
 }
 
 /// The model twice: with its reference numerics (the CPU backend as shipped)
-/// and with exact f32 numerics (no bf16 / 8-bit rounding anywhere).
+/// and with exact f32 numerics (no 8-bit rounding anywhere).
 fn synth_models(shape: SynthShape, seed: u64) -> (Arc<Model>, Model) {
-    let plan = SynthPlan::new(&shape).unwrap();
+    plan_models(SynthPlan::new(&shape).unwrap(), seed)
+}
+
+fn plan_models(plan: SynthPlan, seed: u64) -> (Arc<Model>, Model) {
+    let shape = plan.shape.clone();
     let path = std::env::temp_dir().join(format!(
         "hearth-cuda-test-{}-{seed}-{}.gguf",
         shape.arch.gguf_name(),
@@ -879,13 +884,20 @@ fn qwen2_logits_match_cpu() {
     compare_model("qwen2", m, exact);
 }
 
-/// Whole-model logits, synthetic muse_glimmer (sliding-window ring caches
-/// with wrap-around, global NoPE layers, QK-norm, gate, sandwich norms,
-/// soft-cap). The window (16) is shorter than the sequence, so the rings wrap.
+/// Whole-model logits, synthetic muse-glimmer in llama.cpp's layout
+/// (sliding-window ring caches with wrap-around, full NoPE layers, QK-norm
+/// with gains, output gate, sandwich norms, logit scale and soft-cap from
+/// the metadata). The window (16) is shorter than the sequence, so the rings
+/// wrap.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn muse_glimmer_logits_match_cpu() {
-    let shape = SynthShape {
+    let (m, exact) = synth_models(muse_shape(), 12);
+    compare_model("muse-glimmer", m, exact);
+}
+
+fn muse_shape() -> SynthShape {
+    SynthShape {
         n_layers: 8,
         dim: 512,
         n_heads: 8,
@@ -895,7 +907,84 @@ fn muse_glimmer_logits_match_cpu() {
         vocab_size: 1000,
         window: 16,
         ..SynthShape::small(Architecture::MuseGlimmer)
+    }
+}
+
+/// The optional pieces of llama.cpp's muse-glimmer layout on the GPU: a fused
+/// `attn_qkv` (uploaded as its q, k and v row ranges) with `attn_qkv.bias`,
+/// `attn_qkv.scale` and `attn_output.scale` (applied before the bias), and
+/// random q/k-norm gains.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn muse_glimmer_fused_qkv_and_scales_match_cpu() {
+    use hearth_models::synth::{Init, TensorPlan};
+    let shape = muse_shape();
+    let mut plan = SynthPlan::new(&shape).unwrap();
+    let (d, q, kv) = (
+        shape.dim as u64,
+        shape.q_dim() as u64,
+        shape.kv_dim() as u64,
+    );
+    let vector = |name: String, len: u64, init: Init| TensorPlan {
+        name,
+        ty: GgmlType::F32,
+        shape: vec![len],
+        init,
     };
-    let (m, exact) = synth_models(shape, 12);
-    compare_model("muse_glimmer", m, exact);
+    let mut tensors = Vec::new();
+    for t in plan.tensors.drain(..) {
+        let Some((blk, suffix)) = t
+            .name
+            .rsplit_once('.')
+            .and_then(|(a, _)| a.rsplit_once('.'))
+        else {
+            tensors.push(t);
+            continue;
+        };
+        match suffix {
+            "attn_q" => {
+                tensors.push(TensorPlan {
+                    name: format!("{blk}.attn_qkv.weight"),
+                    shape: vec![d, q + 2 * kv],
+                    ..t
+                });
+                tensors.push(vector(
+                    format!("{blk}.attn_qkv.bias"),
+                    q + 2 * kv,
+                    Init::Uniform { lo: -0.1, hi: 0.1 },
+                ));
+                tensors.push(vector(
+                    format!("{blk}.attn_qkv.scale"),
+                    1,
+                    Init::Const(1.25),
+                ));
+                tensors.push(vector(
+                    format!("{blk}.attn_output.scale"),
+                    1,
+                    Init::Const(0.75),
+                ));
+            }
+            "attn_k" | "attn_v" => {}
+            "attn_q_norm" | "attn_k_norm" => tensors.push(TensorPlan {
+                init: Init::Uniform { lo: 0.5, hi: 3.0 },
+                ..t
+            }),
+            _ => tensors.push(t),
+        }
+    }
+    assert!(tensors.iter().any(|t| t.name == "blk.0.attn_qkv.weight"));
+    assert_eq!(
+        tensors
+            .iter()
+            .filter(|t| t.name.ends_with("attn_q_norm.weight"))
+            .count(),
+        8
+    );
+    plan.tensors = tensors;
+    let (m, exact) = plan_models(plan, 13);
+    assert!(m
+        .layers
+        .iter()
+        .all(|l| l.wqkv.is_some() && l.wo.scale == Some(0.75)));
+    compare_model("muse-glimmer fused", m, exact);
 }

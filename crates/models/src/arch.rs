@@ -12,8 +12,7 @@ pub struct RopeSpec {
     pub theta: f32,
     pub layout: RopeLayout,
     /// ggml's frequencies (θ_{i+1} = θ_i · base^(-2/n), rotation with fused
-    /// multiply-adds) rather than the direct 1/base^(2i/n) of the Muse
-    /// Glimmer spec.
+    /// multiply-adds) rather than the direct 1/base^(2i/n).
     pub ggml_frequencies: bool,
 }
 
@@ -21,10 +20,9 @@ pub struct RopeSpec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QkNorm {
     None,
-    /// With learned gains (`attn_q_norm`, `attn_k_norm`; gemma3).
+    /// With learned gains (`attn_q_norm`, `attn_k_norm`; gemma3, Muse
+    /// Glimmer, whose converter stores `qk_scale_factor` in the q gain).
     Gains,
-    /// Without gains (the Muse Glimmer spec's scaleless QK-norm, §4.3).
-    Scaleless,
 }
 
 /// The gated MLP's activation: `act(gate) * up`.
@@ -74,16 +72,29 @@ pub struct EmbedSpec {
     pub rms_norm: bool,
 }
 
-/// Final logit soft-cap: `cap · tanh(z · multiplier / cap)`.
+/// What happens to the LM head's output (llama.cpp muse-glimmer.cpp:185-193):
+/// `z · scale`, then the soft-cap `c · tanh(z / c)` as three f32 steps
+/// (`· (1/c)`, `tanh`, `· c`).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SoftCap {
-    pub multiplier: f32,
-    pub cap: f32,
+pub struct LogitSpec {
+    pub scale: Option<f32>,
+    pub softcap: Option<f32>,
 }
 
-impl SoftCap {
+impl LogitSpec {
     pub fn apply(self, z: f32) -> f32 {
-        self.cap * (z * self.multiplier / self.cap).tanh()
+        let mut z = z;
+        if let Some(s) = self.scale {
+            z *= s;
+        }
+        if let Some(c) = self.softcap {
+            z = (z * (1.0 / c)).tanh() * c;
+        }
+        z
+    }
+
+    pub fn is_identity(self) -> bool {
+        self.scale.is_none() && self.softcap.is_none()
     }
 }
 
@@ -92,20 +103,12 @@ impl SoftCap {
 pub struct ArchSpec {
     pub embed: EmbedSpec,
     pub layers: Vec<LayerSpec>,
-    pub softcap: Option<SoftCap>,
-    /// The Muse Glimmer spec's reference numerics round activations to bf16
-    /// at its rounding points (§3.7) and keep a bf16 KV cache; everything
-    /// else follows llama.cpp's f32 activations and f16 cache.
-    pub bf16_activations: bool,
+    pub logits: LogitSpec,
 }
 
-/// Muse Glimmer's post-attention and post-MLP norm epsilon (spec §1).
+/// Muse Glimmer's post-attention and post-MLP norm epsilon, fixed in
+/// llama.cpp's graph (muse-glimmer.cpp:63), not the metadata epsilon.
 const MUSE_POST_NORM_EPS: f32 = 1e-8;
-/// Muse Glimmer's output head (spec §3.6): logit = 20 · tanh(z · 0.19611613513 / 20).
-const MUSE_SOFTCAP: SoftCap = SoftCap {
-    multiplier: 0.196_116_14,
-    cap: 20.0,
-};
 
 impl ArchSpec {
     pub fn of(c: &ModelConfig) -> ArchSpec {
@@ -114,14 +117,20 @@ impl ArchSpec {
             .layers
             .iter()
             .map(|&kind| {
-                let rope = |theta: f32, ggml_frequencies: bool| RopeSpec {
+                // Sliding layers have their own base where an architecture
+                // says so (gemma3: 10000; muse-glimmer: rope.freq_base_swa).
+                let theta = match kind.is_sliding() {
+                    true => c.rope_theta_sliding,
+                    false => c.rope_theta,
+                };
+                let rope = RopeSpec {
                     theta,
                     layout: c.rope_layout,
-                    ggml_frequencies,
+                    ggml_frequencies: true,
                 };
                 let base = LayerSpec {
                     kind,
-                    rope: Some(rope(c.rope_theta, true)),
+                    rope: kind.uses_rope().then_some(rope),
                     qk_norm: QkNorm::None,
                     attn_scale: c.attn_scale,
                     scale_q_first: false,
@@ -132,14 +141,6 @@ impl ArchSpec {
                 match arch {
                     Architecture::Llama | Architecture::Qwen2 => base,
                     Architecture::Gemma3 => LayerSpec {
-                        rope: Some(rope(
-                            if kind.is_sliding() {
-                                c.rope_theta_sliding
-                            } else {
-                                c.rope_theta
-                            },
-                            true,
-                        )),
                         qk_norm: QkNorm::Gains,
                         scale_q_first: true,
                         post_norm_eps: Some(c.norm_eps),
@@ -147,8 +148,7 @@ impl ArchSpec {
                         ..base
                     },
                     Architecture::MuseGlimmer => LayerSpec {
-                        rope: kind.uses_rope().then(|| rope(c.rope_theta, false)),
-                        qk_norm: QkNorm::Scaleless,
+                        qk_norm: QkNorm::Gains,
                         output_gate: true,
                         post_norm_eps: Some(MUSE_POST_NORM_EPS),
                         ..base
@@ -162,8 +162,10 @@ impl ArchSpec {
                 rms_norm: arch == Architecture::MuseGlimmer,
             },
             layers,
-            softcap: (arch == Architecture::MuseGlimmer).then_some(MUSE_SOFTCAP),
-            bf16_activations: arch == Architecture::MuseGlimmer,
+            logits: LogitSpec {
+                scale: c.logit_scale,
+                softcap: c.final_logit_softcap,
+            },
         }
     }
 }
@@ -174,6 +176,9 @@ pub mod names {
     pub const TOKEN_EMBD: &str = "token_embd.weight";
     pub const OUTPUT_NORM: &str = "output_norm.weight";
     pub const OUTPUT: &str = "output.weight";
+    /// The LM head's per-tensor scale (llama.cpp creates it only for an
+    /// NVFP4 `output.weight`).
+    pub const OUTPUT_SCALE: &str = "output.scale";
     /// DFlash drafters: the projection of the tapped target hidden states
     /// and its norm (docs/spec/dflash.md §4).
     pub const DFLASH_FC: &str = "fc.weight";
@@ -186,16 +191,17 @@ pub mod names {
         AttnQ,
         AttnK,
         AttnV,
+        /// Fused q, k and v rows (`[q_dim + 2·kv_dim, dim]`).
+        AttnQkv,
         AttnOutput,
         AttnQBias,
         AttnKBias,
         AttnVBias,
+        AttnQkvBias,
         AttnQNorm,
         AttnKNorm,
         /// Muse Glimmer's output gate projection.
         AttnGate,
-        /// The same, under the name of hearth's earlier synthetic files.
-        AttnOutputGate,
         PostAttnNorm,
         FfnNorm,
         FfnGate,
@@ -211,14 +217,15 @@ pub mod names {
                 Blk::AttnQ => "attn_q.weight",
                 Blk::AttnK => "attn_k.weight",
                 Blk::AttnV => "attn_v.weight",
+                Blk::AttnQkv => "attn_qkv.weight",
                 Blk::AttnOutput => "attn_output.weight",
                 Blk::AttnQBias => "attn_q.bias",
                 Blk::AttnKBias => "attn_k.bias",
                 Blk::AttnVBias => "attn_v.bias",
+                Blk::AttnQkvBias => "attn_qkv.bias",
                 Blk::AttnQNorm => "attn_q_norm.weight",
                 Blk::AttnKNorm => "attn_k_norm.weight",
                 Blk::AttnGate => "attn_gate.weight",
-                Blk::AttnOutputGate => "attn_output_gate.weight",
                 Blk::PostAttnNorm => "post_attention_norm.weight",
                 Blk::FfnNorm => "ffn_norm.weight",
                 Blk::FfnGate => "ffn_gate.weight",
@@ -232,13 +239,19 @@ pub mod names {
         pub fn of(self, layer: usize) -> String {
             format!("blk.{layer}.{}", self.suffix())
         }
+
+        /// The name of the per-tensor scale of this weight in layer `layer`
+        /// (`blk.{i}.attn_q.scale`; llama.cpp's generic `*.scale` pass).
+        pub fn scale_of(self, layer: usize) -> String {
+            let stem = self.suffix().trim_end_matches(".weight");
+            format!("blk.{layer}.{stem}.scale")
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::muse_glimmer_layers;
 
     fn config(arch: Architecture, layers: Vec<LayerKind>) -> ModelConfig {
         ModelConfig {
@@ -257,12 +270,13 @@ mod tests {
             rope_layout: RopeLayout::Neox,
             attn_scale: 0.25,
             layers,
+            logit_scale: None,
+            final_logit_softcap: None,
             defaults_used: vec![],
         }
     }
 
-    /// The descriptions say what llama.cpp's graphs (and the Muse Glimmer
-    /// spec) compute per layer.
+    /// The descriptions say what llama.cpp's graphs compute per layer.
     #[test]
     fn layer_descriptions_follow_the_architectures() {
         let g = |rope: bool| LayerKind::Global { rope };
@@ -275,6 +289,7 @@ mod tests {
             && l.post_norm_eps.is_none()
             && l.rope.unwrap().theta == 1e6));
         assert_eq!(qwen.embed.scale, None);
+        assert!(qwen.logits.is_identity());
 
         let gemma = ArchSpec::of(&config(Architecture::Gemma3, vec![s, g(true)]));
         assert_eq!(
@@ -288,31 +303,38 @@ mod tests {
             && l.ffn_act == FfnAct::GeluF16));
         assert_eq!(gemma.embed.scale, Some(8.0));
 
-        let muse = ArchSpec::of(&config(
-            Architecture::MuseGlimmer,
-            muse_glimmer_layers(8, 16),
-        ));
+        // muse-glimmer.cpp: RoPE (base freq_base_swa) on sliding layers only,
+        // gained QK norms, sigmoid output gate, post norms with eps 1e-8.
+        let mut c = config(Architecture::MuseGlimmer, vec![s, s, s, g(false)]);
+        c.logit_scale = Some(0.5);
+        c.final_logit_softcap = Some(30.0);
+        let muse = ArchSpec::of(&c);
         for (i, l) in muse.layers.iter().enumerate() {
             assert_eq!(l.rope.is_some(), l.kind.is_sliding(), "layer {i}: iRoPE");
-            assert!(l.output_gate && l.qk_norm == QkNorm::Scaleless);
+            assert!(l.output_gate && l.qk_norm == QkNorm::Gains);
+            assert_eq!(l.post_norm_eps, Some(1e-8));
         }
-        assert!(muse.embed.rms_norm && muse.softcap.is_some() && muse.bf16_activations);
+        assert_eq!(muse.layers[0].rope.unwrap().theta, 1e4);
+        assert!(muse.embed.rms_norm);
+        assert_eq!(
+            muse.logits,
+            LogitSpec {
+                scale: Some(0.5),
+                softcap: Some(30.0)
+            }
+        );
     }
 
-    /// Muse Glimmer spec §8.3 soft-cap table.
+    /// The soft-cap keeps |z| below c and is close to the identity near 0.
     #[test]
-    fn muse_glimmer_soft_cap_table() {
-        for (z, want) in [
-            (0.0, 0.0),
-            (1.0, 0.1961098),
-            (10.0, 1.9548997),
-            (50.0, 9.088_937),
-            (100.0, 15.066_343),
-            (-100.0, -15.066_343),
-            (1000.0, 19.9999999),
-        ] {
-            let got = MUSE_SOFTCAP.apply(z);
-            assert!((got - want).abs() < 2e-6, "{z}: {got}");
-        }
+    fn logit_soft_cap() {
+        let l = LogitSpec {
+            scale: Some(0.5),
+            softcap: Some(20.0),
+        };
+        assert_eq!(l.apply(0.0), 0.0);
+        assert!((l.apply(0.2) - 0.1).abs() < 1e-6);
+        assert!((l.apply(2000.0) - 20.0).abs() < 1e-5);
+        assert!((l.apply(-80.0) - (-20.0 * 2f32.tanh())).abs() < 1e-5);
     }
 }

@@ -1,6 +1,7 @@
 //! Model hyperparameters read from GGUF metadata (`{arch}.*` keys), with the
-//! per-architecture conventions llama.cpp applies, and the Muse Glimmer spec
-//! defaults (its GGUFs carry few keys; docs/spec/muse-glimmer-model.md §1).
+//! per-architecture conventions, defaults and required keys of llama.cpp
+//! 11434 (the reference build; docs/muse-glimmer-llamacpp.md §1.1 for
+//! `muse-glimmer`).
 
 use hearth_gguf::{GgufFile, Metadata};
 
@@ -21,7 +22,7 @@ impl Architecture {
             "llama" => Architecture::Llama,
             "qwen2" => Architecture::Qwen2,
             "gemma3" => Architecture::Gemma3,
-            "muse_glimmer" => Architecture::MuseGlimmer,
+            "muse-glimmer" => Architecture::MuseGlimmer,
             _ => return None,
         })
     }
@@ -31,7 +32,7 @@ impl Architecture {
             Architecture::Llama => "llama",
             Architecture::Qwen2 => "qwen2",
             Architecture::Gemma3 => "gemma3",
-            Architecture::MuseGlimmer => "muse_glimmer",
+            Architecture::MuseGlimmer => "muse-glimmer",
         }
     }
 }
@@ -39,7 +40,7 @@ impl Architecture {
 /// How RoPE pairs dimensions within a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeLayout {
-    /// Adjacent pairs (x[2j], x[2j+1]): ggml "NORMAL" (llama, muse_glimmer).
+    /// Adjacent pairs (x[2j], x[2j+1]): ggml "NORMAL" (llama, muse-glimmer).
     Interleaved,
     /// Halves (x[j], x[j + d/2]): ggml "NEOX" (qwen2, gemma3).
     Neox,
@@ -78,7 +79,7 @@ impl LayerKind {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("unsupported architecture '{0}' (supported: llama, qwen2, gemma3, muse_glimmer)")]
+    #[error("unsupported architecture '{0}' (supported: llama, qwen2, gemma3, muse-glimmer)")]
     UnsupportedArchitecture(String),
     #[error("GGUF has no 'general.architecture'")]
     NoArchitecture,
@@ -111,6 +112,10 @@ pub struct ModelConfig {
     /// Multiplier on q·k (replaces 1/sqrt(head_dim) where an architecture says so).
     pub attn_scale: f32,
     pub layers: Vec<LayerKind>,
+    /// Multiplier on the output logits (`logit_scale`; Muse Glimmer).
+    pub logit_scale: Option<f32>,
+    /// Final logit soft-cap `c·tanh(z/c)` (`final_logit_softcapping`).
+    pub final_logit_softcap: Option<f32>,
     /// Values taken from defaults because the GGUF did not carry them.
     pub defaults_used: Vec<&'static str>,
 }
@@ -123,10 +128,7 @@ impl ModelConfig {
         let vocab_from_tensor = file
             .tensor_info("token_embd.weight")
             .map(|t| t.shape.get(1).copied().unwrap_or(0) as usize);
-        match arch {
-            Architecture::MuseGlimmer => Ok(Self::muse_glimmer(file, vocab_from_tensor)),
-            _ => Self::from_metadata(arch, file.metadata(), vocab_from_tensor),
-        }
+        Self::from_metadata(arch, file.metadata(), vocab_from_tensor)
     }
 
     fn from_metadata(
@@ -168,21 +170,34 @@ impl ModelConfig {
             .or_else(|| md.get_array("tokenizer.ggml.tokens").map(|t| t.len()))
             .or(vocab_from_tensor)
             .ok_or_else(|| ConfigError::MissingKey(key("vocab_size")))?;
-        let context_length = md
-            .get_u64(&key("context_length"))
-            .map(|v| v as usize)
-            .unwrap_or_else(|| {
+        let muse = arch == Architecture::MuseGlimmer;
+        // llama.cpp requires context_length for every architecture; hearth
+        // has defaulted it for the others and keeps doing so.
+        let context_length = match md.get_u64(&key("context_length")) {
+            Some(v) => v as usize,
+            None if muse => return Err(ConfigError::MissingKey(key("context_length"))),
+            None => {
                 defaults_used.push("context_length = 4096");
                 4096
-            });
-        let norm_eps = md
-            .get_f64(&key("attention.layer_norm_rms_epsilon"))
-            .unwrap_or(1e-5) as f32;
+            }
+        };
+        let req_f = |k: &str| {
+            md.get_f64(&key(k))
+                .map(|v| v as f32)
+                .ok_or_else(|| ConfigError::MissingKey(key(k)))
+        };
+        let norm_eps = match muse {
+            true => req_f("attention.layer_norm_rms_epsilon")?,
+            false => md
+                .get_f64(&key("attention.layer_norm_rms_epsilon"))
+                .unwrap_or(1e-5) as f32,
+        };
         let rope_theta = md.get_f64(&key("rope.freq_base")).unwrap_or(10000.0) as f32;
         let window = md
             .get_u64(&key("attention.sliding_window"))
             .map(|v| v as usize);
 
+        let (mut logit_scale, mut final_logit_softcap) = (None, None);
         let (rope_layout, rope_theta_sliding, layers) = match arch {
             Architecture::Llama => (
                 RopeLayout::Interleaved,
@@ -212,7 +227,39 @@ impl ModelConfig {
                     .collect();
                 (RopeLayout::Neox, 10000.0, layers)
             }
-            Architecture::MuseGlimmer => unreachable!("handled by muse_glimmer()"),
+            Architecture::MuseGlimmer => {
+                // llama.cpp muse-glimmer.cpp:3-13.
+                let window = req("attention.sliding_window")?;
+                if window == 0 {
+                    return Err(ConfigError::Invalid(format!(
+                        "{a}.attention.sliding_window must be positive"
+                    )));
+                }
+                logit_scale = Some(req_f("logit_scale")?);
+                // Absent: llama.cpp's default 30; 0 disables the cap.
+                let cap = md
+                    .get_f64(&key("final_logit_softcapping"))
+                    .unwrap_or_else(|| {
+                        defaults_used.push("final_logit_softcapping = 30");
+                        30.0
+                    }) as f32;
+                final_logit_softcap = (cap != 0.0).then_some(cap);
+                let theta_swa = md
+                    .get_f64(&key("rope.freq_base_swa"))
+                    .map_or(rope_theta, |v| v as f32);
+                muse_glimmer_checks(md, a, head_dim)?;
+                let sliding =
+                    sliding_pattern(md, &key("attention.sliding_window_pattern"), n_layers, 4)?;
+                // RoPE on the sliding layers only (NoPE on the full ones).
+                let layers = sliding
+                    .into_iter()
+                    .map(|s| match s {
+                        true => LayerKind::Sliding { window, rope: true },
+                        false => LayerKind::Global { rope: false },
+                    })
+                    .collect();
+                (RopeLayout::Interleaved, theta_swa, layers)
+            }
         };
         Ok(ModelConfig {
             arch,
@@ -230,72 +277,10 @@ impl ModelConfig {
             rope_layout,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             layers,
+            logit_scale,
+            final_logit_softcap,
             defaults_used,
         })
-    }
-
-    /// Muse Glimmer: the spec fixes the hyperparameters and reads none from
-    /// metadata (§1). Shapes are taken from the tensors so that small synthetic
-    /// models work; everything else is the spec's constant.
-    fn muse_glimmer(file: &GgufFile, vocab_from_tensor: Option<usize>) -> ModelConfig {
-        let md = file.metadata();
-        let mut defaults_used = Vec::new();
-        let shape = |name: &str, axis: usize| {
-            file.tensor_info(name)
-                .and_then(|t| t.shape.get(axis).copied())
-                .map(|v| v as usize)
-        };
-        let n_layers = (0..)
-            .take_while(|i| {
-                file.tensor_info(&format!("blk.{i}.attn_norm.weight"))
-                    .is_some()
-            })
-            .count();
-        let n_layers = if n_layers == 0 { 52 } else { n_layers };
-        let dim = shape("token_embd.weight", 0).unwrap_or(6656);
-        let head_dim = md
-            .get_u64("muse_glimmer.attention.key_length")
-            .map(|v| v as usize)
-            .unwrap_or_else(|| {
-                defaults_used.push("head_dim = 128");
-                128
-            });
-        let q_dim = shape("blk.0.attn_q.weight", 1).unwrap_or(4096);
-        let kv_dim = shape("blk.0.attn_k.weight", 1).unwrap_or(256);
-        let ffn_dim = shape("blk.0.ffn_gate.weight", 1).unwrap_or(19968);
-        let window = md
-            .get_u64("muse_glimmer.attention.sliding_window")
-            .map(|v| v as usize)
-            .unwrap_or_else(|| {
-                defaults_used.push("sliding_window = 2048");
-                2048
-            });
-        defaults_used.extend([
-            "norm_eps = 1e-5",
-            "rope_theta = 500000",
-            "attention pattern [W, W, W, global]",
-            "attn_scale = 0.3420629053992187",
-            "output soft-cap 20, multiplier 0.19611613513",
-        ]);
-        let layers = muse_glimmer_layers(n_layers, window);
-        ModelConfig {
-            arch: Architecture::MuseGlimmer,
-            n_layers,
-            dim,
-            n_heads: q_dim / head_dim,
-            n_kv_heads: kv_dim / head_dim,
-            head_dim,
-            ffn_dim,
-            vocab_size: vocab_from_tensor.unwrap_or(202048),
-            context_length: 131072,
-            norm_eps: 1e-5,
-            rope_theta: 500000.0,
-            rope_theta_sliding: 500000.0,
-            rope_layout: RopeLayout::Interleaved,
-            attn_scale: 0.342_062_9,
-            layers,
-            defaults_used,
-        }
     }
 
     /// Bytes of KV cache a state for `max_ctx` positions holds (what
@@ -340,41 +325,114 @@ impl ModelConfig {
     }
 }
 
-/// Muse Glimmer's iRoPE schedule (spec §2): pattern [W, W, W, global] aligned
-/// so the last layer is global; `window(i) = pattern[(i + 4 - n mod 4) mod 4]`,
-/// and a layer uses RoPE exactly when it slides.
-pub fn muse_glimmer_layers(n_layers: usize, window: usize) -> Vec<LayerKind> {
-    let pattern = [window, window, window, 0];
-    (0..n_layers)
-        .map(|i| match pattern[(i + 4 - (n_layers % 4)) % 4] {
-            0 => LayerKind::Global { rope: false },
-            w => LayerKind::Sliding {
-                window: w,
-                rope: true,
-            },
-        })
-        .collect()
+/// Which layers slide, from `key` (llama.cpp `load_swa_pattern`,
+/// llama-model.cpp:3451 and llama-hparams.cpp:8): a per-layer bool (or
+/// integer) array, or a period `n` (absent: `default_period`) under which
+/// layer `il` slides iff `n == 0 || il % n < n - 1`, counted from the first
+/// layer.
+pub fn sliding_pattern(
+    md: &Metadata,
+    key: &str,
+    n_layers: usize,
+    default_period: usize,
+) -> Result<Vec<bool>, ConfigError> {
+    if let Some(arr) = md.get_array(key) {
+        if arr.len() != n_layers {
+            return Err(ConfigError::Invalid(format!(
+                "{key} has {} entries for {n_layers} layers",
+                arr.len()
+            )));
+        }
+        return arr
+            .iter()
+            .map(|v| v.as_bool().or_else(|| v.as_u64().map(|x| x != 0)))
+            .collect::<Option<Vec<bool>>>()
+            .ok_or_else(|| ConfigError::Invalid(format!("{key} is not a bool or integer array")));
+    }
+    let n = match md.get(key) {
+        None => default_period,
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| ConfigError::Invalid(format!("{key} is not an integer or an array")))?
+            as usize,
+    };
+    Ok((0..n_layers).map(|il| n == 0 || il % n < n - 1).collect())
+}
+
+/// Muse Glimmer files that llama.cpp would read differently from what
+/// hearth computes are refused here, naming the key.
+fn muse_glimmer_checks(md: &Metadata, a: &str, head_dim: usize) -> Result<(), ConfigError> {
+    let key = |k: &str| format!("{a}.{k}");
+    let unsupported = |k: String, why: String| Err(ConfigError::Invalid(format!("{k}: {why}")));
+    for k in [
+        "attention.value_length",
+        "rope.dimension_count",
+        "attention.key_length_swa",
+        "attention.value_length_swa",
+        "rope.dimension_count_swa",
+    ] {
+        if let Some(v) = md.get_u64(&key(k)) {
+            if v as usize != head_dim {
+                return unsupported(
+                    key(k),
+                    format!("{v} differs from the head size {head_dim} (hearth rotates and attends over whole heads)"),
+                );
+            }
+        }
+    }
+    for k in [
+        "attention.head_count",
+        "attention.head_count_kv",
+        "feed_forward_length",
+    ] {
+        if md.get_array(&key(k)).is_some() {
+            return unsupported(key(k), "per-layer values are not supported".into());
+        }
+    }
+    if let Some(t) = md.get_str(&key("rope.scaling.type")) {
+        if !matches!(t, "none" | "linear") {
+            // Linear scaling never reaches the sliding layers, the only ones
+            // with RoPE (llama.cpp reads no freq_scale_swa for this arch).
+            return unsupported(key("rope.scaling.type"), format!("'{t}' is not supported"));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Spec §8.1: for 52 layers exactly 3, 7, ..., 51 are global and NoPE;
-    /// the 8-layer toy has globals {3, 7}; use_rope(i) = ((n - i - 1) mod 4) != 0.
-    #[test]
-    fn muse_glimmer_layer_schedule_matches_spec() {
-        for (n, globals) in [
-            (52usize, (0..13).map(|k| 4 * k + 3).collect::<Vec<_>>()),
-            (8, vec![3, 7]),
-        ] {
-            let layers = muse_glimmer_layers(n, 16);
-            let got: Vec<usize> = (0..n).filter(|&i| !layers[i].is_sliding()).collect();
-            assert_eq!(got, globals);
-            for (i, l) in layers.iter().enumerate() {
-                assert_eq!(l.uses_rope(), (n - i - 1) % 4 != 0, "layer {i}");
-                assert_eq!(l.uses_rope(), l.is_sliding());
-            }
+    fn md(pairs: &[(&str, hearth_gguf::Value)]) -> Metadata {
+        let mut m = Metadata::new();
+        for (k, v) in pairs {
+            m.insert(*k, v.clone());
         }
+        m
+    }
+
+    /// llama.cpp's default period-4 pattern counts from the first layer:
+    /// 6 layers give S S S F S S, 8 give S S S F S S S F.
+    #[test]
+    fn sliding_pattern_follows_llama_cpp() {
+        let k = "muse-glimmer.attention.sliding_window_pattern";
+        let p = |m: &Metadata, n| sliding_pattern(m, k, n, 4).unwrap();
+        let none = md(&[]);
+        assert_eq!(p(&none, 6), [true, true, true, false, true, true]);
+        assert_eq!(
+            p(&none, 8),
+            [true, true, true, false, true, true, true, false]
+        );
+        let period2 = md(&[(k, hearth_gguf::Value::U32(2))]);
+        assert_eq!(p(&period2, 4), [true, false, true, false]);
+        let zero = md(&[(k, hearth_gguf::Value::U32(0))]);
+        assert_eq!(p(&zero, 3), [true, true, true]);
+        use hearth_gguf::Value::Bool;
+        let arr = md(&[(
+            k,
+            hearth_gguf::Value::Array(hearth_gguf::ValueType::Bool, vec![Bool(false), Bool(true)]),
+        )]);
+        assert_eq!(p(&arr, 2), [false, true]);
+        assert!(sliding_pattern(&arr, k, 3, 4).is_err(), "length must match");
     }
 }

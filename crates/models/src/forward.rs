@@ -163,16 +163,27 @@ impl Model {
                     chunk.len() * taps.len() * c.dim
                 }
             ];
+            // The rows the last layer carries past its attention (llama.cpp's
+            // inp_out_ids): every row when all are wanted or the last layer's
+            // output is tapped, else the last row of the last chunk, or none.
+            let last_chunk = ci + 1 == n_chunks;
+            let keep: Option<Vec<usize>> = match want {
+                _ if taps.contains(&c.n_layers) => None,
+                Logits::All => None,
+                Logits::Last if last_chunk => Some(vec![chunk.len() - 1]),
+                Logits::Last | Logits::None => Some(vec![]),
+            };
             for li in 0..c.n_layers {
                 tap_into(&mut tapped, &x, taps, li, c.dim);
-                layer::layer(self, &pass, li, &mut x, &mut state.caches[li], p0);
+                let keep = keep.as_deref().filter(|_| li + 1 == c.n_layers);
+                layer::layer(self, &pass, li, &mut x, &mut state.caches[li], p0, keep);
             }
             tap_into(&mut tapped, &x, taps, c.n_layers, c.dim);
             hidden.extend_from_slice(&tapped);
             state.pos += chunk.len();
             let rows = match want {
                 Logits::All => x,
-                Logits::Last if ci + 1 == n_chunks => x[(chunk.len() - 1) * c.dim..].to_vec(),
+                Logits::Last if last_chunk => x[x.len() - c.dim..].to_vec(),
                 _ => continue,
             };
             logits.extend(self.head(&pass, rows));
@@ -193,28 +204,33 @@ impl Model {
             pass.dump("inp_scaled", 0, &x);
         }
         if self.arch.embed.rms_norm {
-            // Muse Glimmer §3.2: e = bf16(RMS_0(bf16(E[t]))).
-            self.round_point(&mut x);
+            // muse-glimmer.cpp:69: a gainless RMSNorm of the looked-up rows.
             rmsnorm(&mut x, c.dim, None, c.norm_eps);
-            self.round_point(&mut x);
         }
         x
     }
 
-    /// Final norm, LM head and soft-cap for rows `x` ([n, dim]) -> [n, vocab].
+    /// Final norm, LM head, logit scale and soft-cap for rows `x` ([n, dim])
+    /// -> [n, vocab].
     fn head(&self, pass: &Pass, mut x: Vec<f32>) -> Vec<f32> {
-        self.norm(&mut x, &self.output_norm, self.config.norm_eps);
+        rmsnorm(
+            &mut x,
+            self.config.dim,
+            Some(&self.output_norm),
+            self.config.norm_eps,
+        );
         pass.dump("result_norm", 0, &x);
-        let mut logits = self.project(pass, &self.output, &x);
-        if let Some(cap) = self.arch.softcap {
-            logits.iter_mut().for_each(|z| *z = cap.apply(*z));
+        let mut logits = self.linear(pass, &self.output, &x);
+        let spec = self.arch.logits;
+        if !spec.is_identity() {
+            logits.iter_mut().for_each(|z| *z = spec.apply(*z));
         }
         pass.dump("result_output", 0, &logits);
         logits
     }
 
-    /// `x @ W^T` for rows `x` ([n, cols]) -> [n, rows], computed from the
-    /// quantized weights in place.
+    /// `(x @ W^T) · scale` for rows `x` ([n, cols]) -> [n, rows], computed
+    /// from the quantized weights in place.
     pub(crate) fn linear(&self, pass: &Pass, w: &Linear, x: &[f32]) -> Vec<f32> {
         let n = x.len() / w.cols;
         let mut out = vec![0.0f32; n * w.rows];
@@ -223,6 +239,9 @@ impl Model {
                 matmul_packed(simd::active(), p, &self.mat(w), x, n, &mut out, pass.order)
             }
             (_, mode) => matmul(&self.mat(w), x, n, &mut out, mode, pass.order),
+        }
+        if let Some(s) = w.scale {
+            out.iter_mut().for_each(|v| *v *= s);
         }
         out
     }
@@ -250,14 +269,12 @@ impl Model {
         out
     }
 
-    /// How activations enter the matmuls: llama.cpp-style 8-bit quantization
-    /// for the llama.cpp architectures; exact f32 (after the spec's bf16
-    /// rounding) for Muse Glimmer, whose reference takes bf16 inputs.
+    /// How activations enter the matmuls: converted to each weight type's
+    /// `vec_dot_type` as llama.cpp does, or exact f32.
     pub fn activations(&self) -> Activations {
-        if self.numerics == Numerics::F32 || self.arch.bf16_activations {
-            Activations::F32
-        } else {
-            Activations::Quantized
+        match self.numerics {
+            Numerics::F32 => Activations::F32,
+            Numerics::Reference => Activations::Quantized,
         }
     }
 

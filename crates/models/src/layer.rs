@@ -1,60 +1,59 @@
 //! The CPU decoder layer, for every architecture: it walks the layer's
 //! [`LayerSpec`] (crate::arch), so an architecture is a description, not a
 //! copy of this function. Each step reproduces llama.cpp's CPU arithmetic in
-//! [`Numerics::Reference`] (the Muse Glimmer spec's bf16 rounding points for
-//! that architecture) and exact f32 math in [`Numerics::F32`].
+//! [`Numerics::Reference`] and exact f32 math in [`Numerics::F32`].
 
 use hearth_kernels::cpu::attention::{attention, AttnShape};
 use hearth_kernels::cpu::ggml_order::activations::{expf_ggml_v, gelu_f16_table, swiglu_ggml};
 use hearth_kernels::cpu::kv_cache::{round_to_cache, LayerKvCache};
 
 use crate::arch::{FfnAct, LayerSpec, QkNorm};
-use crate::blocks::{add, glu, rmsnorm, round_bf16, sigmoid, silu, Rope};
+use crate::blocks::{add, glu, rmsnorm, sigmoid, silu, Rope};
 use crate::forward::Pass;
-use crate::weights::{Linear, Model, Numerics};
+use crate::weights::{Layer, Model, Numerics};
 
 impl Model {
-    /// Rounds to bf16 at one of the Muse Glimmer spec's rounding points
-    /// (§3.7); a no-op for every other architecture and in exact numerics.
-    pub(crate) fn round_point(&self, x: &mut [f32]) {
-        if self.arch.bf16_activations && self.numerics == Numerics::Reference {
-            round_bf16(x);
+    /// q, k and v ([T, q_dim], [T, kv_dim] twice) of the normed input `h`:
+    /// one product over a fused `attn_qkv` or three, then the biases.
+    fn qkv(&self, pass: &Pass, l: &Layer, h: &[f32]) -> [Vec<f32>; 3] {
+        let mut out = match &l.wqkv {
+            Some(w) => {
+                let y = self.linear(pass, w, h);
+                let widths = [l.wq.rows, l.wk.rows, l.wv.rows];
+                let mut parts = widths.map(|n| Vec::with_capacity(n * h.len() / w.cols));
+                for row in y.chunks_exact(w.rows) {
+                    let mut at = 0;
+                    for (p, n) in parts.iter_mut().zip(widths) {
+                        p.extend_from_slice(&row[at..at + n]);
+                        at += n;
+                    }
+                }
+                parts
+            }
+            None => [&l.wq, &l.wk, &l.wv].map(|w| self.linear(pass, w, h)),
+        };
+        for (y, b) in out.iter_mut().zip([&l.bq, &l.bk, &l.bv]) {
+            if let Some(b) = b {
+                y.chunks_exact_mut(b.len()).for_each(|row| add(row, b));
+            }
         }
-    }
-
-    /// RMSNorm of rows of `x` with learned gain `g`; at the bf16 rounding
-    /// points, the spec's bf16(bf16(u) · bf16(g)) (§3.1).
-    pub(crate) fn norm(&self, x: &mut [f32], g: &[f32], eps: f32) {
-        let dim = g.len();
-        if !(self.arch.bf16_activations && self.numerics == Numerics::Reference) {
-            return rmsnorm(x, dim, Some(g), eps);
-        }
-        rmsnorm(x, dim, None, eps);
-        round_bf16(x);
-        let mut g = g.to_vec();
-        round_bf16(&mut g);
-        for row in x.chunks_exact_mut(dim) {
-            row.iter_mut().zip(&g).for_each(|(v, w)| *v *= w);
-        }
-        round_bf16(x);
-    }
-
-    /// A projection `W x`, rounded at the bf16 points.
-    pub(crate) fn project(&self, pass: &Pass, w: &Linear, x: &[f32]) -> Vec<f32> {
-        let mut y = self.linear(pass, w, x);
-        self.round_point(&mut y);
-        y
+        out
     }
 }
 
 /// Layer `li` over the chunk `x` ([T, dim]) at positions `p0..`, in place.
+/// With `keep`, only those rows continue past the attention block (x
+/// becomes [keep.len(), dim]): llama.cpp's last layer keeps just the rows
+/// whose outputs are wanted (`inp_out_ids`), so its MLP matmuls run over
+/// that many rows, which decides their kernels and so their rounding.
 pub(crate) fn layer(
     m: &Model,
     pass: &Pass,
     li: usize,
-    x: &mut [f32],
+    x: &mut Vec<f32>,
     cache: &mut LayerKvCache,
     p0: usize,
+    keep: Option<&[usize]>,
 ) {
     let c = &m.config;
     let s: &LayerSpec = &m.arch.layers[li];
@@ -63,31 +62,15 @@ pub(crate) fn layer(
 
     // Attention block: x += post_norm(Wo · attn(rope(qk_norm(Wq h)), rope(qk_norm(Wk h)), Wv h)).
     let mut h = x.to_vec();
-    m.norm(&mut h, &l.attn_norm, c.norm_eps);
+    rmsnorm(&mut h, c.dim, Some(&l.attn_norm), c.norm_eps);
     pass.dump("attn_norm", li, &h);
-    let mut q = m.project(pass, &l.wq, &h);
-    let mut k = m.project(pass, &l.wk, &h);
-    let mut v = m.project(pass, &l.wv, &h);
-    let gate = l.attn_gate.as_ref().map(|g| m.project(pass, g, &h));
-    for (y, b) in [(&mut q, &l.bq), (&mut k, &l.bk), (&mut v, &l.bv)] {
-        if let Some(b) = b {
-            y.chunks_exact_mut(b.len()).for_each(|row| add(row, b));
-        }
-    }
-    match s.qk_norm {
-        QkNorm::None => {}
-        QkNorm::Gains => {
-            rmsnorm(&mut q, hd, l.q_norm.as_deref(), c.norm_eps);
-            rmsnorm(&mut k, hd, l.k_norm.as_deref(), c.norm_eps);
-            pass.dump("Qcur_normed", li, &q);
-            pass.dump("Kcur_normed", li, &k);
-        }
-        QkNorm::Scaleless => {
-            for y in [&mut q, &mut k] {
-                rmsnorm(y, hd, None, c.norm_eps);
-                m.round_point(y);
-            }
-        }
+    let [mut q, mut k, v] = m.qkv(pass, l, &h);
+    let gate = l.attn_gate.as_ref().map(|g| m.linear(pass, g, &h));
+    if s.qk_norm == QkNorm::Gains {
+        rmsnorm(&mut q, hd, l.q_norm.as_deref(), c.norm_eps);
+        rmsnorm(&mut k, hd, l.k_norm.as_deref(), c.norm_eps);
+        pass.dump("Qcur_normed", li, &q);
+        pass.dump("Kcur_normed", li, &k);
     }
     if let Some(r) = s.rope {
         let rope = Rope {
@@ -98,8 +81,6 @@ pub(crate) fn layer(
         };
         rope.apply_tokens(&mut q, c.n_heads, hd, p0);
         rope.apply_tokens(&mut k, c.n_kv_heads, hd, p0);
-        m.round_point(&mut q);
-        m.round_point(&mut k);
     }
     pass.dump("Qcur", li, &q);
     pass.dump("Kcur", li, &k);
@@ -110,6 +91,7 @@ pub(crate) fn layer(
     } else {
         s.attn_scale
     };
+    let mut v = v;
     round_to_cache(&mut k, cache.dtype);
     round_to_cache(&mut v, cache.dtype);
     let shape = AttnShape {
@@ -123,25 +105,35 @@ pub(crate) fn layer(
     cache.write(p0, &k, &v);
     pass.dump("kqv_out", li, &att);
     if let Some(gate) = gate {
-        m.round_point(&mut att);
+        // muse-glimmer.cpp:132-135: attn_out · sigmoid(gate), before W_o.
         att.iter_mut()
             .zip(&gate)
             .for_each(|(v, g)| *v *= sigmoid(*g));
-        m.round_point(&mut att);
     }
-    let mut o = m.project(pass, &l.wo, &att);
+    let mut o = m.linear(pass, &l.wo, &att);
     pass.dump("attn_out", li, &o);
     if let (Some(eps), Some(g)) = (s.post_norm_eps, &l.post_attn_norm) {
-        m.norm(&mut o, g, eps);
+        rmsnorm(&mut o, c.dim, Some(g), eps);
         pass.dump("attn_post_norm", li, &o);
     }
+    if let Some(rows) = keep {
+        let gather = |y: &[f32]| -> Vec<f32> {
+            rows.iter()
+                .flat_map(|&r| y[r * c.dim..(r + 1) * c.dim].iter().copied())
+                .collect()
+        };
+        o = gather(&o);
+        *x = gather(x);
+        if rows.is_empty() {
+            return;
+        }
+    }
     add(x, &o);
-    m.round_point(x);
     pass.dump("ffn_inp", li, x);
 
     // MLP block: x += post_norm(W_down · (act(W_gate h) ⊙ W_up h)).
     let mut h = x.to_vec();
-    m.norm(&mut h, &l.ffn_norm, c.norm_eps);
+    rmsnorm(&mut h, c.dim, Some(&l.ffn_norm), c.norm_eps);
     pass.dump("ffn_norm", li, &h);
     let g = match (m.fused_gate_up(pass, l), s.ffn_act) {
         (Some(gate_up), FfnAct::Silu) => {
@@ -160,30 +152,25 @@ pub(crate) fn layer(
             m.glu(pass, gate_up, &h, &|_, x, y| gelu_f16_table(x) * y)
         }
         (None, act) => {
-            let mut g = m.project(pass, &l.ffn_gate, &h);
+            let mut g = m.linear(pass, &l.ffn_gate, &h);
             pass.dump("ffn_gate", li, &g);
-            let up = m.project(pass, &l.ffn_up, &h);
+            let up = m.linear(pass, &l.ffn_up, &h);
             pass.dump("ffn_up", li, &up);
             match act {
-                // The spec's plain SiLU in exact numerics and at the bf16 points.
-                FfnAct::Silu if m.numerics == Numerics::F32 || m.arch.bf16_activations => {
-                    glu(&mut g, &up, silu)
-                }
+                FfnAct::Silu if m.numerics == Numerics::F32 => glu(&mut g, &up, silu),
                 FfnAct::Silu => swiglu_ggml(&mut g, &up, c.ffn_dim),
                 FfnAct::GeluF16 => glu(&mut g, &up, gelu_f16_table),
             }
-            m.round_point(&mut g);
             g
         }
     };
     pass.dump("ffn_act", li, &g);
-    let mut d = m.project(pass, &l.ffn_down, &g);
+    let mut d = m.linear(pass, &l.ffn_down, &g);
     pass.dump("ffn_out", li, &d);
     if let (Some(eps), Some(gn)) = (s.post_norm_eps, &l.post_ffn_norm) {
-        m.norm(&mut d, gn, eps);
+        rmsnorm(&mut d, c.dim, Some(gn), eps);
         pass.dump("ffn_post_norm", li, &d);
     }
     add(x, &d);
-    m.round_point(x);
     pass.dump("l_out", li, x);
 }

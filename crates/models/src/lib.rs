@@ -15,7 +15,7 @@ pub mod synth;
 pub mod synth_dflash;
 mod weights;
 
-pub use arch::{ArchSpec, FfnAct, LayerSpec, QkNorm, RopeSpec, SoftCap};
+pub use arch::{ArchSpec, FfnAct, LayerSpec, LogitSpec, QkNorm, RopeSpec};
 pub use backend::{Backend, BackendState};
 pub use config::{Architecture, ConfigError, LayerKind, ModelConfig, RopeLayout};
 pub use forward::{Logits, MAX_CHUNK};

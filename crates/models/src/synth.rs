@@ -13,6 +13,11 @@
 //! also the released Muse Glimmer file's mix (docs/spec/muse-glimmer-model.md §4.5):
 //! Q4_K by default, Q6_K for `output`, F32 for norms and biases, and Q6_K for
 //! `attn_v` and `ffn_down` on the layers where [`q4_k_m_more_bits`] holds.
+//!
+//! Muse Glimmer files are in llama.cpp 11434's `muse-glimmer` layout (the
+//! tensors and keys its loader reads, docs/muse-glimmer-llamacpp.md §1), so
+//! llama.cpp loads them too; with a tokenizer copied in (`hearth synth
+//! --tokenizer-from`, by default a packaged model's) they take text prompts.
 
 use std::io::Write;
 use std::ops::Range;
@@ -29,7 +34,7 @@ use crate::config::Architecture;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
-    #[error("cannot synthesize {0}: supported architectures are muse_glimmer and qwen2")]
+    #[error("cannot synthesize {0}: supported architectures are muse-glimmer and qwen2")]
     UnsupportedArchitecture(&'static str),
     #[error("invalid synthetic shape: {0}")]
     Shape(String),
@@ -57,7 +62,7 @@ pub struct SynthShape {
     pub head_dim: usize,
     pub ffn_dim: usize,
     pub vocab_size: usize,
-    /// muse_glimmer: sliding window of the RoPE layers (§2); unused for qwen2.
+    /// muse-glimmer: sliding window of the RoPE layers; unused for qwen2.
     pub window: usize,
 }
 
@@ -126,6 +131,12 @@ impl SynthShape {
         self.n_kv_heads * self.head_dim
     }
 
+    /// muse-glimmer: the q-norm gain that makes the attention scale
+    /// `gain / sqrt(head_dim)` the released model's 0.3420629 (43.78 / 128).
+    pub fn qk_scale_factor(&self) -> f32 {
+        MUSE_ATTN_SCALE * (self.head_dim as f32).sqrt()
+    }
+
     /// Checks the shape is one the loaders and the K-quant matmuls accept.
     pub fn validate(&self) -> Result<(), SynthError> {
         let bad = |m: String| Err(SynthError::Shape(m));
@@ -162,7 +173,7 @@ impl SynthShape {
             ));
         }
         if s.arch == Architecture::MuseGlimmer && s.window == 0 {
-            return bad("muse_glimmer: the sliding window must be positive".into());
+            return bad("muse-glimmer: the sliding window must be positive".into());
         }
         // K-quant rows are whole 256-value super-blocks, so every matmul's input
         // dimension (dim, q_dim for attn_output, ffn for ffn_down) must be too.
@@ -200,8 +211,10 @@ pub enum Init {
     Normal { std: f32 },
     /// Uniform in [lo, hi).
     Uniform { lo: f32, hi: f32 },
-    /// All ones (muse_glimmer's ignored QK-norm gains).
+    /// All ones (muse-glimmer's k-norm gain, as its converter writes it).
     Ones,
+    /// Every value the same (muse-glimmer's q-norm gain: `qk_scale_factor`).
+    Const(f32),
 }
 
 /// One tensor of the plan.
@@ -239,6 +252,12 @@ pub struct SynthPlan {
     pub metadata: Vec<(String, Value)>,
     pub tensors: Vec<TensorPlan>,
 }
+
+/// The released Muse Glimmer's attention scale (on unit-RMS q and k).
+const MUSE_ATTN_SCALE: f32 = 0.342_062_9;
+/// Its logit multiplier and final soft-cap.
+const MUSE_LOGIT_SCALE: f32 = 0.196_116_14;
+const MUSE_SOFTCAP: f32 = 20.0;
 
 /// `general.file_type` of llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M.
 pub const FILE_TYPE_Q4_K_M: u32 = 15;
@@ -309,9 +328,16 @@ impl SynthPlan {
             push(Blk::FfnDown.of(i), more, &[f, d], linear(f));
             if s.arch == Architecture::MuseGlimmer {
                 push(Blk::PostFfnNorm.of(i), F32, &[d], gain);
-                // Present in the released file, ignored by the model (§4.3).
-                push(Blk::AttnQNorm.of(i), F32, &[s.head_dim as u64], Init::Ones);
-                push(Blk::AttnKNorm.of(i), F32, &[s.head_dim as u64], Init::Ones);
+                // The converter's gains (conversion/muse_glimmer.py:66-78):
+                // qk_scale_factor on q, ones on k.
+                let hd = s.head_dim as u64;
+                push(
+                    Blk::AttnQNorm.of(i),
+                    F32,
+                    &[hd],
+                    Init::Const(s.qk_scale_factor()),
+                );
+                push(Blk::AttnKNorm.of(i), F32, &[hd], Init::Ones);
             }
         }
         push(names::OUTPUT_NORM.into(), F32, &[d], gain);
@@ -391,12 +417,14 @@ fn metadata(s: &SynthShape) -> Vec<(String, Value)> {
     k("attention.layer_norm_rms_epsilon", Value::F32(eps));
     k("vocab_size", u(s.vocab_size));
     if s.arch == Architecture::MuseGlimmer {
-        // Informational except key_length and sliding_window, which
-        // ModelConfig reads because small shapes cannot infer them.
+        // llama.cpp's muse-glimmer keys (muse-glimmer.cpp:3-13): the sliding
+        // layers follow the default pattern (period 4: three sliding, one full).
         k("attention.key_length", u(s.head_dim));
         k("attention.value_length", u(s.head_dim));
         k("attention.sliding_window", u(s.window));
-        k("final_logit_softcapping", Value::F32(20.0));
+        k("rope.freq_base_swa", Value::F32(theta));
+        k("logit_scale", Value::F32(MUSE_LOGIT_SCALE));
+        k("final_logit_softcapping", Value::F32(MUSE_SOFTCAP));
     }
     // No vocabulary: llama.cpp then makes `{arch}.vocab_size` dummy tokens.
     m.push((
@@ -445,6 +473,7 @@ impl Init {
         rng.set_stream(row);
         match self {
             Init::Ones => out.fill(1.0),
+            Init::Const(v) => out.fill(v),
             Init::Uniform { lo, hi } => {
                 for v in out {
                     let u = (rng.next_u32() >> 8) as f32 * (1.0 / 16_777_216.0);

@@ -1,16 +1,44 @@
-//! Synthetic DFlash drafts (`hearth synth --arch dflash --target FILE`): a
-//! `dflash` GGUF with the tensors and metadata of docs/spec/dflash.md §2,
-//! seeded random weights, matched to a target's width, depth and vocabulary.
-//! Written through the same streaming writer as [`crate::synth`].
+//! Synthetic DFlash and DFlash2 drafts (`hearth synth --arch dflash|dflash2
+//! --target FILE`): `dflash` GGUFs in llama.cpp 11434's layout (the keys
+//! and tensors its loader reads, docs/muse-glimmer-llamacpp.md §2.1-2.2),
+//! seeded random weights, matched to a target's width, depth and vocabulary,
+//! with the target's tokenizer copied in (llama.cpp's draft context reads its
+//! own vocabulary and mask token). Written through the same streaming writer
+//! as [`crate::synth`].
 
-use hearth_gguf::{GgmlType, Value};
+use hearth_gguf::{GgmlType, GgufFile, Value, ValueType};
 
 use crate::arch::names::{self, Blk};
 use crate::config::ModelConfig;
 use crate::synth::{Init, SynthError, SynthPlan, SynthShape, TensorPlan, QK_K};
 
+/// DFlash2's convolutions and selector.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dflash2Shape {
+    pub conv_kernel: usize,
+    pub conv_group: usize,
+    pub selector_rank: usize,
+    pub top_k: usize,
+    /// Logit scale and soft-cap of the draft logits (the selector's unary terms).
+    pub logit_scale: f32,
+    pub softcap: f32,
+}
+
+impl Default for Dflash2Shape {
+    fn default() -> Self {
+        Dflash2Shape {
+            conv_kernel: 3,
+            conv_group: 32,
+            selector_rank: 16,
+            top_k: 4,
+            logit_scale: 0.2,
+            softcap: 20.0,
+        }
+    }
+}
+
 /// The draft's own dimensions; the width comes from the target.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct DflashShape {
     pub n_layers: usize,
     pub n_heads: usize,
@@ -18,24 +46,29 @@ pub struct DflashShape {
     pub head_dim: usize,
     pub ffn_dim: usize,
     pub block_size: usize,
-    /// Tapped target layers (ascending).
+    /// Tapped target layers (inputs of these target layers), in the order
+    /// their hidden states are concatenated.
     pub target_layers: Vec<usize>,
     pub mask_token: u32,
-    /// Every layer sliding with this window; `None`: all global.
+    /// Every layer sliding with this window; `None`: all full.
     pub window: Option<usize>,
+    /// Post-attention and post-MLP norms.
+    pub post_norms: bool,
+    /// A DFlash2 draft.
+    pub dflash2: Option<Dflash2Shape>,
+    /// `tokenizer.*` keys (and `{arch}.vocab_size`, as `dflash.vocab_size`)
+    /// copied from the target ([`target_tokenizer`]).
+    pub tokenizer: Vec<(String, Value)>,
 }
 
 impl DflashShape {
     /// Defaults for a target: 2 layers with the target's head layout and FFN
-    /// width, block 16, up to 5 taps spread evenly over layers 2..=L−2 (the
-    /// paper's "layer 1 to L−3" stored +1, spec §3), the last vocabulary id as
-    /// MASK.
+    /// width, block 16, up to 5 taps spread evenly over layers 1..=L−2 (the
+    /// paper's "layer 1 to L−3" stored +1, spec §3), the last vocabulary id
+    /// as MASK, no tokenizer (see [`target_tokenizer`]).
     pub fn for_target(t: &ModelConfig) -> DflashShape {
-        let n_taps = 5.min(t.n_layers.saturating_sub(3)).max(1);
-        let (lo, hi) = (
-            2.min(t.n_layers),
-            t.n_layers.saturating_sub(2).max(2.min(t.n_layers)),
-        );
+        let n_taps = 5.min(t.n_layers.saturating_sub(2)).max(1);
+        let (lo, hi) = (1.min(t.n_layers - 1), t.n_layers.saturating_sub(2).max(1));
         let target_layers = if n_taps == 1 {
             vec![lo]
         } else {
@@ -53,8 +86,30 @@ impl DflashShape {
             target_layers,
             mask_token: (t.vocab_size - 1) as u32,
             window: None,
+            post_norms: false,
+            dflash2: None,
+            tokenizer: Vec::new(),
         }
     }
+}
+
+/// The target's `tokenizer.*` keys, and its `{arch}.vocab_size` renamed to
+/// `dflash.vocab_size` (a `no_vocab` tokenizer needs it).
+pub fn target_tokenizer(file: &GgufFile) -> Vec<(String, Value)> {
+    let arch = file.architecture().unwrap_or("");
+    let vocab_key = format!("{arch}.vocab_size");
+    file.metadata()
+        .iter()
+        .filter_map(|(k, v)| {
+            if k.starts_with("tokenizer.") && k != "tokenizer.ggml.mask_token_id" {
+                Some((k.to_string(), v.clone()))
+            } else if k == vocab_key {
+                Some(("dflash.vocab_size".to_string(), v.clone()))
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 /// Q4_K where rows are whole super-blocks, else Q8_0 (32-value blocks), else F32.
@@ -83,12 +138,9 @@ pub fn dflash_plan(target: &ModelConfig, s: &DflashShape) -> Result<SynthPlan, S
     if s.block_size < 2 {
         return bad(format!("block size {} must be at least 2", s.block_size));
     }
-    if s.target_layers.is_empty()
-        || s.target_layers.windows(2).any(|w| w[0] >= w[1])
-        || s.target_layers.iter().any(|&l| l > target.n_layers)
-    {
+    if s.target_layers.is_empty() || s.target_layers.iter().any(|&l| l >= target.n_layers) {
         return bad(format!(
-            "target layers {:?} must be ascending within 0..={}",
+            "target layers {:?} must be within 0..{} (inputs of the target's layers)",
             s.target_layers, target.n_layers
         ));
     }
@@ -98,6 +150,9 @@ pub fn dflash_plan(target: &ModelConfig, s: &DflashShape) -> Result<SynthPlan, S
             s.mask_token, target.vocab_size
         ));
     }
+    if s.window == Some(0) {
+        return bad("the sliding window must be positive".into());
+    }
     let (d, q, kv, f, hd) = (
         target.dim as u64,
         (s.n_heads * s.head_dim) as u64,
@@ -105,6 +160,23 @@ pub fn dflash_plan(target: &ModelConfig, s: &DflashShape) -> Result<SynthPlan, S
         s.ffn_dim as u64,
         s.head_dim as u64,
     );
+    if let Some(d2) = &s.dflash2 {
+        if d2.conv_kernel == 0 || d2.conv_group == 0 || d2.selector_rank == 0 || d2.top_k == 0 {
+            return bad(format!("DFlash2 sizes must be positive: {d2:?}"));
+        }
+        if !target.dim.is_multiple_of(d2.conv_group) {
+            return bad(format!(
+                "width {} is not a multiple of the conv group {}",
+                target.dim, d2.conv_group
+            ));
+        }
+        if target.dim < d2.top_k * (d2.top_k + 1) {
+            return bad(format!(
+                "width {} is too small for a top-{} selector lattice",
+                target.dim, d2.top_k
+            ));
+        }
+    }
     let n_t = s.target_layers.len() as u64;
     let linear = |fan_in: u64| Init::Normal {
         std: 1.0 / (fan_in as f32).sqrt(),
@@ -128,22 +200,51 @@ pub fn dflash_plan(target: &ModelConfig, s: &DflashShape) -> Result<SynthPlan, S
         mat(Blk::FfnGate.of(i), d, f);
         mat(Blk::FfnUp.of(i), d, f);
         mat(Blk::FfnDown.of(i), f, d);
+        if let Some(d2) = &s.dflash2 {
+            let proj = (2 * d2.conv_kernel * (target.dim / d2.conv_group)) as u64;
+            mat(format!("blk.{i}.attn_conv_proj.weight"), d, proj);
+            mat(format!("blk.{i}.ffn_conv_proj.weight"), d, proj);
+        }
     }
-    let mut vec = |name: String, len: u64| {
+    let mut vec = |name: String, shape: Vec<u64>, init: Init| {
         t.push(TensorPlan {
             name,
             ty: GgmlType::F32,
-            shape: vec![len],
-            init: gain,
+            shape,
+            init,
         })
     };
-    vec(names::DFLASH_HIDDEN_NORM.into(), d);
-    vec(names::OUTPUT_NORM.into(), d);
+    vec(names::DFLASH_HIDDEN_NORM.into(), vec![d], gain);
+    vec(names::OUTPUT_NORM.into(), vec![d], gain);
     for i in 0..s.n_layers {
-        vec(Blk::AttnNorm.of(i), d);
-        vec(Blk::AttnQNorm.of(i), hd);
-        vec(Blk::AttnKNorm.of(i), hd);
-        vec(Blk::FfnNorm.of(i), d);
+        vec(Blk::AttnNorm.of(i), vec![d], gain);
+        vec(Blk::AttnQNorm.of(i), vec![hd], gain);
+        vec(Blk::AttnKNorm.of(i), vec![hd], gain);
+        vec(Blk::FfnNorm.of(i), vec![d], gain);
+        if s.post_norms {
+            vec(Blk::PostAttnNorm.of(i), vec![d], gain);
+            vec(Blk::PostFfnNorm.of(i), vec![d], gain);
+        }
+        if let Some(d2) = &s.dflash2 {
+            let base = Init::Normal { std: 0.3 };
+            let shape = vec![d, d2.conv_kernel as u64, 2];
+            vec(format!("blk.{i}.attn_conv_base"), shape.clone(), base);
+            vec(format!("blk.{i}.ffn_conv_base"), shape, base);
+        }
+    }
+    if let Some(d2) = &s.dflash2 {
+        let (r, v) = (d2.selector_rank as u64, target.vocab_size as u64);
+        vec(
+            "selector_predecessor.weight".into(),
+            vec![r, v],
+            Init::Normal { std: 1.0 },
+        );
+        vec(
+            "selector_successor.weight".into(),
+            vec![r, v],
+            Init::Normal { std: 1.0 },
+        );
+        vec("selector_hidden.weight".into(), vec![d, r], linear(d));
     }
 
     let u = |v: usize| Value::U32(v as u32);
@@ -155,45 +256,66 @@ pub fn dflash_plan(target: &ModelConfig, s: &DflashShape) -> Result<SynthPlan, S
         (
             "general.name".into(),
             Value::String(format!(
-                "synthetic dflash {}L d{} (random weights)",
-                s.n_layers, d
+                "synthetic {} {}L d{} (random weights)",
+                if s.dflash2.is_some() {
+                    "dflash2"
+                } else {
+                    "dflash"
+                },
+                s.n_layers,
+                d
             )),
         ),
+        ("dflash.context_length".into(), u(target.context_length)),
         ("dflash.embedding_length".into(), u(target.dim)),
         ("dflash.block_count".into(), u(s.n_layers)),
+        ("dflash.feed_forward_length".into(), u(s.ffn_dim)),
         ("dflash.attention.head_count".into(), u(s.n_heads)),
         ("dflash.attention.head_count_kv".into(), u(s.n_kv_heads)),
         ("dflash.attention.key_length".into(), u(s.head_dim)),
-        ("dflash.feed_forward_length".into(), u(s.ffn_dim)),
-        ("dflash.block_size".into(), u(s.block_size)),
-        (
-            "dflash.target_layers".into(),
-            Value::Array(
-                hearth_gguf::ValueType::U32,
-                s.target_layers.iter().map(|&l| u(l)).collect(),
-            ),
-        ),
-        ("dflash.rope.freq_base".into(), Value::F32(500000.0)),
+        ("dflash.attention.value_length".into(), u(s.head_dim)),
         (
             "dflash.attention.layer_norm_rms_epsilon".into(),
-            Value::F32(1e-5),
+            Value::F32(1e-6),
         ),
-        ("dflash.context_length".into(), u(target.context_length)),
+        ("dflash.block_size".into(), u(s.block_size)),
         (
-            "tokenizer.ggml.mask_token_id".into(),
-            u(s.mask_token as usize),
+            // The converter writes python ints: an i32 array.
+            "dflash.target_layers".into(),
+            Value::Array(
+                ValueType::I32,
+                s.target_layers
+                    .iter()
+                    .map(|&l| Value::I32(l as i32))
+                    .collect(),
+            ),
         ),
     ];
     if let Some(w) = s.window {
         m.push(("dflash.attention.sliding_window".into(), u(w)));
         m.push((
             "dflash.attention.sliding_window_pattern".into(),
-            Value::Array(
-                hearth_gguf::ValueType::Bool,
-                vec![Value::Bool(true); s.n_layers],
-            ),
+            Value::Array(ValueType::Bool, vec![Value::Bool(true); s.n_layers]),
         ));
     }
+    if let Some(d2) = &s.dflash2 {
+        m.extend([
+            ("dflash.conv_kernel_size".into(), u(d2.conv_kernel)),
+            ("dflash.conv_group_size".into(), u(d2.conv_group)),
+            ("dflash.selector_rank".into(), u(d2.selector_rank)),
+            ("dflash.selector_top_k".into(), u(d2.top_k)),
+            ("dflash.logit_scale".into(), Value::F32(d2.logit_scale)),
+            (
+                "dflash.final_logit_softcapping".into(),
+                Value::F32(d2.softcap),
+            ),
+        ]);
+    }
+    m.extend(s.tokenizer.iter().cloned());
+    m.push((
+        "tokenizer.ggml.mask_token_id".into(),
+        u(s.mask_token as usize),
+    ));
     // `shape` is descriptive only for a draft: the target's layout.
     let shape = SynthShape {
         arch: target.arch,

@@ -2,6 +2,8 @@
 //! matrices stay in the mmap (no dequantization at load); only small F32
 //! vectors (norm gains, biases) are copied out.
 
+use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use hearth_kernels::{Activations, QMatrix};
 
 use crate::arch::names::{self, Blk};
 use crate::arch::{ArchSpec, QkNorm};
-use crate::config::{ConfigError, ModelConfig};
+use crate::config::{Architecture, ConfigError, ModelConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -23,6 +25,10 @@ pub enum ModelError {
     Config(#[from] ConfigError),
     #[error("missing tensor '{0}'")]
     MissingTensor(String),
+    /// A tensor the architecture's layout (llama.cpp's) has no place for:
+    /// llama.cpp refuses such a file too ("wrong number of tensors").
+    #[error("unexpected tensor '{name}': not part of llama.cpp's {arch} layout")]
+    UnexpectedTensor { name: String, arch: &'static str },
     #[error("tensor '{name}' has shape {got:?}, expected {expected:?} (ggml order)")]
     BadShape {
         name: String,
@@ -56,27 +62,52 @@ pub struct Linear {
     pub rows: usize,
     pub cols: usize,
     range: Range<usize>,
+    /// Per-tensor scale multiplied into the product (`*.scale`, llama.cpp's
+    /// `build_lora_mm(w, x, w_s)`).
+    pub scale: Option<f32>,
     /// The rows repacked for the SIMD kernels (see [`Model::pack_weights`]).
     pub packed: Option<Arc<PackedMatrix>>,
+}
+
+impl Linear {
+    /// Rows `r` of this matrix as a matrix of their own (a view of the same
+    /// bytes, same scale): the q, k and v parts of a fused `attn_qkv`.
+    pub fn rows_view(&self, r: Range<usize>) -> Linear {
+        let row_bytes = self.range.len() / self.rows;
+        let start = self.range.start + r.start * row_bytes;
+        Linear {
+            name: format!("{}[{}..{}]", self.name, r.start, r.end),
+            ty: self.ty,
+            rows: r.len(),
+            cols: self.cols,
+            range: start..start + r.len() * row_bytes,
+            scale: self.scale,
+            packed: None,
+        }
+    }
 }
 
 /// Per-layer weights. Optional fields exist for some architectures only.
 pub struct Layer {
     pub attn_norm: Vec<f32>,
+    /// With a fused `attn_qkv`, views of its row ranges.
     pub wq: Linear,
     pub wk: Linear,
     pub wv: Linear,
+    /// A fused `attn_qkv` ([q_dim + 2·kv_dim, dim]), computed as one product
+    /// on the CPU (llama.cpp chooses its kernels by the whole matrix).
+    pub wqkv: Option<Linear>,
     pub wo: Linear,
-    /// qwen2: q/k/v biases.
+    /// q/k/v biases (qwen2; a fused `attn_qkv.bias` split into its parts).
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
-    /// gemma3: learned per-head QK-norm gains.
+    /// Learned per-head QK-norm gains (gemma3, muse-glimmer).
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
-    /// muse_glimmer: sigmoid output gate projection.
+    /// muse-glimmer: sigmoid output gate projection.
     pub attn_gate: Option<Linear>,
-    /// Sandwich norms (gemma3, muse_glimmer).
+    /// Sandwich norms (gemma3, muse-glimmer).
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub ffn_gate: Linear,
@@ -91,9 +122,9 @@ pub struct Layer {
 /// Which numerics a model computes with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Numerics {
-    /// The reference implementation's precision: llama.cpp's (8-bit
-    /// activations into matmuls, f16 KV cache) for llama-family models; the
-    /// spec's bf16 rounding points and bf16 KV cache for Muse Glimmer.
+    /// The reference implementation's arithmetic: llama.cpp's CPU backend
+    /// (activations converted to each weight type's `vec_dot_type` before
+    /// the matmuls, f16 KV cache, its kernels' summation orders).
     Reference,
     /// Exact f32 everywhere: f32 activations and KV cache, no bf16 rounding.
     /// For checking the math against f32 references.
@@ -101,13 +132,12 @@ pub enum Numerics {
 }
 
 impl Numerics {
-    /// The KV cache type a model computing as `arch` describes uses under
-    /// these numerics (known before loading, so cache sizes can be checked first).
-    pub fn kv_dtype(self, arch: &ArchSpec) -> KvDtype {
-        match (self, arch.bf16_activations) {
-            (Numerics::F32, _) => KvDtype::F32,
-            (Numerics::Reference, true) => KvDtype::Bf16,
-            (Numerics::Reference, false) => KvDtype::F16,
+    /// The KV cache type used under these numerics (known before loading,
+    /// so cache sizes can be checked first): f16 as llama.cpp, or f32.
+    pub fn kv_dtype(self) -> KvDtype {
+        match self {
+            Numerics::F32 => KvDtype::F32,
+            Numerics::Reference => KvDtype::F16,
         }
     }
 }
@@ -140,13 +170,42 @@ pub fn matmul_supported(ty: GgmlType) -> bool {
 
 struct Loader<'a> {
     file: &'a GgufFile,
+    /// Every tensor name looked up (present or not).
+    seen: RefCell<BTreeSet<String>>,
 }
 
 impl Loader<'_> {
     fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
+        self.seen.borrow_mut().insert(name.to_string());
         self.file
             .tensor_info(name)
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.seen.borrow_mut().insert(name.to_string());
+        self.file.tensor_info(name).is_some()
+    }
+
+    /// A tensor llama.cpp loads for this layout and never applies: accepted,
+    /// not used.
+    fn accept_unused(&self, name: &str) {
+        self.seen.borrow_mut().insert(name.to_string());
+    }
+
+    /// The first tensor of the file that no lookup asked for.
+    fn unexpected(&self) -> Option<String> {
+        let seen = self.seen.borrow();
+        self.file
+            .tensors()
+            .iter()
+            .find(|t| !seen.contains(&t.name))
+            .map(|t| t.name.clone())
+    }
+
+    /// A `{1}`-shaped per-tensor scale, if the file has it.
+    fn opt_scale(&self, name: &str) -> Result<Option<f32>, ModelError> {
+        Ok(self.opt_vector(name, 1)?.map(|v| v[0]))
     }
 
     fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
@@ -172,6 +231,7 @@ impl Loader<'_> {
             rows,
             cols,
             range: start..start + t.n_bytes() as usize,
+            scale: None,
             packed: None,
         })
     }
@@ -182,9 +242,9 @@ impl Loader<'_> {
         rows: usize,
         cols: usize,
     ) -> Result<Option<Linear>, ModelError> {
-        match self.file.tensor_info(name) {
-            None => Ok(None),
-            Some(_) => self.linear(name, rows, cols).map(Some),
+        match self.has(name) {
+            false => Ok(None),
+            true => self.linear(name, rows, cols).map(Some),
         }
     }
 
@@ -210,9 +270,9 @@ impl Loader<'_> {
     }
 
     fn opt_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>, ModelError> {
-        match self.file.tensor_info(name) {
-            None => Ok(None),
-            Some(_) => self.vector(name, len).map(Some),
+        match self.has(name) {
+            false => Ok(None),
+            true => self.vector(name, len).map(Some),
         }
     }
 }
@@ -239,17 +299,30 @@ impl Model {
     fn from_gguf_unpacked(file: Arc<GgufFile>) -> Result<Model, ModelError> {
         let config = ModelConfig::from_gguf(&file)?;
         let arch = ArchSpec::of(&config);
-        let ld = Loader { file: &file };
+        let ld = Loader {
+            file: &file,
+            seen: RefCell::default(),
+        };
         let c = &config;
+        let muse = c.arch == Architecture::MuseGlimmer;
         let (dim, q_dim, kv_dim) = (c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
         let tok_embd = ld.linear(names::TOKEN_EMBD, c.vocab_size, dim)?;
-        let output = ld
-            .opt_linear(names::OUTPUT, c.vocab_size, dim)?
-            .unwrap_or_else(|| tok_embd.clone());
+        // muse-glimmer requires its own LM head (muse-glimmer.cpp:25); the
+        // others may tie it to the embeddings.
+        let output = match muse {
+            true => ld.linear(names::OUTPUT, c.vocab_size, dim)?,
+            false => ld
+                .opt_linear(names::OUTPUT, c.vocab_size, dim)?
+                .unwrap_or_else(|| tok_embd.clone()),
+        };
         let output_norm = ld.vector(names::OUTPUT_NORM, dim)?;
         let mut layers = Vec::with_capacity(c.n_layers);
         for (i, spec) in arch.layers.iter().enumerate() {
-            let lin = |t: Blk, rows, cols| ld.linear(&t.of(i), rows, cols);
+            let lin = |t: Blk, rows, cols| -> Result<Linear, ModelError> {
+                let mut l = ld.linear(&t.of(i), rows, cols)?;
+                l.scale = ld.opt_scale(&t.scale_of(i))?;
+                Ok(l)
+            };
             let vec = |t: Blk, len| ld.vector(&t.of(i), len);
             let opt_vec = |t: Blk, len| ld.opt_vector(&t.of(i), len);
             let (post_attn_norm, post_ffn_norm) = match spec.post_norm_eps {
@@ -259,41 +332,109 @@ impl Model {
                 ),
                 None => (None, None),
             };
-            // A scaleless QK-norm ignores the gains a file may carry (Muse Glimmer spec §4.3).
             let (q_norm, k_norm) = match spec.qk_norm {
                 QkNorm::Gains => (
                     Some(vec(Blk::AttnQNorm, c.head_dim)?),
                     Some(vec(Blk::AttnKNorm, c.head_dim)?),
                 ),
-                QkNorm::None | QkNorm::Scaleless => (None, None),
+                QkNorm::None => (None, None),
             };
             let attn_gate = match spec.output_gate {
-                true => Some(match ld.opt_linear(&Blk::AttnGate.of(i), q_dim, dim)? {
-                    Some(g) => g,
-                    None => lin(Blk::AttnOutputGate, q_dim, dim)?,
-                }),
+                true => Some(ld.linear(&Blk::AttnGate.of(i), q_dim, dim)?),
                 false => None,
             };
+            // Fused or separate q/k/v (llama.cpp create_tensor_qkv and
+            // build_qkv, llama-graph.cpp:1697-1737): with a fused matrix the
+            // separate biases apply only when all three exist.
+            let (wq, wk, wv, wqkv, bq, bk, bv) = if ld.has(&Blk::AttnQkv.of(i)) {
+                let w = lin(Blk::AttnQkv, q_dim + 2 * kv_dim, dim)?;
+                let parts = [
+                    0..q_dim,
+                    q_dim..q_dim + kv_dim,
+                    q_dim + kv_dim..q_dim + 2 * kv_dim,
+                ];
+                let split = |b: Vec<f32>| parts.clone().map(|r| Some(b[r].to_vec()));
+                let [bq, bk, bv] = match opt_vec(Blk::AttnQkvBias, q_dim + 2 * kv_dim)? {
+                    Some(b) => split(b),
+                    None => match (
+                        opt_vec(Blk::AttnQBias, q_dim)?,
+                        opt_vec(Blk::AttnKBias, kv_dim)?,
+                        opt_vec(Blk::AttnVBias, kv_dim)?,
+                    ) {
+                        (Some(q), Some(k), Some(v)) => [Some(q), Some(k), Some(v)],
+                        _ => [None, None, None],
+                    },
+                };
+                let [rq, rk, rv] = parts;
+                (
+                    w.rows_view(rq),
+                    w.rows_view(rk),
+                    w.rows_view(rv),
+                    Some(w),
+                    bq,
+                    bk,
+                    bv,
+                )
+            } else {
+                (
+                    lin(Blk::AttnQ, q_dim, dim)?,
+                    lin(Blk::AttnK, kv_dim, dim)?,
+                    lin(Blk::AttnV, kv_dim, dim)?,
+                    None,
+                    opt_vec(Blk::AttnQBias, q_dim)?,
+                    opt_vec(Blk::AttnKBias, kv_dim)?,
+                    opt_vec(Blk::AttnVBias, kv_dim)?,
+                )
+            };
+            // Created by llama.cpp's generic pass, never applied by these graphs.
+            for t in [Blk::AttnGate, Blk::FfnGate, Blk::FfnUp, Blk::FfnDown] {
+                ld.accept_unused(&t.scale_of(i));
+            }
+            for t in [
+                Blk::AttnQ,
+                Blk::AttnK,
+                Blk::AttnV,
+                Blk::AttnQkv,
+                Blk::AttnOutput,
+                Blk::AttnGate,
+                Blk::FfnGate,
+                Blk::FfnUp,
+                Blk::FfnDown,
+            ] {
+                ld.accept_unused(&t.scale_of(i).replace(".scale", ".input_scale"));
+            }
             layers.push(Layer {
                 attn_norm: vec(Blk::AttnNorm, dim)?,
-                wq: lin(Blk::AttnQ, q_dim, dim)?,
-                wk: lin(Blk::AttnK, kv_dim, dim)?,
-                wv: lin(Blk::AttnV, kv_dim, dim)?,
+                wq,
+                wk,
+                wv,
+                wqkv,
                 wo: lin(Blk::AttnOutput, dim, q_dim)?,
-                bq: opt_vec(Blk::AttnQBias, q_dim)?,
-                bk: opt_vec(Blk::AttnKBias, kv_dim)?,
-                bv: opt_vec(Blk::AttnVBias, kv_dim)?,
+                bq,
+                bk,
+                bv,
                 q_norm,
                 k_norm,
                 attn_gate,
                 post_attn_norm,
                 ffn_norm: vec(Blk::FfnNorm, dim)?,
-                ffn_gate: lin(Blk::FfnGate, c.ffn_dim, dim)?,
-                ffn_up: lin(Blk::FfnUp, c.ffn_dim, dim)?,
-                ffn_down: lin(Blk::FfnDown, dim, c.ffn_dim)?,
+                ffn_gate: ld.linear(&Blk::FfnGate.of(i), c.ffn_dim, dim)?,
+                ffn_up: ld.linear(&Blk::FfnUp.of(i), c.ffn_dim, dim)?,
+                ffn_down: ld.linear(&Blk::FfnDown.of(i), dim, c.ffn_dim)?,
                 post_ffn_norm,
                 ffn_gate_up: None,
             });
+        }
+        // llama.cpp refuses a file with tensors its layout has no place for
+        // (done_getting_tensors); so does hearth, for the architecture whose
+        // files it must read exactly as llama.cpp does.
+        if muse {
+            if let Some(name) = ld.unexpected() {
+                return Err(ModelError::UnexpectedTensor {
+                    name,
+                    arch: c.arch.gguf_name(),
+                });
+            }
         }
         let mut model = Model {
             config,
@@ -328,15 +469,14 @@ impl Model {
         };
         let pack = |l: &mut Linear| l.packed = PackedMatrix::pack(&mat(l)).map(Arc::new);
         for layer in &mut self.layers {
-            for l in [
-                &mut layer.wq,
-                &mut layer.wk,
-                &mut layer.wv,
-                &mut layer.wo,
-                &mut layer.ffn_down,
-            ] {
-                pack(l);
+            match &mut layer.wqkv {
+                Some(w) => pack(w),
+                None => [&mut layer.wq, &mut layer.wk, &mut layer.wv]
+                    .into_iter()
+                    .for_each(pack),
             }
+            pack(&mut layer.wo);
+            pack(&mut layer.ffn_down);
             layer.ffn_gate_up =
                 PackedMatrix::pack_pair(&mat(&layer.ffn_gate), &mat(&layer.ffn_up)).map(Arc::new);
             if layer.ffn_gate_up.is_none() {
@@ -353,7 +493,7 @@ impl Model {
     /// Switches numerics (before creating states: it sets the KV dtype).
     pub fn set_numerics(&mut self, numerics: Numerics) {
         self.numerics = numerics;
-        self.kv_dtype = numerics.kv_dtype(&self.arch);
+        self.kv_dtype = numerics.kv_dtype();
     }
 
     /// Dumps every named intermediate of later forward passes into `dir`

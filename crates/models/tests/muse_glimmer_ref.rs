@@ -1,9 +1,12 @@
-//! Muse Glimmer forward pass against an independent numpy reference written
-//! from the spec (tests/reference/muse_glimmer_ref.py), on a small synthetic
-//! model: 8 layers (globals 3 and 7), window 16, 44 tokens, so the ring wraps
-//! and the NoPE global layers matter. Both sides compute in exact f32 (the
-//! reference's `--precision f32`; ours `Numerics::F32`); logits must agree
-//! within 1e-3 of the largest |logit|, for every position.
+//! Muse Glimmer forward pass against an independent numpy reference of
+//! llama.cpp 11434's muse-glimmer math (tests/reference/muse_glimmer_ref.py),
+//! on a small synthetic model in llama.cpp's layout (`hearth synth`'s plan):
+//! 8 layers (full layers 3 and 7), window 16, q/k-norm gains, logit scale and
+//! soft-cap from the metadata, 44 tokens, so the ring wraps and the NoPE full
+//! layers matter. Both sides compute in exact f32 (the reference's
+//! `--precision f32`; ours `Numerics::F32`); logits must agree within 1e-3 of
+//! the largest |logit|, for every position. (Bit-exactness with llama.cpp
+//! itself, in `Numerics::Reference`, is tests/muse_parity.rs.)
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -33,7 +36,7 @@ fn read_npy_f32(path: &std::path::Path) -> (Vec<usize>, Vec<f32>) {
 }
 
 #[test]
-fn logits_match_numpy_reference_of_the_spec() {
+fn logits_match_numpy_reference() {
     let dir = std::env::temp_dir().join(format!("hearth-mg-ref-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let gguf = dir.join("mg.gguf");

@@ -1,8 +1,9 @@
-//! Synthetic checkpoints (`hearth_models::synth`): layout against the spec
-//! (docs/spec/muse-glimmer-model.md §4.2, §4.5) and llama.cpp's Q4_K_M
-//! rule, loading and running through `Model`, and byte-level determinism.
-//! The determinism tests are regression guards of our own generator; the
-//! layout tests compare against the spec's tables.
+//! Synthetic checkpoints (`hearth_models::synth`): layout against llama.cpp
+//! 11434's `muse-glimmer` loader (docs/muse-glimmer-llamacpp.md §1.1-1.2: its
+//! keys and tensor names) and the spec's Q4_K_M mix (muse-glimmer-model.md
+//! §4.5, llama.cpp's use_more_bits rule), loading and running through
+//! `Model`, and byte-level determinism. The determinism tests are regression
+//! guards of our own generator; the layout tests compare against those tables.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -63,24 +64,30 @@ fn q4_k_m_rule_matches_spec_for_52_layers() {
 }
 
 #[test]
-fn small_muse_glimmer_has_spec_layout() {
+fn small_muse_glimmer_has_llama_cpp_layout() {
     let file = small_file(Architecture::MuseGlimmer, 1);
     let s = SynthShape::small(Architecture::MuseGlimmer);
     let md = file.metadata();
-    assert_eq!(file.architecture(), Some("muse_glimmer"));
+    assert_eq!(file.architecture(), Some("muse-glimmer"));
     assert_eq!(md.get_str("tokenizer.ggml.model"), Some("no_vocab"));
-    assert_eq!(
-        md.get_u64("muse_glimmer.attention.key_length"),
-        Some(s.head_dim as u64)
-    );
-    assert_eq!(
-        md.get_u64("muse_glimmer.attention.sliding_window"),
-        Some(s.window as u64)
-    );
-    assert_eq!(
-        md.get_u64("muse_glimmer.block_count"),
-        Some(s.n_layers as u64)
-    );
+    let k = |key: &str| format!("muse-glimmer.{key}");
+    for (key, want) in [
+        ("attention.key_length", s.head_dim),
+        ("attention.sliding_window", s.window),
+        ("block_count", s.n_layers),
+        ("context_length", 131072),
+        ("embedding_length", s.dim),
+        ("feed_forward_length", s.ffn_dim),
+        ("attention.head_count", s.n_heads),
+        ("attention.head_count_kv", s.n_kv_heads),
+    ] {
+        assert_eq!(md.get_u64(&k(key)), Some(want as u64), "{key}");
+    }
+    // The keys llama.cpp requires for this architecture (muse-glimmer.cpp:4-7).
+    for key in ["attention.layer_norm_rms_epsilon", "logit_scale"] {
+        assert!(md.get_f64(&k(key)).is_some(), "{key}");
+    }
+    assert_eq!(md.get_f64(&k("final_logit_softcapping")), Some(20.0));
 
     let (d, q, kv, f, v) = (
         s.dim as u64,
@@ -128,8 +135,12 @@ fn small_muse_glimmer_has_spec_layout() {
     assert_eq!(q6k_layers(&file, s.n_layers, "attn_v"), [0, 3, 6, 7]);
     assert_eq!(q6k_layers(&file, s.n_layers, "ffn_down"), [0, 3, 6, 7]);
 
-    // QK-norm gains are all ones; the other norms are gains in [0.8, 1.2].
-    let ones: Vec<f32> = bytemuck_f32(file.tensor("blk.2.attn_q_norm.weight").unwrap().data);
+    // The converter's QK-norm gains: qk_scale_factor on q (attention scale
+    // 0.342 on unit-RMS q and k: 0.342·sqrt(64)), ones on k; the other norms
+    // are gains in [0.8, 1.2].
+    let q_gain = bytemuck_f32(file.tensor("blk.2.attn_q_norm.weight").unwrap().data);
+    assert!(q_gain.iter().all(|&x| (x - 0.342_062_9 * 8.0).abs() < 1e-6));
+    let ones = bytemuck_f32(file.tensor("blk.2.attn_k_norm.weight").unwrap().data);
     assert!(ones.iter().all(|&x| x == 1.0));
     let gains = bytemuck_f32(file.tensor("blk.2.ffn_norm.weight").unwrap().data);
     assert!(gains.iter().all(|&x| (0.8..1.2).contains(&x)));
@@ -192,6 +203,11 @@ fn small_muse_glimmer_loads_and_runs() {
         )
     );
     assert_eq!(c.sliding_window(), Some(s.window));
+    // llama.cpp's default pattern: three sliding layers, then a full one.
+    let full: Vec<usize> = (0..c.n_layers)
+        .filter(|&i| !c.layers[i].is_sliding())
+        .collect();
+    assert_eq!(full, [3, 7]);
     // Longer than the window so the ring caches wrap.
     let tokens: Vec<u32> = (0..40).map(|i| (i * 37 % s.vocab_size) as u32).collect();
     let mut state = model.new_state(64);

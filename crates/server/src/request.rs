@@ -101,9 +101,6 @@ pub fn parse_chat(
     if body.get("parallel_tool_calls") == Some(&Value::Bool(false)) {
         unsupported.push("parallel_tool_calls=false");
     }
-    if body.get("reasoning_effort").is_some_and(|v| !v.is_null()) {
-        unsupported.push("reasoning_effort");
-    }
     if let Some(rf) = body.get("response_format").filter(|v| !v.is_null()) {
         if rf.get("type").and_then(Value::as_str) != Some("text") {
             unsupported.push("response_format (only 'text')");
@@ -135,6 +132,25 @@ pub fn parse_chat(
             ))
         }
     };
+    // As llama-server: the request's reasoning effort reaches the template as
+    // `reasoning_effort` (and `reasoning_strength`, ChatTemplate::render);
+    // "none" turns thinking off instead.
+    match body.get("reasoning_effort") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(e)) if e == "none" => {
+            kwargs.remove("reasoning_effort");
+            kwargs.insert("enable_thinking".into(), Value::Bool(false));
+        }
+        Some(Value::String(e)) if e.is_empty() => {}
+        Some(Value::String(e)) => {
+            kwargs.insert("reasoning_effort".into(), Value::String(e.clone()));
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_request(
+                "'reasoning_effort' must be a string.",
+            ))
+        }
+    }
     let return_reasoning = match kwargs.remove("return_reasoning") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => b,

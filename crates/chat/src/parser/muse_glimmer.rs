@@ -5,9 +5,15 @@
 //! msg    := " to=" recipient [ " constrain=" ident ] "<|message|>" body
 //! ```
 //! `self` → reasoning; `user` or no recipient → content; anything else is a tool
-//! channel. Every visible body (tool or not) is scanned for ATEM calls; `self`
-//! bodies never are. Framing works on text: a suffix that could begin a special
-//! token or a ` to=…` header is held back until it is decided.
+//! channel, whose body is scanned for ATEM calls. As in llama.cpp 11434's
+//! parser (common/parsers/muse-glimmer.cpp), a message addressed to the user
+//! (` to=user<|message|>` or a bare `<|message|>`) is the answer: ATEM markup
+//! quoted in it stays content, and a call needs its own ` to=TOOL` message
+//! (after `<|eom|><|start|>assistant`). Text that never reaches a
+//! `<|message|>` header (output llama.cpp's grammar rejects) is still scanned
+//! for calls rather than dropped. `self` bodies are never scanned. Framing
+//! works on text: a suffix that could begin a special token or a ` to=…`
+//! header is held back until it is decided.
 
 use super::body::{CallSyntax, VisibleBody};
 use super::driver::{Ctx, Machine};
@@ -25,6 +31,8 @@ enum State {
     /// Before a message body: collecting a possible header.
     Header,
     Reasoning,
+    /// A message to the user: answer text, calls never scanned.
+    Answer,
     Visible(Box<VisibleBody>),
 }
 
@@ -145,11 +153,14 @@ enum Found {
 }
 
 impl MuseGlimmerParser {
-    fn begin_body(&mut self, recipient: Option<String>, cx: &mut Ctx) {
+    /// Starts a message body. `headed`: it followed a `<|message|>` header.
+    fn begin_body(&mut self, recipient: Option<String>, headed: bool, cx: &mut Ctx) {
         cx.begin_body();
         self.after_word = false;
         self.state = match recipient.as_deref() {
             Some("self") => State::Reasoning,
+            Some("user") => State::Answer,
+            None if headed => State::Answer,
             _ => State::Visible(Box::new(VisibleBody::new(CallSyntax::Atem, false, false))),
         };
     }
@@ -170,6 +181,7 @@ impl MuseGlimmerParser {
         self.after_word = is_word(text.as_bytes()[n - 1]);
         match &mut self.state {
             State::Reasoning => cx.reasoning(text),
+            State::Answer => cx.content(text),
             State::Visible(body) => body.push(text, cx),
             State::Header => unreachable!("text is passed to a body"),
         }
@@ -229,7 +241,7 @@ impl MuseGlimmerParser {
                 match match_header(&self.buf, false) {
                     Match::Full(n, recipient) => {
                         self.buf.drain(..n);
-                        self.begin_body(recipient, cx);
+                        self.begin_body(recipient, true, cx);
                     }
                     Match::Partial if !end => return,
                     _ => {
@@ -238,7 +250,7 @@ impl MuseGlimmerParser {
                         if self.buf.starts_with(START) {
                             self.buf.drain(..START.len());
                         }
-                        self.begin_body(None, cx);
+                        self.begin_body(None, false, cx);
                     }
                 }
                 continue;
@@ -261,7 +273,7 @@ impl MuseGlimmerParser {
                     self.pass(at, cx);
                     self.buf.drain(..end - at);
                     self.end_body(cx);
-                    self.begin_body(recipient, cx);
+                    self.begin_body(recipient, true, cx);
                 }
                 Found::Hold { at } => {
                     self.pass(at, cx);

@@ -1,5 +1,7 @@
 //! `hearth synth`: writes a synthetic GGUF (real tensor layout and Q4_K_M
-//! quantization mix, seeded random weights) for benchmarks and tests.
+//! quantization mix, seeded random weights) for benchmarks and tests:
+//! muse-glimmer and qwen2 models, DFlash and DFlash2 drafts in llama.cpp's
+//! `dflash` layout (all loadable by llama.cpp 11434).
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -8,19 +10,22 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use hearth_models::synth::{write_gguf_pooled, SynthOptions, SynthPlan, SynthShape, PRESETS};
-use hearth_models::synth_dflash::{dflash_plan, DflashShape};
+use hearth_models::synth_dflash::{dflash_plan, target_tokenizer, Dflash2Shape, DflashShape};
 use hearth_models::Architecture;
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Arch {
-    #[value(name = "muse_glimmer", alias = "muse-glimmer")]
+    #[value(name = "muse-glimmer", alias = "muse_glimmer")]
     MuseGlimmer,
     #[value(name = "qwen2")]
     Qwen2,
-    /// A DFlash draft (docs/spec/dflash.md) matched to `--target`.
+    /// A DFlash draft (llama.cpp's `dflash` layout) matched to `--target`.
     #[value(name = "dflash")]
     Dflash,
+    /// A DFlash2 draft (convolutions and a candidate selector) matched to `--target`.
+    #[value(name = "dflash2")]
+    Dflash2,
 }
 
 impl Arch {
@@ -28,14 +33,16 @@ impl Arch {
         match self {
             Arch::MuseGlimmer => Architecture::MuseGlimmer,
             Arch::Qwen2 => Architecture::Qwen2,
-            Arch::Dflash => unreachable!("dflash drafts are planned by dflash_plan_for"),
+            Arch::Dflash | Arch::Dflash2 => {
+                unreachable!("dflash drafts are planned by dflash_plan_for")
+            }
         }
     }
 }
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Architecture (implied by --preset; default muse_glimmer).
+    /// Architecture (implied by --preset; default muse-glimmer).
     #[arg(long, value_enum)]
     pub arch: Option<Arch>,
     /// Full-size shape: muse-glimmer-30b (~17 GB) or qwen2.5-32b (~19 GB).
@@ -54,7 +61,7 @@ pub struct Args {
     /// KV heads [default: 2].
     #[arg(long)]
     pub kv_heads: Option<usize>,
-    /// Head dim (muse_glimmer; qwen2 uses dim / heads) [default: 64].
+    /// Head dim (muse-glimmer; qwen2 uses dim / heads) [default: 64].
     #[arg(long)]
     pub head_dim: Option<usize>,
     /// FFN width; a multiple of 256 [default: 512].
@@ -63,23 +70,30 @@ pub struct Args {
     /// Vocabulary size [default: 512].
     #[arg(long)]
     pub vocab: Option<usize>,
-    /// Sliding window (muse_glimmer) [default: 16].
+    /// Sliding window (muse-glimmer; dflash: every layer sliding) [default: 16].
     #[arg(long)]
     pub window: Option<usize>,
-    /// dflash: the target GGUF the draft is matched to (width, layers, vocabulary).
+    /// dflash/dflash2: the target GGUF the draft is matched to (width, layers,
+    /// vocabulary; its tokenizer is copied into the draft).
     #[arg(long)]
     pub target: Option<PathBuf>,
     /// Copy the tokenizer (every `tokenizer.*` key, chat template included)
-    /// from this GGUF; the vocabulary size follows it. Makes a small model
-    /// that `run`/`serve` can talk to with real text (random weights).
+    /// from this GGUF or packaged model; the vocabulary size follows it.
+    /// Makes a small model that `run`/`serve` can talk to with real text
+    /// (random weights). muse-glimmer default: the packaged smollm2-135m's;
+    /// `none` writes no vocabulary.
     #[arg(long)]
-    pub tokenizer_from: Option<PathBuf>,
+    pub tokenizer_from: Option<String>,
     /// dflash: trained block size B_max [default: 16].
     #[arg(long)]
     pub block_size: Option<usize>,
-    /// dflash: tapped target layers, comma-separated [default: up to 5 spread over 2..=L-2].
+    /// dflash: tapped target layers (inputs of those layers), comma-separated,
+    /// in the order their states are concatenated [default: up to 5 spread over 1..=L-2].
     #[arg(long, value_delimiter = ',')]
     pub target_layers: Option<Vec<usize>>,
+    /// dflash: the noise (MASK) token id [default: the last vocabulary id].
+    #[arg(long)]
+    pub mask_token: Option<u32>,
     /// Seed of the random weights; the same seed gives the same bytes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -144,10 +158,15 @@ fn mb(b: u64) -> f64 {
 /// --target-layers, --window for an all-sliding draft).
 fn dflash_plan_for(args: &Args) -> Result<SynthPlan> {
     let Some(target) = &args.target else {
-        bail!("--arch dflash needs --target FILE (the target GGUF the draft is matched to)");
+        bail!(
+            "--arch dflash/dflash2 needs --target FILE (the target GGUF the draft is matched to)"
+        );
     };
     if args.preset.is_some() || args.dim.is_some() || args.vocab.is_some() {
-        bail!("--arch dflash takes its width and vocabulary from --target (no --preset, --dim or --vocab)");
+        bail!("--arch dflash/dflash2 takes its width and vocabulary from --target (no --preset, --dim or --vocab)");
+    }
+    if args.tokenizer_from.is_some() {
+        bail!("--arch dflash/dflash2 copies the target's tokenizer (no --tokenizer-from)");
     }
     let file = hearth_gguf::GgufFile::open(target)
         .with_context(|| format!("reading {}", target.display()))?;
@@ -164,9 +183,18 @@ fn dflash_plan_for(args: &Args) -> Result<SynthPlan> {
     if let Some(t) = &args.target_layers {
         s.target_layers = t.clone();
     }
+    if let Some(m) = args.mask_token {
+        s.mask_token = m;
+    }
     s.window = args.window;
+    s.tokenizer = target_tokenizer(&file);
+    if args.arch == Some(Arch::Dflash2) {
+        s.dflash2 = Some(Dflash2Shape::default());
+        s.post_norms = true;
+    }
     eprintln!(
-        "dflash draft for {} ({} layers, dim {}, vocab {}): {} layers, {} heads / {} kv heads of {}, ffn {}, block {}, taps {:?}{}",
+        "{} draft for {} ({} layers, dim {}, vocab {}): {} layers, {} heads / {} kv heads of {}, ffn {}, block {}, taps {:?}{}",
+        if s.dflash2.is_some() { "dflash2" } else { "dflash" },
         target.display(),
         config.n_layers,
         config.dim,
@@ -187,17 +215,32 @@ pub fn run(args: Args) -> Result<()> {
     if !args.dry_run {
         crate::cli_args::check_output_path("--output", &args.output)?;
     }
-    if args.arch == Some(Arch::Dflash) {
+    if matches!(args.arch, Some(Arch::Dflash | Arch::Dflash2)) {
         let plan = dflash_plan_for(&args)?;
         return write(&args, &plan);
     }
-    if args.target.is_some() || args.block_size.is_some() || args.target_layers.is_some() {
-        bail!("--target, --block-size and --target-layers are for --arch dflash");
+    if args.target.is_some()
+        || args.block_size.is_some()
+        || args.target_layers.is_some()
+        || args.mask_token.is_some()
+    {
+        bail!("--target, --block-size, --target-layers and --mask-token are for --arch dflash/dflash2");
     }
     let mut shape = shape(&args)?;
-    let tokenizer = match &args.tokenizer_from {
-        Some(path) => {
-            let f = hearth_gguf::GgufFile::open(path)
+    // A muse-glimmer file takes text prompts: a real tokenizer by default.
+    let tokenizer_from = match (&args.tokenizer_from, shape.arch) {
+        (Some(t), _) if t == "none" => None,
+        (Some(t), _) => Some(t.clone()),
+        (None, Architecture::MuseGlimmer) if args.vocab.is_none() && args.preset.is_none() => {
+            Some("smollm2-135m".to_string())
+        }
+        (None, _) => None,
+    };
+    let tokenizer = match &tokenizer_from {
+        Some(name) => {
+            let path = crate::registry::resolve_model(Some(name))
+                .with_context(|| format!("--tokenizer-from {name}"))?;
+            let f = hearth_gguf::GgufFile::open(&path)
                 .with_context(|| format!("--tokenizer-from {}", path.display()))?;
             let keys: Vec<(String, hearth_gguf::Value)> = f
                 .metadata()
@@ -215,6 +258,7 @@ pub fn run(args: Args) -> Result<()> {
                         path.display()
                     )
                 })?;
+            eprintln!("tokenizer from {} ({n} tokens)", path.display());
             shape.vocab_size = n;
             Some(keys)
         }
@@ -222,7 +266,9 @@ pub fn run(args: Args) -> Result<()> {
     };
     let mut plan = SynthPlan::new(&shape)?;
     if let Some(keys) = tokenizer {
-        plan.metadata.retain(|(k, _)| !k.starts_with("tokenizer."));
+        let vocab_key = format!("{}.vocab_size", shape.arch.gguf_name());
+        plan.metadata
+            .retain(|(k, _)| !k.starts_with("tokenizer.") && *k != vocab_key);
         plan.metadata.extend(keys);
     }
     let total = plan.data_bytes();

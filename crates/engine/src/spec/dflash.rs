@@ -1,8 +1,10 @@
-//! The DFlash drafter (docs/spec/dflash.md §6–§8): keeps the backlog of
-//! target hidden rows not yet in the draft context cache (invariant
+//! The DFlash / DFlash2 drafter (../shared/spec/dflash.md §6–§8, llama.cpp
+//! common/speculative.cpp's dflash driver): keeps the backlog of target
+//! hidden rows not yet in the draft context cache (invariant
 //! `C + rows(Hq) = F`), and per cycle runs one draft forward over
-//! `[anchor, MASK × (B−1)]` that first writes the backlog, then reads argmax
-//! drafts from block rows 1..=K. Block length B is a run-time knob
+//! `[anchor, MASK × (B−1)]` that first writes the backlog, then reads the
+//! drafts: argmax of block rows 1..=K (DFlash1) or the greedy walk of the
+//! selector lattice (DFlash2). Block length B is a run-time knob
 //! (2 ≤ B ≤ the draft's trained block size), as is K ≤ B−1.
 
 use std::sync::Arc;
@@ -11,7 +13,6 @@ use hearth_models::dflash::{DflashError, DflashModel, DflashState};
 use hearth_models::Model;
 
 use super::{Draft, Drafter, SpecError};
-use crate::sampler::argmax;
 
 impl From<DflashError> for SpecError {
     fn from(e: DflashError) -> Self {
@@ -105,12 +106,18 @@ impl Drafter for DflashDrafter {
         }
         let mut block = vec![self.draft.config.mask_token; b];
         block[0] = context[f];
-        let logits = self
+        // DFlash1 needs only the logits of rows 1..=n; DFlash2 its lattice.
+        let rows = if self.draft.is_dflash2() {
+            1..1
+        } else {
+            1..n + 1
+        };
+        let out = self
             .draft
-            .forward(&self.target, &mut self.state, &self.backlog, &block, n)?;
+            .forward(&self.target, &mut self.state, &self.backlog, &block, rows)?;
         self.backlog.clear();
         let vocab = self.target.config.vocab_size;
-        let tokens = logits.chunks_exact(vocab).map(argmax).collect();
+        let tokens = self.draft.draft_tokens(&out, vocab, n);
         Ok(Draft {
             tokens,
             probs: None,

@@ -227,7 +227,16 @@ fn attention_f16_flash(
             if (t_len == 1 || invariant) && fa::use_split_kv(cells, qpos) {
                 fa::split_kv_rows(&qs, &src, cells, lo, qpos, s.scale, &mut outs);
             } else {
-                fa::f16_rows(&qs, &src, lo, qpos, s.scale, &mut outs);
+                fa::f16_rows(
+                    &qs,
+                    &src,
+                    cells,
+                    p0 + t_len - 1,
+                    lo,
+                    qpos,
+                    s.scale,
+                    &mut outs,
+                );
             }
         }
     });

@@ -10,6 +10,7 @@ use half::{bf16, f16};
 use hearth_gguf::GgmlType;
 use rayon::prelude::*;
 
+use super::ggml_order::half_dot::*;
 use super::ggml_order::repack_q4_k::*;
 use super::ggml_order::tiled::*;
 use super::ggml_order::vec_dot::*;
@@ -127,8 +128,10 @@ fn dot(ty: GgmlType, path: Path, w: &[u8], a: &QRow, scratch: &mut Vec<f32>) -> 
             dequantize(ty, w, scratch).expect("validated type");
             vec_dot_f32_ref(scratch, x)
         }
-        (F16, QRow::F16(x)) => vec_dot_f16_ref(w, x),
-        (BF16, QRow::Bf16(x)) => vec_dot_bf16_ref(w, x),
+        (F16, QRow::F16(x)) if path == Path::TinyBlas => dot_f16_tinyblas(w, x),
+        (BF16, QRow::Bf16(x)) if path == Path::TinyBlas => dot_bf16_tinyblas(w, x),
+        (F16, QRow::F16(x)) => vec_dot_f16_x86(w, x),
+        (BF16, QRow::Bf16(x)) => vec_dot_bf16_x86(w, x),
         (Q4_0, QRow::Q8_0(y)) => vec_dot_q4_0_q8_0_x86(blocks(w), y),
         (Q5_0, QRow::Q8_0(y)) => vec_dot_q5_0_q8_0_x86(blocks(w), y),
         (Q8_0, QRow::Q8_0(y)) => vec_dot_q8_0_q8_0_x86(blocks(w), y),
@@ -152,6 +155,9 @@ enum Path {
     Repacked,
     /// The tiled K-quant matmul for batches of 8+ rows (`tiled`).
     Tiled,
+    /// llamafile's tinyBLAS for F16/BF16 batches of 2+ rows against a
+    /// matrix of a multiple of 4 rows (`half_dot`).
+    TinyBlas,
 }
 
 /// Output rows computed per task.
@@ -207,6 +213,13 @@ fn matmul_rows_mode(
         && matches!(w.ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
     {
         Path::Tiled
+    } else if mode == Activations::Quantized
+        && n >= 2
+        && !invariant
+        && w.rows.is_multiple_of(4)
+        && matches!(w.ty, GgmlType::F16 | GgmlType::BF16)
+    {
+        Path::TinyBlas
     } else {
         Path::VecDot
     };

@@ -16,6 +16,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use super::activations::expf_ggml_v;
+use super::half_dot::{dot_f16_ggml, reduce_add_16};
 use crate::cpu::kv_cache::{CacheLayout, LayerKvCache};
 
 /// KV cells per tile of the tiled path (`GGML_FA_TILE_KV`).
@@ -205,23 +206,76 @@ fn fma_round_f16(acc: &mut [f32], v: &[f32], s: f32) {
         .for_each(|(a, &x)| *a = f16::from_f32(x.mul_add(s, *a)).to_f32());
 }
 
+/// One query row of llama.cpp's f16 flash-attention path
+/// (`flash_attn_ext_f16_one_chunk`) over `keys` and `values` visited in the
+/// given order (already f16-valued), with an optional attention-sink logit
+/// (applied after the keys, as ggml does on the first KV chunk): q rounded
+/// to f16, scores by `ggml_vec_dot_f16` times `scale`, Σ p·v kept in f16,
+/// sums in f32. Returns the head_dim outputs. For attention with masks the
+/// cache-walking callers do not express (a drafter's non-causal block).
+pub fn f16_attend_row<'a>(
+    q: &[f32],
+    kv: impl Iterator<Item = (&'a [f32], &'a [f32])>,
+    scale: f32,
+    sink: Option<f32>,
+) -> Vec<f32> {
+    let q = round_f16(q);
+    let hd = q.len();
+    let (mut m, mut s) = (f32::NEG_INFINITY, 0.0f32);
+    let mut acc = vec![0.0f32; hd];
+    for (k, v) in kv {
+        let sc = dot_f16_ggml(&q, k) * scale;
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if sc > m {
+            ms = (m - sc).exp();
+            m = sc;
+            scale_round_f16(&mut acc, ms);
+        } else {
+            vs = (sc - m).exp();
+        }
+        fma_round_f16(&mut acc, v, vs);
+        s = s.mul_add(ms, vs);
+    }
+    if let Some(sink) = sink {
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if sink > m {
+            ms = (m - sink).exp();
+            acc.iter_mut().for_each(|a| *a *= ms);
+        } else {
+            vs = (sink - m).exp();
+        }
+        s = s.mul_add(ms, vs);
+    }
+    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+    acc.iter_mut().for_each(|a| *a *= inv);
+    acc
+}
+
 fn round_f16(q: &[f32]) -> Vec<f32> {
     q.iter().map(|&x| f16::from_f32(x).to_f32()).collect()
 }
 
 /// The f16 path for query rows (the heads of one token that share a KV head;
 /// fewer than 64 rows in the batch, or a decode step over fewer than 512
-/// cells), positions `lo..=qpos` in order.
+/// cells): positions `lo..=qpos` in KV-cell order once positions `..=last`
+/// are written (after a sliding ring wraps, a batch's later positions sit in
+/// the first cells).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn f16_rows(
     qs: &[&[f32]],
     src: &KvSource,
+    cells: Cells,
+    last: usize,
     lo: usize,
     qpos: usize,
     scale: f32,
     outs: &mut [&mut [f32]],
 ) {
     let qvs: Vec<Vec<f32>> = qs.iter().map(|q| round_f16(q)).collect();
-    for ((_, sum, acc), out) in f16_chunk(&qvs, src, lo..=qpos, scale)
+    let positions = (0..cells.n_kv(last))
+        .filter_map(|c| cells.pos(c, last))
+        .filter(|&p| p >= lo && p <= qpos);
+    for ((_, sum, acc), out) in f16_chunk(&qvs, src, positions, scale)
         .into_iter()
         .zip(outs.iter_mut())
     {
@@ -406,43 +460,4 @@ pub(crate) fn tiled_rows(
         out.iter_mut().for_each(|a| *a *= inv);
     }
     vkq
-}
-
-/// `_mm512_reduce_add_ps` as GCC expands it: halves added pairwise (+8, +4, +2, +1).
-fn reduce_add_16(mut v: [f32; 16]) -> f32 {
-    let mut width = 8;
-    while width > 0 {
-        for l in 0..width {
-            v[l] += v[l + width];
-        }
-        width /= 2;
-    }
-    v[0]
-}
-
-/// Dot product of two f16-valued rows in the summation order of ggml's
-/// `ggml_vec_dot_f16` on AVX-512 (4 accumulators of 16 lanes over steps of 64,
-/// folded 0+2, 1+3, 0+1, then `_mm512_reduce_add_ps`'s halving tree; the tail
-/// past a multiple of 64 added in f64). Products of f16 values are exact in f32,
-/// so only this order decides the rounding.
-fn dot_f16_ggml(a: &[f32], b: &[f32]) -> f32 {
-    let np = a.len() & !63;
-    let mut acc = [[0.0f32; 16]; 4];
-    // Fixed-size chunks so the 64 lanes compile to vector multiplies and adds.
-    for (ac, bc) in a[..np].chunks_exact(64).zip(b[..np].chunks_exact(64)) {
-        for (j, lanes) in acc.iter_mut().enumerate() {
-            let aa: &[f32; 16] = ac[j * 16..j * 16 + 16].try_into().expect("16 lanes");
-            let bb: &[f32; 16] = bc[j * 16..j * 16 + 16].try_into().expect("16 lanes");
-            for l in 0..16 {
-                lanes[l] += aa[l] * bb[l];
-            }
-        }
-    }
-    let v: [f32; 16] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
-    let tail: f64 = a[np..]
-        .iter()
-        .zip(&b[np..])
-        .map(|(x, y)| (x * y) as f64)
-        .sum();
-    (reduce_add_16(v) as f64 + tail) as f32
 }

@@ -4,7 +4,7 @@
 //! in f32. These are the reference kernels that optimized versions are tested
 //! against; keep them simple.
 
-use half::{bf16, f16};
+use half::f16;
 
 use crate::quant::blocks::*;
 
@@ -408,24 +408,6 @@ pub fn vec_dot_q6_k_q8_k_ref(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
 
 pub fn vec_dot_f32_ref(x: &[f32], y: &[f32]) -> f32 {
     x.iter().zip(y).map(|(a, b)| a * b).sum()
-}
-
-/// F16 weights times activations rounded to f16 (llama.cpp's vec_dot_type for
-/// F16), accumulated in f64 as ggml_vec_dot_f16 does.
-pub fn vec_dot_f16_ref(x: &[u8], y: &[f16]) -> f32 {
-    let mut sum = 0.0f64;
-    for (b, v) in x.chunks_exact(2).zip(y) {
-        sum += (f16::from_le_bytes([b[0], b[1]]).to_f32() * v.to_f32()) as f64;
-    }
-    sum as f32
-}
-
-pub fn vec_dot_bf16_ref(x: &[u8], y: &[bf16]) -> f32 {
-    let mut sum = 0.0f64;
-    for (b, v) in x.chunks_exact(2).zip(y) {
-        sum += (bf16::from_le_bytes([b[0], b[1]]).to_f32() * v.to_f32()) as f64;
-    }
-    sum as f32
 }
 
 #[cfg(test)]
