@@ -1,0 +1,180 @@
+//! Decoding: PNG, JPEG, WebP and GIF (first frame) bytes into 8-bit RGB,
+//! with limits checked before any pixel is decoded.
+//!
+//! Channel handling follows the reference decoder (stb_image, spec
+//! `vision.md` §2): alpha is dropped without compositing, gray is replicated
+//! into three channels, 16-bit samples keep their high byte, and EXIF
+//! orientation is ignored. PNG decodes to the same pixels as stb_image; JPEG
+//! decoders differ slightly in IDCT and chroma upsampling, so a JPEG may
+//! differ from llama.cpp's pixels by a few levels.
+
+use std::io::Cursor;
+
+use image::{DynamicImage, ImageFormat, ImageReader};
+
+use crate::error::ImageError;
+
+/// An 8-bit RGB image, row-major, 3 bytes per pixel (HWC).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RgbImage {
+    pub width: u32,
+    pub height: u32,
+    /// `[height, width, 3]`
+    pub data: Vec<u8>,
+}
+
+/// What an input image may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageLimits {
+    /// Encoded bytes.
+    pub max_bytes: usize,
+    /// Pixels per side.
+    pub max_side: u32,
+    /// Pixels in all (`width ≤ max_pixels / height`).
+    pub max_pixels: u64,
+}
+
+impl Default for ImageLimits {
+    /// The spec's limits (§2): 20 MiB, 32768 per side, 64 Mi pixels.
+    fn default() -> Self {
+        ImageLimits {
+            max_bytes: 20 << 20,
+            max_side: 32768,
+            max_pixels: 1 << 26,
+        }
+    }
+}
+
+impl ImageLimits {
+    /// Checks a size against the limits.
+    pub fn check(&self, width: u32, height: u32) -> Result<(), ImageError> {
+        if width == 0 || height == 0 {
+            return Err(ImageError::ZeroSize { width, height });
+        }
+        if width > self.max_side
+            || height > self.max_side
+            || width as u64 > self.max_pixels / height as u64
+        {
+            return Err(ImageError::TooLarge {
+                width,
+                height,
+                max_side: self.max_side,
+                max_pixels: self.max_pixels,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The container format, from the first bytes.
+fn sniff(bytes: &[u8]) -> Option<(ImageFormat, &'static str)> {
+    if bytes.starts_with(&[0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a]) {
+        Some((ImageFormat::Png, "PNG"))
+    } else if bytes.starts_with(&[0xff, 0xd8, 0xff]) {
+        Some((ImageFormat::Jpeg, "JPEG"))
+    } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
+        Some((ImageFormat::Gif, "GIF"))
+    } else if bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
+        Some((ImageFormat::WebP, "WebP"))
+    } else {
+        None
+    }
+}
+
+impl RgbImage {
+    /// Wraps raw RGB bytes, checking the buffer size and the default limits.
+    pub fn from_raw(width: u32, height: u32, data: Vec<u8>) -> Result<RgbImage, ImageError> {
+        ImageLimits::default().check(width, height)?;
+        let expected = width as usize * height as usize * 3;
+        if data.len() != expected {
+            return Err(ImageError::BadBuffer {
+                width,
+                height,
+                len: data.len(),
+                expected,
+            });
+        }
+        Ok(RgbImage {
+            width,
+            height,
+            data,
+        })
+    }
+
+    /// Decodes an encoded image (PNG, JPEG, WebP, GIF's first frame).
+    pub fn decode(bytes: &[u8], limits: &ImageLimits) -> Result<RgbImage, ImageError> {
+        if bytes.is_empty() {
+            return Err(ImageError::Empty);
+        }
+        if bytes.len() > limits.max_bytes {
+            return Err(ImageError::TooManyBytes {
+                n: bytes.len(),
+                max: limits.max_bytes,
+            });
+        }
+        let Some((format, name)) = sniff(bytes) else {
+            let magic = bytes
+                .iter()
+                .take(8)
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            return Err(ImageError::UnknownFormat { magic });
+        };
+        let decode_err = |e: image::ImageError| ImageError::Decode {
+            format: name,
+            message: e.to_string(),
+        };
+        let reader = |bytes| {
+            let mut r = ImageReader::with_format(Cursor::new(bytes), format);
+            let mut l = image::Limits::default();
+            l.max_image_width = Some(limits.max_side);
+            l.max_image_height = Some(limits.max_side);
+            // RGBA at 16 bits per channel for the largest allowed image.
+            l.max_alloc = Some(limits.max_pixels.saturating_mul(8));
+            r.limits(l);
+            r
+        };
+        // The header first: refuse oversized images before allocating pixels.
+        let (width, height) = reader(bytes).into_dimensions().map_err(decode_err)?;
+        limits.check(width, height)?;
+        let img = reader(bytes).decode().map_err(decode_err)?;
+        Ok(to_rgb8_stb(img))
+    }
+
+    /// The pixel at (x, y).
+    pub fn pixel(&self, x: u32, y: u32) -> [u8; 3] {
+        let i = (y as usize * self.width as usize + x as usize) * 3;
+        [self.data[i], self.data[i + 1], self.data[i + 2]]
+    }
+}
+
+/// Channel conversion as stb_image does it (module docs).
+fn to_rgb8_stb(img: DynamicImage) -> RgbImage {
+    let (width, height) = (img.width(), img.height());
+    let n = width as usize * height as usize;
+    let mut data = Vec::with_capacity(n * 3);
+    // Picks channels `idx` of every pixel of `src` (`stride` samples each).
+    let mut take = |src: &[u8], stride: usize, idx: [usize; 3]| {
+        for px in src.chunks_exact(stride) {
+            data.extend(idx.iter().map(|&i| px[i]));
+        }
+    };
+    let high = |src: &[u16]| src.iter().map(|&v| (v >> 8) as u8).collect::<Vec<u8>>();
+    match img {
+        DynamicImage::ImageLuma8(b) => take(b.as_raw(), 1, [0, 0, 0]),
+        DynamicImage::ImageLumaA8(b) => take(b.as_raw(), 2, [0, 0, 0]),
+        DynamicImage::ImageRgb8(b) => take(b.as_raw(), 3, [0, 1, 2]),
+        DynamicImage::ImageRgba8(b) => take(b.as_raw(), 4, [0, 1, 2]),
+        DynamicImage::ImageLuma16(b) => take(&high(b.as_raw()), 1, [0, 0, 0]),
+        DynamicImage::ImageLumaA16(b) => take(&high(b.as_raw()), 2, [0, 0, 0]),
+        DynamicImage::ImageRgb16(b) => take(&high(b.as_raw()), 3, [0, 1, 2]),
+        DynamicImage::ImageRgba16(b) => take(&high(b.as_raw()), 4, [0, 1, 2]),
+        other => take(other.to_rgb8().as_raw(), 3, [0, 1, 2]),
+    }
+    RgbImage {
+        width,
+        height,
+        data,
+    }
+}
