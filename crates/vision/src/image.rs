@@ -125,6 +125,13 @@ impl RgbImage {
             format: name,
             message: e.to_string(),
         };
+        // The header first, without size limits (they would hide the size),
+        // so oversized images are refused with their size before any pixel
+        // is allocated.
+        let (width, height) = ImageReader::with_format(Cursor::new(bytes), format)
+            .into_dimensions()
+            .map_err(decode_err)?;
+        limits.check(width, height)?;
         let reader = |bytes| {
             let mut r = ImageReader::with_format(Cursor::new(bytes), format);
             let mut l = image::Limits::default();
@@ -135,9 +142,6 @@ impl RgbImage {
             r.limits(l);
             r
         };
-        // The header first: refuse oversized images before allocating pixels.
-        let (width, height) = reader(bytes).into_dimensions().map_err(decode_err)?;
-        limits.check(width, height)?;
         let img = reader(bytes).decode().map_err(decode_err)?;
         Ok(to_rgb8_stb(img))
     }

@@ -2,14 +2,13 @@
 //! interpolation, the 2-D RoPE angles, the windowed ("sparse") attention
 //! order and the pixel-shuffle groups.
 
-use half::bf16;
-
 /// How the learned position table is resampled to the patch grid (§6).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PosRule {
     /// The model's reference: a `[grid_w][grid_h]` flattening (transposed
-    /// for non-square grids), zero padding outside the table, f64, rounded
-    /// to bf16.
+    /// for non-square grids), zero padding outside the table, computed in
+    /// f64 and stored f32 (the reference then rounds to bf16, as it does
+    /// every activation; hearth keeps f32 activations).
     #[default]
     Reference,
     /// llama.cpp 11434 (`ggml_interpolate` bilinear, half-pixel centres):
@@ -183,7 +182,7 @@ pub fn position_embeddings(
                 for (e, o) in dst.iter_mut().enumerate() {
                     let top = at(y0, x0, e) * (1.0 - wx) + at(y0, x0 + 1, e) * wx;
                     let bottom = at(y0 + 1, x0, e) * (1.0 - wx) + at(y0 + 1, x0 + 1, e) * wx;
-                    *o = bf16::from_f64(top * (1.0 - wy) + bottom * wy).to_f32();
+                    *o = (top * (1.0 - wy) + bottom * wy) as f32;
                 }
             }
         }
@@ -259,12 +258,12 @@ mod tests {
     }
 
     /// Spec §12.4: the table's own size reproduces it (both rules), and an
-    /// 8×8 grid gives 64 rows. Reference values are bf16.
+    /// 8×8 grid gives 64 rows.
     #[test]
     fn position_table_interpolation() {
         let (side, dim) = (32, 3);
         let table: Vec<f32> = (0..side * side * dim)
-            .map(|i| bf16::from_f32((i as f32 * 0.37).sin()).to_f32())
+            .map(|i| (i as f32 * 0.37).sin())
             .collect();
         for rule in [PosRule::Reference, PosRule::LlamaCpp] {
             assert_eq!(position_embeddings(&table, side, dim, 32, 32, rule), table);
@@ -285,7 +284,7 @@ mod tests {
         // t = 1: a = 0, b = 1: sy = 16/4 − 0.5 = 3.5, sx = 16·3/2 − 0.5 = 23.5.
         let want = (0..dim).map(|e| {
             let v = |y: usize, x: usize| table[(y * side + x) * dim + e] as f64;
-            bf16::from_f64(0.25 * (v(3, 23) + v(3, 24) + v(4, 23) + v(4, 24))).to_f32()
+            (0.25 * (v(3, 23) + v(3, 24) + v(4, 23) + v(4, 24))) as f32
         });
         assert!(r[dim..2 * dim].iter().copied().eq(want));
     }
