@@ -20,7 +20,7 @@ use crate::ops::{
 };
 
 /// Rows of the MLP computed at a time (bounds the `[rows, n_ff]` buffer).
-const MLP_CHUNK: usize = 1024;
+const MLP_CHUNK: usize = 4096;
 /// Queries per attention task.
 const ATTN_QUERIES: usize = 120;
 

@@ -80,6 +80,8 @@ pub enum ImageError {
         max_side: u32,
         max_pixels: u64,
     },
+    #[error("bad base64 at character {at}: {problem}")]
+    Base64 { at: usize, problem: &'static str },
     #[error("RGB buffer of {len} bytes does not hold a {width}x{height} image ({expected} bytes)")]
     BadBuffer {
         width: u32,

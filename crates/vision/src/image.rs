@@ -182,3 +182,90 @@ fn to_rgb8_stb(img: DynamicImage) -> RgbImage {
         data,
     }
 }
+
+/// Strict base64 (spec §2, for `data:` URLs): the standard alphabet only,
+/// a length that is a multiple of 4, `=` only in the final quartet, and the
+/// unused low bits before the padding zero.
+pub fn decode_base64(text: &[u8]) -> Result<Vec<u8>, ImageError> {
+    let err = |at, problem| Err(ImageError::Base64 { at, problem });
+    if text.len() % 4 != 0 {
+        return err(text.len(), "length is not a multiple of 4");
+    }
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' => Some(62),
+        b'/' => Some(63),
+        _ => None,
+    };
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let n_quads = text.len() / 4;
+    for (qi, quad) in text.chunks_exact(4).enumerate() {
+        let last = qi + 1 == n_quads;
+        let pad = quad.iter().rev().take_while(|&&c| c == b'=').count();
+        if pad > 0 && !last {
+            return err(qi * 4 + 4 - pad, "'=' before the final quartet");
+        }
+        if pad > 2 {
+            return err(qi * 4 + 4 - pad, "more than two '='");
+        }
+        let mut acc = 0u32;
+        for (i, &c) in quad[..4 - pad].iter().enumerate() {
+            match value(c) {
+                Some(v) => acc = acc << 6 | v as u32,
+                None if c == b'=' => return err(qi * 4 + i, "'=' inside a quartet"),
+                None => return err(qi * 4 + i, "not in the base64 alphabet"),
+            }
+        }
+        match pad {
+            0 => out.extend_from_slice(&acc.to_be_bytes()[1..]),
+            1 => {
+                if acc & 0x3 != 0 {
+                    return err(qi * 4 + 2, "nonzero bits before the padding");
+                }
+                out.extend_from_slice(&((acc >> 2) as u16).to_be_bytes());
+            }
+            _ => {
+                if acc & 0xf != 0 {
+                    return err(qi * 4 + 1, "nonzero bits before the padding");
+                }
+                out.push((acc >> 4) as u8);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RFC 4648 §10 test vectors, and every way to break the spec's rules.
+    #[test]
+    fn strict_base64() {
+        for (plain, enc) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(
+                decode_base64(enc.as_bytes()).unwrap(),
+                plain.as_bytes(),
+                "{enc}"
+            );
+        }
+        assert_eq!(decode_base64(b"+/+/").unwrap(), [0xfb, 0xff, 0xbf]);
+        for bad in [
+            "Zg=", "Zm9vYg", "Zg==Zg==", "Z===", "Zh==", "Zm9=", "Zm-v", "Zm_v", "Zm9v\n", " Zm9v",
+            "Zm=v",
+        ] {
+            let e = decode_base64(bad.as_bytes()).unwrap_err();
+            assert!(matches!(e, ImageError::Base64 { .. }), "{bad}: {e}");
+        }
+    }
+}

@@ -35,7 +35,7 @@ pub mod synth;
 use hearth_kernels::pool::{self, ThreadPool};
 
 pub use error::{ImageError, VisionError};
-pub use image::{ImageLimits, RgbImage};
+pub use image::{decode_base64, ImageLimits, RgbImage};
 pub use layout::PosRule;
 pub use mmproj::{MmProj, VisionConfig, PROJECTOR_MUSE_GLIMMER};
 pub use preprocess::{Grid, GridRule};
