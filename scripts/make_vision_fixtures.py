@@ -16,6 +16,10 @@ Writes tests/fixtures/vision/:
   `hearth synth --arch muse-glimmer-mmproj` (F16; Q8_0; Q4_K/Q6_K), each paired with a
   packaged text model of the projector's output width, and per image llama.cpp's
   mtmd_encode_chunk + mtmd_get_output_embd rows ([n_tokens, n_embd] f32).
+- reference-vit-a.json + reference-vit-a/<i>.f32: the model reference's rules (the grid of a
+  tie, the transposed zero-padded position table) on vit-a, from the numpy reference of the
+  spec (tests/reference/vision_ref.py, float64), on images resized by Pillow to the grid
+  the reference picks (run in CPython).
 - images/: the PNG inputs (an RGBA image, a 16-bit gray image), made here with Pillow.
 
 Needs Pillow (pip install pillow) and the reference build (scripts/build-llamacpp.sh).
@@ -37,6 +41,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import make_parity_fixtures as mpf  # noqa: E402  (run, last_line, sha256)
 
 from PIL import Image  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tests" / "reference"))
+import vision_ref  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "vision"
 DUMP_SRC = ROOT / "scripts" / "mtmd_vision_dump.cpp"
@@ -54,6 +62,10 @@ SHAPES = [
      ["--layers", "6", "--dim", "256", "--heads", "4", "--ffn", "512", "--window", "6",
       "--adapter", "512,256", "--type", "q4_k"], 13),
 ]
+
+# The reference rules on vit-a: a non-square grid (transposed positions), a tie (225x225:
+# 8x8 cells for the reference, 9x9 for llama.cpp), a resized image spanning several windows.
+REFERENCE_INPUTS = ["pattern:84x112", "pattern:225x225", "pattern:200x130"]
 
 # Embedding inputs: no grid ties (both rules pick the same grid). 56x56 and 84x84 give
 # patch grids of 4x4 and 6x6 (the tables' sizes); the others span several windows and
@@ -189,6 +201,7 @@ def main() -> None:
         "sizes": sizes}, indent=1) + "\n", encoding="utf-8")
     print(f"preproc: {len(sizes)} sizes, {sum(s['tie'] for s in sizes)} ties", file=sys.stderr)
 
+    reference_fixture(mmprojs["vit-a"][0])
     for name, (path, text_path, flags, seed, text) in mmprojs.items():
         recs = dump(exe, text_path, path, work / name, EMBED_INPUTS, encode=True)
         (OUT / name).mkdir(exist_ok=True)
@@ -210,6 +223,31 @@ def main() -> None:
             "mmproj_sha256": mpf.sha256(path), "text_model": text, "llama_cpp": version,
             "images": images}, indent=1) + "\n", encoding="utf-8")
         print(f"{name}: {len(images)} images, {sum(r['n_tokens'] for r in images)} tokens", file=sys.stderr)
+
+
+def reference_fixture(mmproj: Path) -> None:
+    tower = vision_ref.Tower(str(mmproj))
+    (OUT / "reference-vit-a").mkdir(exist_ok=True)
+    images = []
+    for i, inp in enumerate(REFERENCE_INPUTS):
+        w, h = map(int, inp[8:].split("x"))
+        nph, npw = reference_grid(w, h)
+        img = pattern(w, h)
+        if (CELL * npw, CELL * nph) != (w, h):
+            img = img.resize((CELL * npw, CELL * nph), Image.LANCZOS)
+        rgb = np.frombuffer(img.tobytes(), dtype=np.uint8).reshape(CELL * nph, CELL * npw, 3)
+        rows = vision_ref.encode(tower, rgb).astype("<f4")
+        (OUT / "reference-vit-a" / f"{i}.f32").write_bytes(rows.tobytes())
+        images.append({"input": inp, "nph": nph, "npw": npw, "n_tokens": rows.shape[0], "n_embd": rows.shape[1],
+                       "embd": f"reference-vit-a/{i}.f32"})
+        print(f"reference {inp}: grid {nph}x{npw}", file=sys.stderr)
+    (OUT / "reference-vit-a.json").write_text(json.dumps({
+        "about": ("The model reference's rules on vit-a: tests/reference/vision_ref.py (numpy, float64, written "
+                  "from ../shared/spec/vision.md) on the spec's pattern resized by Pillow (LANCZOS) to the grid "
+                  "the reference picks (CPython). Rows before the final RMSNorm, f32 [n_tokens, n_embd]. "
+                  "Written by scripts/make_vision_fixtures.py."),
+        "mmproj_sha256": mpf.sha256(mmproj), "numpy": np.__version__, "images": images}, indent=1) + "\n",
+        encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@
 // One JSON line per input on stdout: input, width, height, pre_w, pre_h, n_tokens, n_embd,
 // encode_ms. The text model only provides the vocabulary (for the <|image_start|> /
 // <|image_end|> text around the image) and the embedding width; it is loaded vocab-only.
-// Warmup is off so the first encode is the timed one.
+// Context parameters are mtmd's defaults (as llama-mtmd-cli's): the warmup encode runs,
+// and it is what turns flash attention on for the CPU backend (CLIP_FLASH_ATTN_TYPE_AUTO).
 //
 // Built by make_vision_fixtures.py against the static libs of the reference build (it uses
 // the internal mtmd-image.h / clip-impl.h); the binary lives in the cache dir.
@@ -96,7 +97,6 @@ int main(int argc, char ** argv) {
     mtmd_context_params cp = mtmd_context_params_default();
     cp.use_gpu = false;
     cp.n_threads = n_threads;
-    cp.warmup = false;
     cp.print_timings = false;
     mtmd_context * ctx = mtmd_init_from_file(mmproj_path.c_str(), model, cp);
     if (!ctx) {
