@@ -112,11 +112,12 @@ impl MmProj {
             windows.push(start..start + len);
             start += len;
         }
-        let global = [0..n_patch];
-        let mut s = BlockScratch::new(n_patch, d, c.n_ff.min(usize::MAX));
+        let everything = 0..n_patch;
+        let global = std::slice::from_ref(&everything);
+        let mut s = BlockScratch::new(n_patch, d, c.n_ff);
         for (i, b) in self.blocks.iter().enumerate() {
             let segments = if is_global_block(i, c.n_layer, c.sparse_factor) {
-                &global[..]
+                global
             } else {
                 &windows[..]
             };
