@@ -8,8 +8,9 @@
 # SIZE: the side of a square image of the spec's synthetic pattern (896: 64x64 patches,
 # 1024 image tokens; 448: 32x32 patches, 256 tokens). llama-mtmd-cli needs a text model of
 # the projector's width (6656): a 1-layer qwen2 of that width with SmolLM2's tokenizer is
-# synthesized once. llama.cpp's figure is its own "image slice encoded in N ms" line (after
-# its warmup encode, which also enables flash attention; preprocessing not included);
+# synthesized once. llama.cpp's figure is its own "mtmd batch encoding done in N ms" line
+# (mtmd_batch_encode; its warmup only reserves the graph and turns flash attention on;
+# preprocessing not included);
 # hearth's is one MmProj::encode_in call of crates/vision/examples/encode.rs (preprocessing
 # included, file load not). Alternates hearth, llama.cpp; machines here are shared, so
 # only ratios from one run count.
@@ -51,9 +52,9 @@ for r in $(seq 1 "$rounds"); do
   echo "  $h" >&2
   echo "round $r/$rounds: llama.cpp" >&2
   l=$("$bin/llama-mtmd-cli" -m "$text" --mmproj "$mmproj" --image "$img" -p "describe" -n 1 -t "$threads" \
-        -c 4096 -b 2048 -ub 2048 --temp 0 2>&1 | grep -E "slice encoded in|image_tokens|n_tokens" | tr '\n' ' ')
+        -c 4096 -b 2048 -ub 2048 --temp 0 2>&1 | grep -E "encoded in|encoding done in" | tr '\n' ' ')
   echo "  $l" >&2
   hm=$(sed -E 's/.*: ([0-9.]+) ms.*/\1/' <<< "$h")
-  lm=$(sed -E 's/.*slice encoded in ([0-9]+) ms.*/\1/' <<< "$l")
+  lm=$(sed -E 's/.*(encoded in|encoding done in) ([0-9]+) ms.*/\2/' <<< "$l")
   python3 -c "import sys; h, l = float(sys.argv[1]), float(sys.argv[2]); print(f'round $r: hearth {h/1e3:.1f} s, llama.cpp {l/1e3:.1f} s, llama.cpp/hearth {l/h:.2f}x')" "$hm" "$lm"
 done
