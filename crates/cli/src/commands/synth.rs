@@ -26,6 +26,10 @@ pub enum Arch {
     /// A DFlash2 draft (convolutions and a candidate selector) matched to `--target`.
     #[value(name = "dflash2")]
     Dflash2,
+    /// A Muse Glimmer vision tower (llama.cpp's mmproj layout); tiny unless
+    /// `--preset muse-glimmer-mmproj` (the 50-block tower).
+    #[value(name = "muse-glimmer-mmproj")]
+    MuseGlimmerMmproj,
 }
 
 impl Arch {
@@ -36,6 +40,7 @@ impl Arch {
             Arch::Dflash | Arch::Dflash2 => {
                 unreachable!("dflash drafts are planned by dflash_plan_for")
             }
+            Arch::MuseGlimmerMmproj => unreachable!("mmproj files are planned by mmproj_plan_for"),
         }
     }
 }
@@ -94,6 +99,18 @@ pub struct Args {
     /// dflash: the noise (MASK) token id [default: the last vocabulary id].
     #[arg(long)]
     pub mask_token: Option<u32>,
+    /// muse-glimmer-mmproj: width of the projector's output rows (the text
+    /// model's embedding width) [default: --target's, else the preset's].
+    #[arg(long)]
+    pub projection_dim: Option<usize>,
+    /// muse-glimmer-mmproj: type of the matrices (f16, bf16, f32, q8_0,
+    /// q4_k, ...; q4_k keeps attn_v and ffn_down in q6_k, as Q4_K_M does;
+    /// the patch embedding is f32 for f32, else f16) [default: f16].
+    #[arg(long = "type", value_name = "TYPE")]
+    pub weight_type: Option<String>,
+    /// muse-glimmer-mmproj: output widths of mm.0 and mm.1, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub adapter: Option<Vec<usize>>,
     /// Seed of the random weights; the same seed gives the same bytes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -211,9 +228,100 @@ fn dflash_plan_for(args: &Args) -> Result<SynthPlan> {
     Ok(dflash_plan(&config, &s)?)
 }
 
+/// The plan of a synthetic mmproj: `--preset muse-glimmer-mmproj` or the
+/// tiny tower, with --layers, --dim, --heads, --ffn, --window (position-table
+/// side), --projection-dim (or --target's width) and --type applied.
+fn mmproj_plan_for(args: &Args) -> Result<SynthPlan> {
+    use hearth_vision::synth::{mmproj_plan, MmprojShape, MMPROJ_PRESETS};
+    let mut s = match &args.preset {
+        Some(p) => MmprojShape::preset(p).with_context(|| {
+            format!(
+                "unknown mmproj preset '{p}' (known: {})",
+                MMPROJ_PRESETS.join(", ")
+            )
+        })?,
+        None => MmprojShape::tiny(),
+    };
+    if args.kv_heads.is_some()
+        || args.head_dim.is_some()
+        || args.vocab.is_some()
+        || args.block_size.is_some()
+    {
+        bail!("--kv-heads, --head-dim, --vocab and --block-size do not apply to --arch muse-glimmer-mmproj");
+    }
+    let set = |field: &mut usize, v: Option<usize>| *field = v.unwrap_or(*field);
+    set(&mut s.n_layer, args.layers);
+    set(&mut s.n_embd, args.dim);
+    set(&mut s.n_head, args.heads);
+    set(&mut s.n_ff, args.ffn);
+    set(&mut s.pos_side, args.window);
+    if let Some(target) = &args.target {
+        let f = hearth_gguf::GgufFile::open(target)
+            .with_context(|| format!("reading {}", target.display()))?;
+        let arch = f.architecture().unwrap_or_default().to_string();
+        let key = format!("{arch}.embedding_length");
+        s.projection_dim =
+            f.metadata()
+                .get_u64(&key)
+                .with_context(|| format!("{}: no {key}", target.display()))? as usize;
+    }
+    set(&mut s.projection_dim, args.projection_dim);
+    if let Some(t) = &args.weight_type {
+        let ty = hearth_gguf::GgmlType::from_name(&t.to_ascii_uppercase())
+            .with_context(|| format!("unknown --type '{t}'"))?;
+        s.weight_type = ty;
+        s.weight_type_more = if ty == hearth_gguf::GgmlType::Q4_K {
+            hearth_gguf::GgmlType::Q6_K
+        } else {
+            ty
+        };
+        s.patch_type = if ty == hearth_gguf::GgmlType::F32 {
+            ty
+        } else {
+            hearth_gguf::GgmlType::F16
+        };
+    }
+    if let Some(a) = &args.adapter {
+        let [a0, a1] = a[..] else {
+            bail!("--adapter takes two widths (mm.0,mm.1), got {a:?}");
+        };
+        s.adapter = [a0, a1];
+    }
+    let plan = mmproj_plan(&s)?;
+    eprintln!(
+        "muse-glimmer mmproj: {} blocks, width {}, {} heads of {}, ffn {}, position table {}x{}, adapter {:?}, rows of {}, {}; {} tensors, {:.1}M parameters, {:.1} MB, seed {}",
+        s.n_layer,
+        s.n_embd,
+        s.n_head,
+        s.head_dim(),
+        s.n_ff,
+        s.pos_side,
+        s.pos_side,
+        s.adapter,
+        s.projection_dim,
+        s.weight_type,
+        plan.tensors.len(),
+        plan.n_parameters() as f64 / 1e6,
+        mb(plan.data_bytes()),
+        args.seed
+    );
+    Ok(plan)
+}
+
 pub fn run(args: Args) -> Result<()> {
     if !args.dry_run {
         crate::cli_args::check_output_path("--output", &args.output)?;
+    }
+    let mmproj_preset = args
+        .preset
+        .as_deref()
+        .is_some_and(|p| hearth_vision::synth::MMPROJ_PRESETS.contains(&p));
+    if args.arch == Some(Arch::MuseGlimmerMmproj) || (args.arch.is_none() && mmproj_preset) {
+        let plan = mmproj_plan_for(&args)?;
+        return write(&args, &plan);
+    }
+    if args.projection_dim.is_some() || args.weight_type.is_some() || args.adapter.is_some() {
+        bail!("--projection-dim, --type and --adapter are for --arch muse-glimmer-mmproj");
     }
     if matches!(args.arch, Some(Arch::Dflash | Arch::Dflash2)) {
         let plan = dflash_plan_for(&args)?;

@@ -3,12 +3,15 @@
 //! - [`interleaved`]: hearth's own weight layout (8 rows interleaved, repacked
 //!   at load) and its SIMD matmuls, bit-identical to the references.
 //! - [`ggml_order`]: reference kernels reproducing llama.cpp's x86 orders.
+//! - [`gemm`]: a tiled f32 GEMM over f32 or dequantized weights (vision
+//!   towers and other many-row products with f32 activations).
 //! - [`matmul`]: the per-row reference matmul over GGUF blocks as stored
 //!   (types without interleaved kernels, and the tests' reference).
 //! - [`attention`] over the hybrid [`kv_cache`] (flat and ring caches).
 //! - [`simd`]: the vector interface and the one runtime ISA dispatch point.
 
 pub mod attention;
+pub mod gemm;
 pub mod ggml_order;
 pub mod interleaved;
 pub mod kv_cache;

@@ -1,0 +1,80 @@
+//! Encodes one image with an mmproj and prints the timing (and optionally
+//! writes the rows): the hearth side of the encode benchmark in BENCHMARKS.md.
+//!
+//! cargo run --release -p hearth-vision --example encode -- MMPROJ IMAGE|WxH [--threads N] [--reps N] [--llama-rules] [--out FILE.f32]
+//!
+//! `WxH` encodes the spec's synthetic test pattern of that size.
+
+use std::time::Instant;
+
+use hearth_kernels::pool::ThreadPool;
+use hearth_vision::{ImageLimits, MmProj, RgbImage, Rules};
+
+fn pattern(w: u32, h: u32) -> RgbImage {
+    let mut data = Vec::with_capacity((w * h * 3) as usize);
+    for y in 0..h {
+        for x in 0..w {
+            let g = if x < w / 3 && y < h / 2 { 255 } else { 16 };
+            data.extend([
+                ((37 * x + 11 * y) % 256) as u8,
+                g,
+                ((x * x + 3 * y * y) % 256) as u8,
+            ]);
+        }
+    }
+    RgbImage::from_raw(w, h, data).expect("valid size")
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .map(|i| args[i + 1].clone())
+    };
+    let (mmproj, image) = (&args[0], &args[1]);
+    let threads: usize = flag("--threads").map_or(2, |s| s.parse().unwrap());
+    let reps: usize = flag("--reps").map_or(1, |s| s.parse().unwrap());
+    let rules = if args.iter().any(|a| a == "--llama-rules") {
+        Rules::LLAMA_CPP
+    } else {
+        Rules::REFERENCE
+    };
+    hearth_kernels::pool::tune_allocator();
+    let pool = ThreadPool::new(threads);
+    let t = Instant::now();
+    let mm = MmProj::load(mmproj, None)?;
+    eprintln!(
+        "loaded {mmproj} in {:.2} s: {:?}",
+        t.elapsed().as_secs_f64(),
+        mm.config
+    );
+    let img = match image
+        .split_once('x')
+        .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)))
+    {
+        Some((w, h)) => pattern(w, h),
+        None => RgbImage::decode(&std::fs::read(image)?, &ImageLimits::default())?,
+    };
+    for rep in 0..reps {
+        let t = Instant::now();
+        let e = mm.encode_in(&pool, &img, rules);
+        let s = t.elapsed().as_secs_f64();
+        println!(
+            "encode {}x{} -> grid {}x{} = {} tokens x {}: {:.1} ms ({} threads, rep {rep})",
+            img.width,
+            img.height,
+            e.grid.nph,
+            e.grid.npw,
+            e.n_tokens,
+            e.dim,
+            s * 1e3,
+            threads
+        );
+        if let (Some(out), 0) = (flag("--out"), rep) {
+            let bytes: Vec<u8> = e.rows.iter().flat_map(|v| v.to_le_bytes()).collect();
+            std::fs::write(out, bytes)?;
+        }
+    }
+    Ok(())
+}
