@@ -253,7 +253,7 @@ fn check(a: &[f32], lda: usize, m: usize, k: usize, b: &BMatrix, n: usize, c: &[
     b.check(n, k);
     if let BMatrix::Quant(q) = b {
         assert!(
-            KC % q.ty.block_size() == 0 && k % q.ty.block_size() == 0,
+            KC.is_multiple_of(q.ty.block_size()) && k.is_multiple_of(q.ty.block_size()),
             "gemm: {} rows of {k} are not whole blocks",
             q.ty
         );
