@@ -47,7 +47,8 @@ enum Command {
     List(commands::list::Args),
     /// Delete downloaded models.
     Rm(commands::rm::Args),
-    /// Generate text from a prompt (streams to stdout; speed figures to stderr).
+    /// Chat with a model: answer one prompt (-p, -f, piped stdin), or with no prompt on a
+    /// terminal an interactive session (streams to stdout; speed figures to stderr).
     Run(commands::run::Args),
     /// Serve the OpenAI-compatible HTTP API (chat, completions, sessions, metrics).
     Serve(commands::serve::Args),

@@ -77,8 +77,12 @@ pub struct Args {
     #[arg(long, default_value_t = 64, value_parser = crate::cli_args::parse_repeat_last_n,
           allow_negative_numbers = true)]
     pub repeat_last_n: usize,
+    /// Subtract this from the logit of every token already in the last
+    /// --repeat-last-n tokens (0 = off; OpenAI's presence_penalty).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub presence_penalty: f32,
+    /// Subtract this times a token's count in the last --repeat-last-n tokens
+    /// from its logit (0 = off; OpenAI's frequency_penalty).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub frequency_penalty: f32,
     /// RNG seed (0 or -1 = random).
