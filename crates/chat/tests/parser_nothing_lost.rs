@@ -211,7 +211,9 @@ fn atem_hidden_text() {
     ];
     for (text, n) in cases {
         verbatim("atem", text, n);
-        // The same text as the body of a `user` message.
+        // The same text as the body of a `user` message: the answer, never
+        // scanned for calls (llama.cpp 11434's muse-glimmer parser), so it is
+        // content verbatim with no warning.
         let framed = format!(" to=user{M}{text}");
         for tools in [None, Some(tools_weather_add())] {
             let events = parse("muse-glimmer", tools.as_ref(), &framed, FinishHint::Stop);
@@ -220,7 +222,8 @@ fn atem_hidden_text() {
                 (!text.is_empty()).then_some(text),
                 "{framed:?}"
             );
-            assert_eq!(warnings(&events).len(), n, "{framed:?}");
+            assert_eq!(warnings(&events).len(), 0, "{framed:?}");
+            assert!(outcome(&events).calls.is_empty(), "{framed:?}");
         }
     }
 }
