@@ -581,6 +581,53 @@ mod tests {
     }
 
     #[test]
+    fn sampling_parameters_reach_the_sampler_config() {
+        let r = parse_completion(
+            &obj(json!({"prompt": "p", "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -1,
+                        "repeat_penalty": 1.2, "repeat_last_n": 16, "seed": 9, "n": 1})),
+            "m",
+            None,
+        )
+        .unwrap();
+        let c = r.common.sampling;
+        assert_eq!(
+            (
+                c.min_p,
+                c.presence_penalty,
+                c.frequency_penalty,
+                c.repeat_penalty
+            ),
+            (0.1, 0.5, -1.0, 1.2)
+        );
+        assert_eq!((c.repeat_last_n, c.seed), (16, 9));
+        assert!(c.validate().is_ok());
+        for (field, value, want) in [
+            ("min_p", json!(2), "min_p must be between 0 and 1 (got 2)."),
+            (
+                "presence_penalty",
+                json!(-2.5),
+                "presence_penalty must be between -2 and 2 (got -2.5).",
+            ),
+            (
+                "repeat_penalty",
+                json!(0),
+                "repeat_penalty must be above 0 and at most 10 (got 0).",
+            ),
+            (
+                "repeat_last_n",
+                json!(1.5),
+                "'repeat_last_n' must be an integer (got 1.5).",
+            ),
+            ("n", json!(0), "n must be a positive integer (got 0)."),
+        ] {
+            let mut body = obj(json!({"prompt": "p"}));
+            body.insert(field.into(), value);
+            let e = parse_completion(&body, "m", None).unwrap_err();
+            assert_eq!(e.message, want, "{field}");
+        }
+    }
+
+    #[test]
     fn string_arguments_and_reasoning_alias_are_normalized() {
         let r = parse_chat(
             &obj(json!({"messages": [{"role": "assistant", "reasoning": "r", "content": [{"type": "text", "text": "a"}],

@@ -59,6 +59,7 @@ fn no_tokenizer_packs_more_bytes_per_token_than_its_longest_token() {
         let tok = Tokenizer::from_gguf_path(model_path(file)).unwrap();
         let max = max_token_bytes(&tok);
         assert!(max >= 4, "{file}: longest token {max} bytes");
+        eprintln!("{file}: longest token text {max} bytes");
         for text in texts() {
             for add_special in [false, true] {
                 let n = tok.encode(&text, add_special, true).len();
