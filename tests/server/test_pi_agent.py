@@ -24,21 +24,16 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from common import MODEL_ID, ROOT, Server, run_tests
+
 PI_DIR = ROOT / "tests" / "server" / "pi"
-BIN = os.environ.get("HEARTH_BIN", str(ROOT / "target" / "release" / "hearth"))
 API_KEY = "pi-test-key"
-MODEL_ID = "qwen-test"
 CTX = 8192  # Pi's prompt is ~1.4k tokens; room for several agent turns
 MAX_TOKENS = 128  # per request (Pi sends it as max_completion_tokens)
 PI_TIMEOUT = float(os.environ.get("HEARTH_PI_TIMEOUT", "3600"))
@@ -52,16 +47,6 @@ PI_RUN = None  # the result of the agent run, shared by the checks below
 
 def log(msg):
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def model_path():
-    if os.environ.get("HEARTH_TEST_MODEL"):
-        return os.environ["HEARTH_TEST_MODEL"]
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "fetch_models.py"), "qwen2.5-coder-0.5b"],
-        check=True, capture_output=True, text=True,
-    )
-    return out.stdout.strip().splitlines()[-1]
 
 
 def pinned_version():
@@ -83,58 +68,6 @@ def ensure_pi():
     log(f"installing Pi {pinned_version()} with npm ci into {PI_DIR / 'node_modules'}")
     subprocess.run(["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=PI_DIR, check=True)
     log(f"npm ci took {time.monotonic() - t0:.1f} s")
-
-
-class Server:
-    """A `hearth serve` process on a free loopback port (--port 0)."""
-
-    def __init__(self, *extra):
-        self.log_path = Path(TMP) / "hearth-serve.log"
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [BIN, "serve", "-m", model_path(), "--model-id", MODEL_ID, "--port", "0", "-c", str(CTX), *extra],
-            stdout=subprocess.PIPE, stderr=self.log, text=True,
-        )
-        self.base = None
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"server exited early; log:\n{self.log_path.read_text()}")
-            m = re.search(r"listening on (http://\S+)", line)
-            if m:
-                self.base = m.group(1)
-            if "ready" in line and self.base:
-                return
-        raise RuntimeError("server did not become ready")
-
-    def logs(self):
-        return self.log_path.read_text()
-
-    def get(self, path):
-        req = urllib.request.Request(self.base.removesuffix("/v1") + path,
-                                     headers={"Authorization": f"Bearer {API_KEY}"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, r.read().decode()
-
-    def metrics(self):
-        """{(name, labels): value} from the Prometheus text."""
-        out = {}
-        for line in self.get("/metrics")[1].splitlines():
-            m = re.match(r"^(\w+)(\{[^}]*\})?\s+(\S+)$", line)
-            if m:
-                out[(m.group(1), m.group(2) or "")] = float(m.group(3))
-        return out
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout=60)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.log.close()
-        return code
 
 
 def chat_requests(metrics):
@@ -184,7 +117,7 @@ def setup_module(module=None):
     global SERVER, TMP
     ensure_pi()
     TMP = tempfile.mkdtemp(prefix="hearth-pi-")
-    SERVER = Server("--api-key", API_KEY)
+    SERVER = Server("--api-key", API_KEY, ctx=CTX, api_key=API_KEY, log_dir=TMP)
     write_pi_config(Path(TMP) / "home" / ".pi" / "agent")
     log(f"server at {SERVER.base}; Pi home {TMP}/home")
 
@@ -341,37 +274,8 @@ def report():
 
 
 def main():
-    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
-    only = sys.argv[1:]
-    passed = failed = 0
-    try:
-        setup_module()
-    except Exception as e:
-        print(f"FAIL setup: {type(e).__name__}: {e}")
-        print("0 passed, 1 failed")
-        return 1
-    try:
-        for name, fn in tests:
-            if only and not any(o in name for o in only):
-                continue
-            t0 = time.monotonic()
-            try:
-                fn()
-                passed += 1
-                print(f"PASS {name} ({time.monotonic() - t0:.1f} s)", flush=True)
-            except Exception as e:
-                failed += 1
-                print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-        report()
-    finally:
-        try:
-            teardown_module()
-        except AssertionError as e:
-            failed += 1
-            print(f"FAIL shutdown: {e}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return run_tests(globals(), setup_module, teardown_module, report)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

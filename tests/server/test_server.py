@@ -14,20 +14,16 @@ Generations are kept to a few tokens: CPU decode is slow on 2 cores.
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import openai
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = os.environ.get("HEARTH_BIN", str(ROOT / "target" / "release" / "hearth"))
+from common import BIN, Server, http, model_path, run_tests
+
 API_KEY = "test-key-123"
 CTX = 2048
 SERVER = None  # the shared server, started by setup_module
@@ -47,78 +43,11 @@ WEATHER_TOOL = {
 WEATHER_ASK = [{"role": "user", "content": "What is the weather in Paris right now? Use the get_weather tool."}]
 
 
-def model_path():
-    if os.environ.get("HEARTH_TEST_MODEL"):
-        return os.environ["HEARTH_TEST_MODEL"]
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "fetch_models.py"), "qwen2.5-coder-0.5b"],
-        check=True, capture_output=True, text=True,
-    )
-    return out.stdout.strip().splitlines()[-1]
-
-
-class Server:
-    """A `hearth serve` process on a free loopback port (--port 0)."""
-
-    def __init__(self, *extra):
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"hearth-serve-{os.getpid()}-{id(self)}.log"
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [BIN, "serve", "-m", model_path(), "--model-id", "qwen-test", "--port", "0", "-c", str(CTX), *extra],
-            stdout=subprocess.PIPE, stderr=self.log, text=True,
-        )
-        self.base = None
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"server exited early; log:\n{self.log_path.read_text()}")
-            m = re.search(r"listening on (http://\S+)", line)
-            if m:
-                self.base = m.group(1)
-            if "ready" in line and self.base:
-                return
-        raise RuntimeError("server did not become ready")
-
-    def client(self, key=API_KEY, **kw):
-        return openai.OpenAI(base_url=self.base, api_key=key, max_retries=0, timeout=600, **kw)
-
-    def logs(self):
-        return self.log_path.read_text()
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout=30)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.log.close()
-        return code
-
-
-def http(server, method, path, body=None, headers=None, raw=None):
-    """(status, parsed JSON or text) for a raw request."""
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    h = {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"}
-    h.update(headers or {})
-    req = urllib.request.Request(server.base.removesuffix("/v1") + path, data=data, method=method, headers=h)
-    try:
-        with urllib.request.urlopen(req, timeout=600) as r:
-            status, text = r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read().decode()
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
-
-
 def oversized_post(server, size):
     """Declares a body over the limit; the server answers 413 from the headers
     (without reading the body), so only the headers and a first piece are sent."""
-    host, port = re.match(r"http://([^:/]+):(\d+)", server.base).groups()
-    with socket.create_connection((host, int(port)), timeout=60) as s:
+    host, port = server.host, server.port
+    with socket.create_connection((host, port), timeout=60) as s:
         s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {API_KEY}\r\n"
                    f"Content-Type: application/json\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n").encode())
         try:
@@ -134,7 +63,7 @@ def oversized_post(server, size):
 
 def setup_module(module=None):
     global SERVER
-    SERVER = Server("--api-key", API_KEY, "--max-sessions", "6", "--max-body-mib", "1")
+    SERVER = Server("--api-key", API_KEY, "--max-sessions", "6", "--max-body-mib", "1", ctx=CTX, api_key=API_KEY)
 
 
 def teardown_module(module=None):
@@ -347,7 +276,8 @@ def test_validation_errors_do_not_disturb_a_running_session():
     expect(400, "unsupported_parameter",
            lambda: client.chat.completions.create(model="qwen-test", messages=msgs, tools=[WEATHER_TOOL], tool_choice="required"),
            r"tool_choice \(only 'none' or 'auto'\)")
-    expect(400, "unsupported_parameter", lambda: client.chat.completions.create(model="qwen-test", messages=msgs, frequency_penalty=1.0))
+    expect(400, "invalid_value", lambda: client.chat.completions.create(model="qwen-test", messages=msgs, frequency_penalty=3.0),
+           r"frequency_penalty must be between -2 and 2")
     expect(400, "invalid_session_id",
            lambda: client.chat.completions.create(model="qwen-test", messages=msgs, extra_body={"session_id": "has space"}))
     expect(400, "invalid_session_id",
@@ -390,7 +320,7 @@ def test_session_reset_and_close():
     status, body = http(SERVER, "POST", "/v1/sessions/tools-1/reset")
     assert (status, body) == (200, {"reset": True, "session_id": "tools-1"})
     status, body = http(SERVER, "DELETE", "/v1/sessions/never-seen")
-    assert (status, body) == (200, {"closed": True, "session_id": "never-seen"})
+    assert status == 404 and body["error"]["code"] == "session_not_found", (status, body)
     status, body = http(SERVER, "DELETE", "/v1/sessions/alice-s")
     assert (status, body) == (200, {"closed": True, "session_id": "alice-s"})
 
@@ -427,7 +357,7 @@ def test_speculative_servers_generate_what_the_plain_server_does():
         # exactly as single-token decode does (crates/engine/tests/spec_greedy.rs explains).
         for extra in (["--spec", "ngram", "--n-draft", "2"],
                       ["--spec", "dflash", "--draft-model", str(draft), "--block-length", "3"]):
-            spec = Server("--api-key", API_KEY, *extra)
+            spec = Server("--api-key", API_KEY, *extra, ctx=CTX, api_key=API_KEY)
             try:
                 c = spec.client()
                 got = [c.completions.create(model="qwen-test", prompt=p, max_tokens=16, temperature=0)
@@ -452,31 +382,8 @@ def test_speculative_servers_generate_what_the_plain_server_does():
 
 
 def main():
-    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
-    only = sys.argv[1:]
-    passed = failed = 0
-    setup_module()
-    try:
-        for name, fn in tests:
-            if only and not any(o in name for o in only):
-                continue
-            t0 = time.monotonic()
-            try:
-                fn()
-                passed += 1
-                print(f"PASS {name} ({time.monotonic() - t0:.1f} s)", flush=True)
-            except Exception as e:
-                failed += 1
-                print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-    finally:
-        try:
-            teardown_module()
-        except AssertionError as e:
-            failed += 1
-            print(f"FAIL shutdown: {e}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return run_tests(globals(), setup_module, teardown_module)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -107,7 +107,8 @@ pub struct SchedulerStats {
     pub spec: Mutex<SpecStats>,
 }
 
-type Done = Box<dyn FnOnce() + Send>;
+/// Runs once a reset or close is applied: true when the session existed.
+type Done = Box<dyn FnOnce(bool) + Send>;
 
 enum Command {
     Submit(Job),
@@ -132,22 +133,23 @@ impl SchedulerHandle {
     }
 
     /// Clears session `id`'s context (deferred while it generates); `done`
-    /// runs once it is applied.
+    /// runs once it is applied, with false when there is no such session.
     pub fn reset(
         &self,
         id: String,
-        done: impl FnOnce() + Send + 'static,
+        done: impl FnOnce(bool) + Send + 'static,
     ) -> Result<(), SchedulerError> {
         self.tx
             .send(Command::Reset(id, Box::new(done)))
             .map_err(|_| stopped())
     }
 
-    /// Frees session `id` (deferred while it generates); `done` runs once it is applied.
+    /// Frees session `id` (deferred while it generates); `done` runs once it
+    /// is applied, with false when there is no such session.
     pub fn close(
         &self,
         id: String,
-        done: impl FnOnce() + Send + 'static,
+        done: impl FnOnce(bool) + Send + 'static,
     ) -> Result<(), SchedulerError> {
         self.tx
             .send(Command::Close(id, Box::new(done)))
@@ -235,14 +237,8 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             {
                 match cmd {
                     Command::Submit(job) => waiting.push(job),
-                    Command::Reset(id, done) => {
-                        self.store.reset(&id);
-                        done();
-                    }
-                    Command::Close(id, done) => {
-                        self.store.close(&id);
-                        done();
-                    }
+                    Command::Reset(id, done) => done(self.store.reset(&id)),
+                    Command::Close(id, done) => done(self.store.close(&id)),
                     Command::Shutdown => shutdown = true,
                 }
             }

@@ -302,24 +302,32 @@ impl<S: BackendState> SessionStore<S> {
         self.idle.insert(id, session);
     }
 
-    /// Clears a session's context, keeping its slot (deferred while it generates).
-    pub fn reset(&mut self, id: &str) {
+    /// Clears a session's context, keeping its slot (deferred while it
+    /// generates). False when no session has that id.
+    pub fn reset(&mut self, id: &str) -> bool {
         let key = Some(id.to_string());
         if let Some(s) = self.idle.get_mut(&key) {
             s.reset();
         } else if self.busy.contains(&key) {
             self.pending.entry(key).or_insert(Pending::Reset);
+        } else {
+            return false;
         }
+        true
     }
 
-    /// Frees a session (deferred while it generates).
-    pub fn close(&mut self, id: &str) {
+    /// Frees a session (deferred while it generates). False when no session
+    /// has that id.
+    pub fn close(&mut self, id: &str) -> bool {
         let key = Some(id.to_string());
         if self.idle.remove(&key).is_some() {
             self.live -= 1;
         } else if self.busy.contains(&key) {
             self.pending.insert(key, Pending::Close);
+        } else {
+            return false;
         }
+        true
     }
 
     /// A fresh state: a new allocation while under capacity, else the state of

@@ -26,7 +26,7 @@ use crate::engine::ChannelSink;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::request::{parse_chat, parse_completion, parse_object, Common};
-use crate::routes::{check_context, header_session, read_body, AppState};
+use crate::routes::{check_context, check_prompt_bytes, header_session, read_body, AppState};
 
 pub async fn chat_completions(
     State(app): State<Arc<AppState>>,
@@ -56,12 +56,14 @@ pub async fn apply_template(
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let body = read_body(&app, &headers, body).await?;
-    let obj = parse_object(&body)?;
-    let req = parse_chat(&obj, &app.model_id, header_session(&headers)?)?;
-    let prompt = app
-        .prompter
-        .render(&req.messages, req.tools.as_ref(), true, &req.kwargs)
-        .map_err(prompt_error)?;
+    let session = header_session(&headers)?;
+    let prompt = blocking(move || {
+        let req = parse_chat(&parse_object(&body)?, &app.model_id, session)?;
+        app.prompter
+            .render(&req.messages, req.tools.as_ref(), true, &req.kwargs)
+            .map_err(prompt_error)
+    })
+    .await?;
     Ok(Json(json!({ "prompt": prompt })))
 }
 
@@ -71,12 +73,21 @@ async fn chat_inner(
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = read_body(&app, &headers, body).await?;
-    let obj = parse_object(&body)?;
-    let req = parse_chat(&obj, &app.model_id, header_session(&headers)?)?;
-    let ids = app
-        .prompter
-        .chat_ids(&req.messages, req.tools.as_ref(), &req.kwargs)
-        .map_err(prompt_error)?;
+    let session = header_session(&headers)?;
+    let prep = app.clone();
+    let (req, ids) = blocking(move || {
+        let req = parse_chat(&parse_object(&body)?, &prep.model_id, session)?;
+        let p = &prep.prompter;
+        let text = p
+            .render(&req.messages, req.tools.as_ref(), true, &req.kwargs)
+            .map_err(prompt_error)?;
+        check_prompt_bytes(&prep, text.len())?;
+        let ids = p
+            .chat_ids(&req.messages, req.tools.as_ref(), &req.kwargs)
+            .map_err(prompt_error)?;
+        Ok((req, ids))
+    })
+    .await?;
     let id = random_hex();
     let parser = Box::new(WarningLog {
         inner: app
@@ -113,12 +124,18 @@ async fn completion_inner(
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = read_body(&app, &headers, body).await?;
-    let obj = parse_object(&body)?;
-    let req = parse_completion(&obj, &app.model_id, header_session(&headers)?)?;
-    let ids = app
-        .prompter
-        .completion_ids(&req.prompt)
-        .map_err(prompt_error)?;
+    let session = header_session(&headers)?;
+    let prep = app.clone();
+    let (req, ids) = blocking(move || {
+        let req = parse_completion(&parse_object(&body)?, &prep.model_id, session)?;
+        check_prompt_bytes(&prep, req.prompt.len())?;
+        let ids = prep
+            .prompter
+            .completion_ids(&req.prompt)
+            .map_err(prompt_error)?;
+        Ok((req, ids))
+    })
+    .await?;
     let reply = Reply {
         id: format!("cmpl-{}", random_hex()),
         created: unix_now(),
@@ -131,6 +148,18 @@ async fn completion_inner(
     } else {
         completion_whole(reply, rx).await
     }
+}
+
+/// Runs request preparation (JSON decoding, rendering, tokenizing: work that
+/// grows with the body) on the blocking pool, off the threads that serve
+/// every connection. Its size is bounded by the body limit and, before
+/// tokenizing, by [`check_prompt_bytes`].
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::server(format!("request preparation failed: {e}")))?
 }
 
 /// A conversation the prompter could not render is the client's error (400

@@ -42,19 +42,21 @@ impl EngineHandle {
         Ok(self.0.submit(job)?)
     }
 
-    pub async fn reset(&self, id: String) -> Result<(), ApiError> {
+    /// Resets session `id`; false when there is no such session.
+    pub async fn reset(&self, id: String) -> Result<bool, ApiError> {
         let (tx, rx) = oneshot::channel();
-        self.0.reset(id, move || {
-            let _ = tx.send(());
+        self.0.reset(id, move |existed| {
+            let _ = tx.send(existed);
         })?;
         rx.await
             .map_err(|_| ApiError::server("session reset did not complete"))
     }
 
-    pub async fn close(&self, id: String) -> Result<(), ApiError> {
+    /// Closes session `id`; false when there is no such session.
+    pub async fn close(&self, id: String) -> Result<bool, ApiError> {
         let (tx, rx) = oneshot::channel();
-        self.0.close(id, move || {
-            let _ = tx.send(());
+        self.0.close(id, move |existed| {
+            let _ = tx.send(existed);
         })?;
         rx.await
             .map_err(|_| ApiError::server("session close did not complete"))

@@ -1,7 +1,7 @@
 //! OpenAI error objects: `{"error":{"message","type","code"}}` with an HTTP
 //! status (server-api.md §2).
 
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
@@ -66,6 +66,46 @@ impl ApiError {
         )
     }
 
+    /// 403: a request the safe defaults refuse (foreign Host or Origin).
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            Some(code),
+            message,
+        )
+    }
+
+    /// 415: a JSON route's body sent with another content type.
+    pub fn unsupported_media_type(got: Option<&str>) -> ApiError {
+        let got = got.map_or("none".to_string(), |g| format!("'{g}'"));
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            Some("unsupported_media_type"),
+            format!("Content-Type must be 'application/json' (got {got})."),
+        )
+    }
+
+    /// 408: the body did not arrive within the body read timeout.
+    pub fn request_timeout(secs: f64) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            Some("request_timeout"),
+            format!("The request body did not arrive within {secs} s."),
+        )
+    }
+
+    pub fn session_not_found(id: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("session_not_found"),
+            format!("No session '{id}'."),
+        )
+    }
+
     pub fn payload_too_large(limit: usize) -> ApiError {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -117,8 +157,24 @@ impl ApiError {
     }
 }
 
+/// Seconds a client is asked to wait after a 429 (sessions free up as
+/// generations end).
+const RETRY_AFTER_SECS: &str = "1";
+
 impl IntoResponse for ApiError {
+    /// The error object, with `WWW-Authenticate` on 401 (RFC 6750 §3) and
+    /// `Retry-After` on 429 (RFC 6585 §4).
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        let extra = match self.status {
+            StatusCode::UNAUTHORIZED => Some((header::WWW_AUTHENTICATE, "Bearer")),
+            StatusCode::TOO_MANY_REQUESTS => Some((header::RETRY_AFTER, RETRY_AFTER_SECS)),
+            _ => None,
+        };
+        if let Some((name, value)) = extra {
+            r.headers_mut()
+                .insert(name, header::HeaderValue::from_static(value));
+        }
+        r
     }
 }

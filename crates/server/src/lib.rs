@@ -1,19 +1,25 @@
 //! hearth's OpenAI-compatible HTTP server (spec: docs/spec/server-api.md).
 //!
-//! - [`routes`]: the router, authentication, body limit, small endpoints.
+//! - [`conn`]: accepting connections, per-connection time limits.
+//! - [`access`]: the safe defaults: Host, Origin/CORS, API key.
+//! - [`routes`]: the router, access checks, body limit, small endpoints.
 //! - [`chat`]: chat and text completions, whole or streamed as SSE.
 //! - [`request`]: request parsing and validation, errors naming the field.
+//! - [`validate`]: strict checks of messages and tools, errors naming the JSON path.
 //! - [`engine`]: the channel to the engine's scheduler thread
 //!   (`hearth_engine::scheduler`), which owns the model and every session's
 //!   KV state and interleaves generations token by token.
 //! - [`metrics`]: Prometheus counters.
 
+pub mod access;
 pub mod chat;
+pub mod conn;
 pub mod engine;
 pub mod error;
 pub mod metrics;
 pub mod request;
 pub mod routes;
+pub mod validate;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -44,7 +50,13 @@ pub struct ServerOptions {
     pub max_sessions: usize,
     /// Further bound on the states held: their total KV bytes.
     pub kv_budget_bytes: Option<usize>,
+    /// Required on every route but /health; never empty.
     pub api_key: Option<String>,
+    /// Host names accepted besides this server's own (`*`: any).
+    pub allowed_hosts: Vec<String>,
+    /// Origins allowed cross-origin, with CORS headers (`*`: any).
+    pub cors_origins: Vec<String>,
+    pub timeouts: conn::Timeouts,
     /// `auto` or an output format name.
     pub tool_parser: String,
     pub max_body_bytes: usize,
@@ -95,6 +107,11 @@ pub fn run_on<B: Backend + 'static>(
     load: impl FnOnce(&Path) -> Result<Loaded<B>, String>,
 ) -> Result<(), ServerError> {
     let t0 = Instant::now();
+    if opts.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        return Err(ServerError::Config(
+            "the API key is empty (an unset variable?); give a key or none".into(),
+        ));
+    }
     let load_err = |message: String| ServerError::Load {
         path: opts.model_path.display().to_string(),
         message,
@@ -107,6 +124,7 @@ pub fn run_on<B: Backend + 'static>(
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(model.file().metadata()).map_err(|e| load_err(e.to_string()))?,
     );
+    let max_token_bytes = max_token_bytes(&tokenizer);
     let prompter = Prompter::from_gguf(model.file(), Some(tokenizer.clone()), &opts.tool_parser)
         .map_err(|e| ServerError::Config(e.to_string()))?;
     if opts.max_ctx < 2 {
@@ -148,24 +166,12 @@ pub fn run_on<B: Backend + 'static>(
         opts.max_ctx,
         state_bytes as f64 / (1024.0 * 1024.0)
     );
-    let app = Arc::new(AppState {
-        model_id: opts.model_id.clone(),
-        created: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        prompter,
-        engine: engine.clone(),
-        metrics,
-        api_key: opts.api_key.clone(),
-        max_ctx: opts.max_ctx,
-        max_body_bytes: opts.max_body_bytes,
-        strict_context: opts.strict_context,
-    });
 
     let final_stop = engine.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // Request preparation (JSON, template, tokenizer) runs here, bounded.
+        .max_blocking_threads(4)
         .enable_all()
         .build()?;
     let result = runtime.block_on(async move {
@@ -177,6 +183,27 @@ pub fn run_on<B: Backend + 'static>(
                 source,
             })?;
         let local: SocketAddr = listener.local_addr()?;
+        let app = Arc::new(AppState {
+            model_id: opts.model_id.clone(),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            prompter,
+            engine: engine.clone(),
+            metrics,
+            access: access::Access {
+                bound: local,
+                allowed_hosts: opts.allowed_hosts.clone(),
+                cors_origins: opts.cors_origins.clone(),
+                api_key: opts.api_key.clone(),
+            },
+            max_ctx: opts.max_ctx,
+            max_token_bytes,
+            max_body_bytes: opts.max_body_bytes,
+            body_timeout: opts.timeouts.body,
+            strict_context: opts.strict_context,
+        });
         let host = if local.is_ipv6() {
             format!("[{}]", local.ip())
         } else {
@@ -186,26 +213,38 @@ pub fn run_on<B: Backend + 'static>(
             "hearth serve: listening on http://{host}:{}/v1",
             local.port()
         ));
-        if !local.ip().is_loopback() {
-            eprintln!("warning: listening on a non-loopback address; set --api-key");
+        if !local.ip().is_loopback() && opts.api_key.is_none() {
+            eprintln!(
+                "warning: listening on a non-loopback address without an API key; set --api-key"
+            );
         }
         stdout_line("hearth serve: ready");
         let shutdown_engine = engine.clone();
-        axum::serve(listener, routes::router(app))
-            .with_graceful_shutdown(async move {
-                shutdown_signal().await;
-                eprintln!("hearth serve: shutting down");
-                // Ends every generation, so open streams finish and the
-                // graceful shutdown does not wait on them.
-                shutdown_engine.shutdown();
-            })
-            .await?;
+        conn::serve(listener, routes::router(app), opts.timeouts, async move {
+            shutdown_signal().await;
+            eprintln!("hearth serve: shutting down");
+            // Ends every generation, so open streams finish and the
+            // graceful shutdown does not wait on them.
+            shutdown_engine.shutdown();
+        })
+        .await;
         Ok::<(), ServerError>(())
     });
     final_stop.shutdown();
     drop(final_stop);
     let _ = engine_thread.join();
     result
+}
+
+/// The longest text any one token stands for, in bytes (special tokens as
+/// written). No token covers more prompt bytes than its text has, so a prompt
+/// of B bytes encodes to at least B / this many tokens (routes::check_prompt_bytes).
+pub fn max_token_bytes(tokenizer: &Tokenizer) -> usize {
+    (0..tokenizer.vocab_size() as u32)
+        .map(|id| tokenizer.token_to_piece(id).len())
+        .max()
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// A line on stdout (the URL and ready lines scripts wait for); a closed

@@ -37,7 +37,7 @@ pub struct CompletionRequest {
     pub prompt: String,
 }
 
-const HONORED: &str = "This server honors temperature, top_p, top_k, seed, max_tokens/max_completion_tokens, stop, and tools for the configured tool-call format.";
+const HONORED: &str = "This server honors temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n, seed, max_tokens/max_completion_tokens, stop, and tools for the configured tool-call format.";
 
 /// Parses the body as a JSON object (400 on anything else).
 pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
@@ -75,23 +75,10 @@ pub fn parse_chat(
             ))
         }
     };
-    for (i, m) in messages.iter().enumerate() {
-        let Some(obj) = m.as_object() else {
-            return Err(ApiError::invalid_request(format!(
-                "messages[{i}] must be an object."
-            )));
-        };
-        match obj.get("role") {
-            Some(Value::String(_)) => {}
-            _ => {
-                return Err(ApiError::invalid_request(format!(
-                    "messages[{i}].role must be a string."
-                )))
-            }
-        }
-    }
+    crate::validate::messages(messages)?;
     let ranges = sampling(body)?;
     let max_tokens = max_tokens(body)?;
+    choices(body)?;
     let mut unsupported = common_unsupported(body);
     match body.get("tool_choice") {
         None | Some(Value::Null) => {}
@@ -113,15 +100,10 @@ pub fn parse_chat(
     let tools = match body.get("tools") {
         None | Some(Value::Null) => None,
         Some(Value::Array(t)) if t.is_empty() => None,
-        Some(Value::Array(t)) => {
-            if let Some(i) = t.iter().position(|x| !x.is_object()) {
-                return Err(ApiError::invalid_request(format!(
-                    "tools[{i}] must be an object."
-                )));
-            }
-            (!tool_choice_none).then(|| Value::Array(t.clone()))
+        Some(t) => {
+            crate::validate::tools(t)?;
+            (!tool_choice_none).then(|| t.clone())
         }
-        Some(_) => return Err(ApiError::invalid_request("'tools' must be an array.")),
     };
     let mut kwargs = match body.get("chat_template_kwargs") {
         None | Some(Value::Null) => Map::new(),
@@ -205,6 +187,7 @@ pub fn parse_completion(
     }
     let ranges = sampling(body)?;
     let max_tokens = max_tokens(body)?;
+    choices(body)?;
     let mut unsupported = common_unsupported(body);
     if body.get("echo") == Some(&Value::Bool(true)) {
         unsupported.push("echo");
@@ -273,8 +256,25 @@ fn integer(body: &Map<String, Value>, field: &str) -> Result<Option<i128>, ApiEr
     }
 }
 
-/// temperature, top_p, top_k, seed, with the spec's ranges and defaults
-/// (greedy; top_p 1; top_k off; random seed).
+/// A number field within `[lo, hi]`, or None when absent.
+fn number_in(
+    body: &Map<String, Value>,
+    field: &str,
+    lo: f64,
+    hi: f64,
+) -> Result<Option<f64>, ApiError> {
+    match number(body, field)? {
+        Some(x) if !(x.is_finite() && (lo..=hi).contains(&x)) => Err(ApiError::invalid(
+            "invalid_value",
+            format!("{field} must be between {lo} and {hi} (got {x})."),
+        )),
+        x => Ok(x),
+    }
+}
+
+/// temperature, top_p, top_k, min_p, the penalties and seed, with the spec's
+/// ranges and defaults (greedy; top_p 1; top_k, min_p and penalties off;
+/// random seed). Penalties follow llama.cpp (engine::sampler).
 fn sampling(body: &Map<String, Value>) -> Result<SamplerConfig, ApiError> {
     let mut c = SamplerConfig::greedy();
     c.seed = 0;
@@ -314,6 +314,34 @@ fn sampling(body: &Map<String, Value>) -> Result<SamplerConfig, ApiError> {
         }
         c.seed = s as u64;
     }
+    if let Some(p) = number_in(body, "min_p", 0.0, 1.0)? {
+        c.min_p = p as f32;
+    }
+    // OpenAI's range for both.
+    if let Some(p) = number_in(body, "presence_penalty", -2.0, 2.0)? {
+        c.presence_penalty = p as f32;
+    }
+    if let Some(p) = number_in(body, "frequency_penalty", -2.0, 2.0)? {
+        c.frequency_penalty = p as f32;
+    }
+    if let Some(p) = number(body, "repeat_penalty")? {
+        if !(p.is_finite() && p > 0.0 && p <= 10.0) {
+            return Err(ApiError::invalid(
+                "invalid_value",
+                format!("repeat_penalty must be above 0 and at most 10 (got {p})."),
+            ));
+        }
+        c.repeat_penalty = p as f32;
+    }
+    if let Some(n) = integer(body, "repeat_last_n")? {
+        if !(0..=1_000_000).contains(&n) {
+            return Err(ApiError::invalid(
+                "invalid_value",
+                format!("repeat_last_n must be between 0 and 1000000 (got {n})."),
+            ));
+        }
+        c.repeat_last_n = n as usize;
+    }
     Ok(c)
 }
 
@@ -334,27 +362,28 @@ fn max_tokens(body: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
     Ok(out)
 }
 
+/// `n`, the number of choices: a positive integer (above 1 is refused as
+/// unsupported, [`common_unsupported`]).
+fn choices(body: &Map<String, Value>) -> Result<(), ApiError> {
+    match integer(body, "n")? {
+        Some(n) if n < 1 => Err(ApiError::invalid(
+            "invalid_value",
+            format!("n must be a positive integer (got {n})."),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Parameters both endpoints reject (§3.3), as message labels.
 fn common_unsupported(body: &Map<String, Value>) -> Vec<&'static str> {
     let mut out = Vec::new();
+    // One choice per request until batching exists.
     if body
         .get("n")
         .and_then(Value::as_f64)
         .is_some_and(|n| n != 1.0)
     {
         out.push("n>1");
-    }
-    for (field, label) in [
-        ("frequency_penalty", "frequency_penalty"),
-        ("presence_penalty", "presence_penalty"),
-    ] {
-        if body
-            .get(field)
-            .and_then(Value::as_f64)
-            .is_some_and(|x| x != 0.0)
-        {
-            out.push(label);
-        }
     }
     match body.get("logit_bias") {
         Some(Value::Object(m)) if !m.is_empty() => out.push("logit_bias"),
@@ -549,6 +578,53 @@ mod tests {
         assert_eq!(e.code, Some("invalid_session_id"));
         let e = parse_chat(&obj(json!({"model": "m"})), "m", None).unwrap_err();
         assert!(e.message.contains("messages"));
+    }
+
+    #[test]
+    fn sampling_parameters_reach_the_sampler_config() {
+        let r = parse_completion(
+            &obj(json!({"prompt": "p", "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -1,
+                        "repeat_penalty": 1.2, "repeat_last_n": 16, "seed": 9, "n": 1})),
+            "m",
+            None,
+        )
+        .unwrap();
+        let c = r.common.sampling;
+        assert_eq!(
+            (
+                c.min_p,
+                c.presence_penalty,
+                c.frequency_penalty,
+                c.repeat_penalty
+            ),
+            (0.1, 0.5, -1.0, 1.2)
+        );
+        assert_eq!((c.repeat_last_n, c.seed), (16, 9));
+        assert!(c.validate().is_ok());
+        for (field, value, want) in [
+            ("min_p", json!(2), "min_p must be between 0 and 1 (got 2)."),
+            (
+                "presence_penalty",
+                json!(-2.5),
+                "presence_penalty must be between -2 and 2 (got -2.5).",
+            ),
+            (
+                "repeat_penalty",
+                json!(0),
+                "repeat_penalty must be above 0 and at most 10 (got 0).",
+            ),
+            (
+                "repeat_last_n",
+                json!(1.5),
+                "'repeat_last_n' must be an integer (got 1.5).",
+            ),
+            ("n", json!(0), "n must be a positive integer (got 0)."),
+        ] {
+            let mut body = obj(json!({"prompt": "p"}));
+            body.insert(field.into(), value);
+            let e = parse_completion(&body, "m", None).unwrap_err();
+            assert_eq!(e.message, want, "{field}");
+        }
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! The router: small endpoints, authentication, body limits, request metrics.
+//! The router: small endpoints, access checks (crate::access), body limits
+//! and timeouts, request metrics.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -11,6 +13,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
+use crate::access::Access;
 use crate::chat;
 use crate::engine::EngineHandle;
 use crate::error::ApiError;
@@ -25,9 +28,14 @@ pub struct AppState {
     pub prompter: Prompter,
     pub engine: EngineHandle,
     pub metrics: Arc<Metrics>,
-    pub api_key: Option<String>,
+    pub access: Access,
     pub max_ctx: usize,
+    /// The longest token's text in bytes: a prompt of B bytes has at least
+    /// B / max_token_bytes tokens ([`check_prompt_bytes`]).
+    pub max_token_bytes: usize,
     pub max_body_bytes: usize,
+    /// How long a request body may take to arrive (408 after).
+    pub body_timeout: Duration,
     /// Reject `prompt + max_tokens > context` instead of clamping max_tokens.
     pub strict_context: bool,
 }
@@ -47,7 +55,8 @@ pub fn router(app: Arc<AppState>) -> Router {
         .with_state(app)
 }
 
-/// API key check (everything but /health) and per-status request counting.
+/// The access checks ([`Access::check`]), CORS headers for an allowed
+/// cross-origin caller, and per-status request counting.
 async fn guard(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let endpoint = if path.starts_with("/v1/sessions/") {
@@ -55,25 +64,18 @@ async fn guard(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Re
     } else {
         path.to_string()
     };
-    let response = match &app.api_key {
-        Some(key) if path != "/health" && !authorized(req.headers(), key) => {
-            ApiError::unauthorized().into_response()
-        }
-        _ => next.run(req).await,
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    let mut response = match app.access.check(req.method(), path, req.headers()) {
+        Err(e) => e.into_response(),
+        Ok(Some(preflight)) => preflight,
+        Ok(None) => next.run(req).await,
     };
+    if let Some(origin) = origin.as_ref().and_then(|o| o.to_str().ok()) {
+        app.access.add_cors(origin, response.headers_mut());
+    }
     app.metrics
         .count_request(&endpoint, response.status().as_u16());
     response
-}
-
-fn authorized(headers: &HeaderMap, key: &str) -> bool {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
-    bearer == Some(key) || x_api_key == Some(key)
 }
 
 async fn health() -> Json<serde_json::Value> {
@@ -101,7 +103,9 @@ async fn reset_session(
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     validate_session_id(&id)?;
-    app.engine.reset(id.clone()).await?;
+    if !app.engine.reset(id.clone()).await? {
+        return Err(ApiError::session_not_found(&id));
+    }
     Ok(Json(json!({"reset": true, "session_id": id})))
 }
 
@@ -110,16 +114,26 @@ async fn close_session(
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     validate_session_id(&id)?;
-    app.engine.close(id.clone()).await?;
+    if !app.engine.close(id.clone()).await? {
+        return Err(ApiError::session_not_found(&id));
+    }
     Ok(Json(json!({"closed": true, "session_id": id})))
 }
 
-/// The whole body, within the size limit (413 otherwise).
+/// A JSON route's whole body: `Content-Type: application/json` (415
+/// otherwise), within the size limit (413) and the body timeout (408).
 pub async fn read_body(
     app: &AppState,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<axum::body::Bytes, ApiError> {
+    let content_type = headers.get(header::CONTENT_TYPE).map(|v| v.to_str());
+    match content_type {
+        Some(Ok(t)) if is_json(t) => {}
+        Some(Ok(t)) => return Err(ApiError::unsupported_media_type(Some(t))),
+        Some(Err(_)) => return Err(ApiError::unsupported_media_type(Some("(not ASCII)"))),
+        None => return Err(ApiError::unsupported_media_type(None)),
+    }
     let limit = app.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -128,9 +142,19 @@ pub async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::payload_too_large(limit));
     }
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| ApiError::payload_too_large(limit))
+    match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(ApiError::payload_too_large(limit)),
+        Err(_) => Err(ApiError::request_timeout(app.body_timeout.as_secs_f64())),
+    }
+}
+
+/// `application/json`, parameters (`; charset=utf-8`) allowed.
+fn is_json(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
 }
 
 /// The session id from the affinity headers (`x-session-affinity`, `session_id`).
@@ -147,6 +171,21 @@ pub fn header_session(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
         }
     }
     Ok(None)
+}
+
+/// §8 before tokenizing: a prompt text of `bytes` bytes has at least
+/// `bytes / max_token_bytes` tokens (no token's text is longer), so when that
+/// bound already fills the context the request is refused without
+/// tokenizing it.
+pub fn check_prompt_bytes(app: &AppState, bytes: usize) -> Result<(), ApiError> {
+    let at_least = bytes.div_ceil(app.max_token_bytes);
+    if at_least >= app.max_ctx {
+        return Err(ApiError::invalid(
+            "context_length_exceeded",
+            format!("This model's maximum context length is {} tokens, but the request has at least {at_least} prompt tokens ({bytes} bytes of prompt text).", app.max_ctx),
+        ));
+    }
+    Ok(())
 }
 
 /// §8: the prompt must leave room for one token; `max_tokens` is clamped to

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 
@@ -41,9 +42,31 @@ pub struct Args {
     /// Also bound the sessions' total KV cache memory (MiB).
     #[arg(long, value_name = "MIB")]
     pub kv_budget_mib: Option<usize>,
-    /// Require `Authorization: Bearer KEY` on every endpoint but /health.
-    #[arg(long)]
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health
+    /// [default: $HEARTH_API_KEY]. An empty key is an error.
+    #[arg(long, conflicts_with = "api_key_file")]
     pub api_key: Option<String>,
+    /// Read the API key from a file (surrounding whitespace trimmed; empty is an error).
+    #[arg(long, value_name = "PATH")]
+    pub api_key_file: Option<std::path::PathBuf>,
+    /// Host names accepted in the Host header besides localhost, loopback and
+    /// the bound address (comma-separated; `*` accepts any). Others get 403.
+    #[arg(long, value_name = "HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+    /// A web origin allowed to call the server from a browser (CORS), e.g.
+    /// https://app.example (comma-separated; `*` allows any). Without it no
+    /// CORS headers are sent and cross-origin requests get 403.
+    #[arg(long, value_name = "ORIGIN", value_delimiter = ',')]
+    pub cors_origin: Vec<String>,
+    /// Seconds a client has from a request's first byte to its complete headers.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = parse_secs)]
+    pub header_timeout: f64,
+    /// Seconds a client has to send a request body once its headers are in (408 after).
+    #[arg(long, value_name = "SECS", default_value_t = 60.0, value_parser = parse_secs)]
+    pub body_timeout: f64,
+    /// Seconds an idle (keep-alive) connection stays open without a new request.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = parse_secs)]
+    pub idle_timeout: f64,
     /// Tool-call format: auto, atem, hermes, qwen3-xml, harmony, muse-glimmer or plain.
     #[arg(long, default_value = "auto")]
     pub tool_parser: String,
@@ -87,7 +110,14 @@ pub fn run(args: Args) -> Result<()> {
         max_ctx: args.max_context,
         max_sessions: args.max_sessions,
         kv_budget_bytes: args.kv_budget_mib.map(|m| m.saturating_mul(1024 * 1024)),
-        api_key: args.api_key.filter(|k| !k.is_empty()),
+        api_key: api_key(args.api_key, args.api_key_file.as_deref())?,
+        allowed_hosts: args.allowed_hosts,
+        cors_origins: args.cors_origin,
+        timeouts: hearth_server::conn::Timeouts {
+            header: Duration::from_secs_f64(args.header_timeout),
+            body: Duration::from_secs_f64(args.body_timeout),
+            idle: Duration::from_secs_f64(args.idle_timeout),
+        },
         tool_parser: args.tool_parser,
         max_body_bytes: args.max_body_mib.saturating_mul(1024 * 1024),
         strict_context: args.strict_context,
@@ -126,6 +156,42 @@ pub fn run(args: Args) -> Result<()> {
         })
     };
     hearth_server::run_on(options, load).context("hearth serve")
+}
+
+/// The API key: `--api-key`, else `--api-key-file`, else `$HEARTH_API_KEY`.
+/// An empty key is an error, never "no authentication": a script passing an
+/// unset variable must not start an open server.
+fn api_key(arg: Option<String>, file: Option<&Path>) -> Result<Option<String>> {
+    let (key, from) = if let Some(k) = arg {
+        (k, "--api-key".to_string())
+    } else if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --api-key-file {}", path.display()))?;
+        (
+            text.trim().to_string(),
+            format!("--api-key-file {}", path.display()),
+        )
+    } else {
+        match std::env::var("HEARTH_API_KEY") {
+            Ok(k) => (k, "HEARTH_API_KEY".to_string()),
+            Err(std::env::VarError::NotPresent) => return Ok(None),
+            Err(e) => anyhow::bail!("HEARTH_API_KEY: {e}"),
+        }
+    };
+    if key.trim().is_empty() {
+        anyhow::bail!(
+            "the API key from {from} is empty; give a non-empty key, or none to serve without one"
+        );
+    }
+    Ok(Some(key))
+}
+
+/// A positive, finite number of seconds.
+fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x <= 86_400.0 => Ok(x),
+        _ => Err(format!("'{s}' is not a number of seconds in (0, 86400]")),
+    }
 }
 
 /// A backend's drafter factory as the scheduler takes it.
