@@ -80,8 +80,13 @@ __device__ __forceinline__ float fa_exp2(float x) {
     return y;
 }
 
+// The K/V tile buffers: static shared memory up to the 48 KiB every kernel
+// may use; DYN kernels (head dim 256) take theirs as dynamic shared memory,
+// sized by the launch (fa_smem_bytes in ops.rs) above that limit.
+extern __shared__ __align__(128) u16 fa_dyn_smem[];
+
 // One (kv head, split, row block). WR warps of rows x WK warps of keys.
-template <int HD, bool BF16, int WR, int WK, int STAGES>
+template <int HD, bool BF16, int WR, int WK, int STAGES, bool DYN>
 __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* __restrict__ kc,
                                         const u16* __restrict__ vc, const int* __restrict__ pos0p, int n_tokens,
                                         int n_heads, int n_kv, int slots, int window, float scale,
@@ -95,7 +100,8 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
     constexpr int TILE = FA_BK * HD;    // halves per K (or V) tile
     static_assert(KW % 16 == 0, "a warp takes whole 16-key steps");
     static_assert((WK - 1) * WR * (DT * 4 + 4) * WARP * 4 <= STAGES * 2 * TILE * 2, "merge buffer fits");
-    __shared__ __align__(128) u16 fa_smem[STAGES * 2 * TILE];
+    __shared__ __align__(128) u16 fa_static_smem[DYN ? 8 : STAGES * 2 * TILE];
+    u16* const fa_smem = DYN ? fa_dyn_smem : fa_static_smem;
 
     const int kvh = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int G = n_heads / n_kv, R = G * n_tokens;
@@ -331,23 +337,26 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
 }
 
 // _d: decode (at most 16 rows), 2 key warps. _b: blocks of rows, 4 row warps.
-#define FA_KERNEL(name, HD, BF16, WR, WK, STAGES)                                                               \
-    extern "C" __global__ void __launch_bounds__(WR * WK * WARP) name(                                          \
-        const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                     \
-        const int* __restrict__ pos0, int n_tokens, int n_heads, int n_kv, int slots, int window, float scale,   \
-        float* __restrict__ part_o, float* __restrict__ part_ml) {                                               \
-        fa_attn<HD, BF16, WR, WK, STAGES>(q, kc, vc, pos0, n_tokens, n_heads, n_kv, slots, window, scale, part_o, \
-                                          part_ml);                                                              \
+#define FA_KERNEL(name, HD, BF16, WR, WK, STAGES, DYN)                                                             \
+    extern "C" __global__ void __launch_bounds__(WR * WK * WARP) name(                                             \
+        const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                        \
+        const int* __restrict__ pos0, int n_tokens, int n_heads, int n_kv, int slots, int window, float scale,      \
+        float* __restrict__ part_o, float* __restrict__ part_ml) {                                                  \
+        fa_attn<HD, BF16, WR, WK, STAGES, DYN>(q, kc, vc, pos0, n_tokens, n_heads, n_kv, slots, window, scale,     \
+                                               part_o, part_ml);                                                    \
     }
 
-FA_KERNEL(fa_attn_64_f16_d, 64, false, 1, 2, 4)
-FA_KERNEL(fa_attn_64_bf16_d, 64, true, 1, 2, 4)
-FA_KERNEL(fa_attn_128_f16_d, 128, false, 1, 2, 3)
-FA_KERNEL(fa_attn_128_bf16_d, 128, true, 1, 2, 3)
-FA_KERNEL(fa_attn_64_f16_b, 64, false, 4, 1, 4)
-FA_KERNEL(fa_attn_64_bf16_b, 64, true, 4, 1, 4)
-FA_KERNEL(fa_attn_128_f16_b, 128, false, 4, 1, 3)
-FA_KERNEL(fa_attn_128_bf16_b, 128, true, 4, 1, 3)
+FA_KERNEL(fa_attn_64_f16_d, 64, false, 1, 2, 4, false)
+FA_KERNEL(fa_attn_64_bf16_d, 64, true, 1, 2, 4, false)
+FA_KERNEL(fa_attn_128_f16_d, 128, false, 1, 2, 3, false)
+FA_KERNEL(fa_attn_128_bf16_d, 128, true, 1, 2, 3, false)
+FA_KERNEL(fa_attn_64_f16_b, 64, false, 4, 1, 4, false)
+FA_KERNEL(fa_attn_64_bf16_b, 64, true, 4, 1, 4, false)
+FA_KERNEL(fa_attn_128_f16_b, 128, false, 4, 1, 3, false)
+FA_KERNEL(fa_attn_128_bf16_b, 128, true, 4, 1, 3, false)
+// Head dim 256 (gemma3): two 64 KiB stages of K and V tiles, dynamic shared memory.
+FA_KERNEL(fa_attn_256_f16_d, 256, false, 1, 2, 2, true)
+FA_KERNEL(fa_attn_256_f16_b, 256, false, 4, 1, 2, true)
 
 // Merges the S partial results of each (token, head): out = sum_s e^(m_s - M) o_s
 // / sum_s e^(m_s - M) l_s. One block of hd threads per (head, token): the

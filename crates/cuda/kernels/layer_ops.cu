@@ -174,6 +174,17 @@ extern "C" __global__ void prepare_heads(float* __restrict__ q, const float* __r
 
 #define GLU_SWIGLU 0  // silu(a) * b
 #define GLU_GATE 1    // sigmoid(b) * a (Muse Glimmer's attention output gate)
+#define GLU_GELU 2    // gelu(a) * b, GELU (tanh) as ggml's f16 table gives it (gemma3)
+
+// ggml's GELU_FP16 table entry: f16(gelu(f16(x))) inside (-10, 10), 0 below, x above.
+__device__ __forceinline__ float gelu_f16_table(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    const float h = f16_to_f32(f32_to_f16(x));
+    const float inner = fmaf(0.044715f * h, h, 1.0f);
+    const float g = 0.5f * h * (1.0f + tanhf(0.7978845608f * h * inner));
+    return f16_to_f32(f32_to_f16(g));
+}
 
 // out = glu(a, b) elementwise over n values (n % 32 == 0), rounded to bf16
 // with OUT_BF16, written as f32 (optional) and quantized to 8 bits. One warp per 32 values.
@@ -190,6 +201,8 @@ extern "C" __global__ void glu_q8(const float* __restrict__ a, const float* __re
     if (mode == GLU_SWIGLU) {
         const float g = a[i];
         v = g / (1.0f + expf(-g)) * b[i];
+    } else if (mode == GLU_GELU) {
+        v = gelu_f16_table(a[i]) * b[i];
     } else {
         v = a[i] * (1.0f / (1.0f + expf(-b[i])));
     }

@@ -122,6 +122,8 @@ pub struct Gpu {
     pub stream: sys::CUstream,
     module: sys::CUmodule,
     funcs: Mutex<HashMap<&'static str, sys::CUfunction>>,
+    /// Kernels whose dynamic shared memory limit was raised, and to what.
+    smem_raised: Mutex<HashMap<&'static str, u32>>,
     /// Whether the kernels came from the disk cache (false: compiled now).
     pub kernels_cached: bool,
     /// Per-kernel (launches, milliseconds) when HEARTH_CUDA_PROFILE is set:
@@ -196,6 +198,7 @@ impl Gpu {
             stream,
             module,
             funcs: Mutex::new(HashMap::new()),
+            smem_raised: Mutex::new(HashMap::new()),
             kernels_cached,
             profile,
             norm_threads: 1024.into(),
@@ -331,7 +334,39 @@ impl Gpu {
         block: u32,
         args: &[Arg],
     ) -> Result<()> {
+        self.launch_smem(name, grid, block, 0, args)
+    }
+
+    /// [`Self::launch`] with `smem` bytes of dynamic shared memory (the
+    /// kernel's `extern __shared__` array); above the 48 KiB a kernel gets
+    /// by default, the kernel's limit is raised first (once per kernel).
+    pub fn launch_smem(
+        &self,
+        name: &'static str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         let f = self.function(name)?;
+        if smem > 48 * 1024 {
+            let mut raised = self.smem_raised.lock().expect("kernel table poisoned");
+            if raised.get(name).is_none_or(|&r| r < smem) {
+                // SAFETY: `f` is a loaded function of this context.
+                unsafe {
+                    result::function::set_function_attribute(
+                        f,
+                        sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem as i32,
+                    )
+                }
+                .map_err(|e| CudaError::Driver {
+                    call: "cuFuncSetAttribute",
+                    msg: format!("{name}: {smem} bytes of shared memory: {e:?}"),
+                })?;
+                raised.insert(name, smem);
+            }
+        }
         let mut store: Vec<u64> = args.iter().map(|a| a.bits()).collect();
         let mut params: Vec<*mut c_void> = store
             .iter_mut()
@@ -364,7 +399,7 @@ impl Gpu {
                 blockDimX: block,
                 blockDimY: 1,
                 blockDimZ: 1,
-                sharedMemBytes: 0,
+                sharedMemBytes: smem,
                 hStream: self.stream,
                 attrs: &mut attr,
                 numAttrs: 1,
@@ -377,8 +412,10 @@ impl Gpu {
                     msg: format!("{name}: {e:?}"),
                 })?;
         } else {
-            unsafe { result::launch_kernel(f, grid, (block, 1, 1), 0, self.stream, &mut params) }
-                .map_err(|e| CudaError::Driver {
+            unsafe {
+                result::launch_kernel(f, grid, (block, 1, 1), smem, self.stream, &mut params)
+            }
+            .map_err(|e| CudaError::Driver {
                 call: "cuLaunchKernel",
                 msg: format!("{name}: {e:?}"),
             })?;

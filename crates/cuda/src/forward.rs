@@ -7,7 +7,7 @@
 //! captured for one decode step stays valid for every later step: the host
 //! only uploads the token's embedding row and the position before replaying.
 
-use hearth_models::{blocks, LayerKind, LayerSpec, Logits, ModelError, QkNorm};
+use hearth_models::{blocks, FfnAct, LayerKind, LayerSpec, Logits, ModelError, QkNorm};
 
 use crate::driver::{DevBuf, Gpu, Graph};
 use crate::error::{CudaError, Result};
@@ -460,7 +460,10 @@ impl GpuModel {
         self.linear(st, w, t, a, y, 0, flags)
     }
 
-    fn attn_args(&self, kv: &GpuKv) -> AttnArgs {
+    /// Layer li's attention shapes. A layer that scales q before attention
+    /// (gemma3, `scale_q_first`) gets the same factor as the softmax scale
+    /// here: the same product, rounded once less than the CPU's.
+    fn attn_args(&self, li: usize, kv: &GpuKv) -> AttnArgs {
         let c = &self.model.config;
         AttnArgs {
             n_heads: c.n_heads,
@@ -468,7 +471,7 @@ impl GpuModel {
             head_dim: c.head_dim,
             slots: kv.slots,
             window: kv.window,
-            scale: c.attn_scale,
+            scale: self.model.arch.layers[li].attn_scale,
             kv_bf16: false,
         }
     }
@@ -483,7 +486,7 @@ impl GpuModel {
         quantize: bool,
     ) -> Result<()> {
         let kv = &st.caches[li];
-        let args = self.attn_args(kv);
+        let args = self.attn_args(li, kv);
         let splits = if t == 1 {
             kv.decode_splits
         } else {
@@ -554,7 +557,7 @@ impl GpuModel {
     /// `hearth_models::LayerSpec`; what the kernels cannot do yet is refused
     /// at upload, `model::check_supported`):
     /// x += post_norm(Wo · [gate ·] attn(rope(qk_norm(q)), rope(qk_norm(k)), v));
-    /// x += post_norm(W_down · (silu(W_gate h) ⊙ W_up h)).
+    /// x += post_norm(W_down · (act(W_gate h) ⊙ W_up h)).
     fn layer(&self, st: &GpuState, li: usize, t: usize) -> Result<()> {
         let c = &self.model.config;
         let spec: &LayerSpec = &self.model.arch.layers[li];
@@ -639,7 +642,7 @@ impl GpuModel {
         self.glu_and_project(
             st,
             t,
-            (s.fg.ptr, s.fu.ptr, ops::GLU_SWIGLU, 0),
+            (s.fg.ptr, s.fu.ptr, glu_mode(spec.ffn_act), 0),
             c.ffn_dim,
             &l.ffn_down,
             sub_out,
@@ -714,5 +717,13 @@ impl GpuModel {
     /// The GPU this model lives on.
     pub fn device(&self) -> &Gpu {
         &self.gpu
+    }
+}
+
+/// The `glu_q8` mode of a gated MLP's activation.
+fn glu_mode(act: FfnAct) -> i32 {
+    match act {
+        FfnAct::Silu => ops::GLU_SWIGLU,
+        FfnAct::GeluF16 => ops::GLU_GELU,
     }
 }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use hearth_models::{ArchSpec, FfnAct, LayerKind, Linear, Model};
+use hearth_models::{LayerKind, Linear, Model};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::driver::{DevBuf, Gpu};
@@ -80,22 +80,6 @@ pub struct GpuModel {
 }
 
 const ALIGN: usize = 256;
-
-/// What an architecture's description asks of the GPU layer walk
-/// (forward.rs) that its kernels cannot do yet; empty when it runs. gemma3
-/// lists two features and needs nothing else: q scaled in `prepare_heads`
-/// before attention, and a GELU mode (ggml's f16-table GELU) in `glu_q8`.
-pub fn missing_features(spec: &ArchSpec) -> Vec<&'static str> {
-    let mut missing = Vec::new();
-    let any = |f: &dyn Fn(&hearth_models::LayerSpec) -> bool| spec.layers.iter().any(f);
-    if any(&|l| l.scale_q_first) {
-        missing.push("q scaled before attention");
-    }
-    if any(&|l| l.ffn_act == FfnAct::GeluF16) {
-        missing.push("a GELU-gated MLP");
-    }
-    missing
-}
 
 /// A matrix placement in the arena: type, rows, cols, body offset, scales offset (MAX = none).
 type Mat = (WeightKind, usize, usize, usize, usize);
@@ -255,14 +239,6 @@ impl GpuModel {
     /// Copies `model`'s weights to the GPU. `progress` shows a bar on stderr.
     pub fn upload(gpu: Arc<Gpu>, model: Arc<Model>, progress: bool) -> Result<GpuModel> {
         let c = &model.config;
-        let missing = missing_features(&model.arch);
-        if !missing.is_empty() {
-            return Err(CudaError::Unsupported(format!(
-                "the {} architecture: the GPU kernels lack {} (supported: llama, qwen2, muse-glimmer)",
-                c.arch.gguf_name(),
-                missing.join(", ")
-            )));
-        }
         ops::check_attn_shape(c.n_heads, c.n_kv_heads, c.head_dim)?;
         if !c.dim.is_multiple_of(32) || !c.ffn_dim.is_multiple_of(32) {
             return Err(CudaError::Unsupported(format!(

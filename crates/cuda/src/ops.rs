@@ -20,6 +20,8 @@ pub const KERNEL_NAMES: &[&str] = &[
     "fa_attn_64_bf16_b",
     "fa_attn_128_f16_b",
     "fa_attn_128_bf16_b",
+    "fa_attn_256_f16_d",
+    "fa_attn_256_f16_b",
     "attn_combine",
     "gemv_q4_k_1_u1",
     "gemv_q4_k_1_u4",
@@ -62,6 +64,7 @@ pub const HEAD_BF16: i32 = 8;
 pub const HEAD_KV_BF16: i32 = 16;
 pub const GLU_SWIGLU: i32 = 0;
 pub const GLU_GATE: i32 = 1;
+pub const GLU_GELU: i32 = 2;
 
 /// A weight matrix [rows, cols] resident on the GPU.
 #[derive(Clone, Copy, Debug)]
@@ -451,11 +454,22 @@ pub struct AttnArgs {
     pub kv_bf16: bool,
 }
 
+/// Dynamic shared memory of the head-dim-256 attention kernels (attention.cu:
+/// 2 stages of a K and a V tile of 32 keys x 256 halves); the others use
+/// static shared memory.
+fn fa_dyn_smem_bytes(head_dim: usize) -> u32 {
+    const FA_BK: usize = 32;
+    match head_dim {
+        256 => (2 * 2 * FA_BK * 256 * 2) as u32,
+        _ => 0,
+    }
+}
+
 /// Checks that the attention kernels support these shapes.
 pub fn check_attn_shape(n_heads: usize, n_kv: usize, head_dim: usize) -> Result<()> {
-    if head_dim != 64 && head_dim != 128 {
+    if !matches!(head_dim, 64 | 128 | 256) {
         return Err(CudaError::Unsupported(format!(
-            "head_dim {head_dim} (the attention kernels take 64 or 128)"
+            "head_dim {head_dim} (the attention kernels take 64, 128 or 256)"
         )));
     }
     if n_kv == 0 || !n_heads.is_multiple_of(n_kv) || n_heads / n_kv > 16 {
@@ -508,12 +522,20 @@ pub fn attention(
         (64, true, true) => "fa_attn_64_bf16_d",
         (128, false, true) => "fa_attn_128_f16_d",
         (128, true, true) => "fa_attn_128_bf16_d",
+        (256, false, true) => "fa_attn_256_f16_d",
         (64, false, false) => "fa_attn_64_f16_b",
         (64, true, false) => "fa_attn_64_bf16_b",
         (128, false, false) => "fa_attn_128_f16_b",
-        _ => "fa_attn_128_bf16_b",
+        (128, true, false) => "fa_attn_128_bf16_b",
+        (256, false, false) => "fa_attn_256_f16_b",
+        (hd, bf16, _) => {
+            return Err(CudaError::Unsupported(format!(
+                "attention over a {} KV cache with head_dim {hd}",
+                if bf16 { "bf16" } else { "f16" }
+            )))
+        }
     };
-    g.launch(
+    g.launch_smem(
         name,
         (
             attn_row_blocks(a, n_tokens) as u32,
@@ -521,6 +543,7 @@ pub fn attention(
             splits as u32,
         ),
         if decode { 64 } else { 128 },
+        fa_dyn_smem_bytes(a.head_dim),
         &[
             Arg::Ptr(q),
             Arg::Ptr(k_cache),

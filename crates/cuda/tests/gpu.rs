@@ -336,8 +336,8 @@ fn gemm_matches_cpu_reference() {
     }
 }
 
-/// Attention over flat and ring caches, GQA groups 1..16, head dims 64 and
-/// 128, one token (split-K decode) and blocks of tokens, against a CPU
+/// Attention over flat and ring caches, GQA groups 1..16, head dims 64,
+/// 128 or 256, one token (split-K decode) and blocks of tokens, against a CPU
 /// softmax over the same cached (f16 / bf16) keys and values.
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -424,6 +424,30 @@ fn attention_matches_cpu_reference() {
             pos0: 0,
             t: 200,
             splits: 1,
+            bf: false,
+        },
+        // Head dim 256 (gemma3; dynamic shared memory): decode on a wrapped
+        // sliding ring with MQA (G = 4), and a prefill block.
+        Case {
+            nh: 4,
+            nkv: 1,
+            hd: 256,
+            slots: 512 + 512,
+            window: 512,
+            pos0: 1500,
+            t: 1,
+            splits: 8,
+            bf: false,
+        },
+        Case {
+            nh: 8,
+            nkv: 2,
+            hd: 256,
+            slots: 900,
+            window: 0,
+            pos0: 100,
+            t: 77,
+            splits: 2,
             bf: false,
         },
         // Decode, G = 1, long context, many splits.
@@ -894,6 +918,31 @@ fn qwen2_logits_match_cpu() {
 fn muse_glimmer_logits_match_cpu() {
     let (m, exact) = synth_models(muse_shape(), 12);
     compare_model("muse-glimmer", m, exact);
+}
+
+/// Whole-model logits, synthetic gemma3 (llama.cpp's layout): head dim 256
+/// (the dynamic-shared-memory attention kernels), MQA, q/k norms, sandwich
+/// norms, embeddings scaled by sqrt(dim), the GELU-gated MLP (ggml's f16
+/// GELU table), q scaled before attention on the CPU and in the softmax on
+/// the GPU, five sliding layers (window 16, rings wrap) per global one,
+/// RoPE base 10000 on the sliding layers, and the LM head tied to the
+/// embeddings.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemma3_logits_match_cpu() {
+    let shape = SynthShape {
+        n_layers: 7,
+        dim: 512,
+        n_heads: 4,
+        n_kv_heads: 1,
+        head_dim: 256,
+        ffn_dim: 1536,
+        vocab_size: 1000,
+        window: 16,
+        ..SynthShape::small(Architecture::Gemma3)
+    };
+    let (m, exact) = synth_models(shape, 14);
+    compare_model("gemma3", m, exact);
 }
 
 fn muse_shape() -> SynthShape {

@@ -62,7 +62,7 @@ pub struct SynthShape {
     pub head_dim: usize,
     pub ffn_dim: usize,
     pub vocab_size: usize,
-    /// muse-glimmer: sliding window of the RoPE layers; unused for qwen2.
+    /// muse-glimmer, gemma3: sliding window of the sliding layers; unused for qwen2.
     pub window: usize,
 }
 
@@ -140,7 +140,10 @@ impl SynthShape {
     /// Checks the shape is one the loaders and the K-quant matmuls accept.
     pub fn validate(&self) -> Result<(), SynthError> {
         let bad = |m: String| Err(SynthError::Shape(m));
-        if !matches!(self.arch, Architecture::MuseGlimmer | Architecture::Qwen2) {
+        if !matches!(
+            self.arch,
+            Architecture::MuseGlimmer | Architecture::Qwen2 | Architecture::Gemma3
+        ) {
             return Err(SynthError::UnsupportedArchitecture(self.arch.gguf_name()));
         }
         let s = self;
@@ -172,8 +175,11 @@ impl SynthShape {
                 s.n_heads, s.head_dim, s.dim
             ));
         }
-        if s.arch == Architecture::MuseGlimmer && s.window == 0 {
-            return bad("muse-glimmer: the sliding window must be positive".into());
+        if matches!(s.arch, Architecture::MuseGlimmer | Architecture::Gemma3) && s.window == 0 {
+            return bad(format!(
+                "{}: the sliding window must be positive",
+                s.arch.gguf_name()
+            ));
         }
         // K-quant rows are whole 256-value super-blocks, so every matmul's input
         // dimension (dim, q_dim for attn_output, ffn for ffn_down) must be too.
@@ -303,6 +309,7 @@ impl SynthPlan {
                 Q4_K
             };
             push(Blk::AttnNorm.of(i), F32, &[d], gain);
+            let hd = s.head_dim as u64;
             match s.arch {
                 Architecture::MuseGlimmer => {
                     push(Blk::AttnQ.of(i), Q4_K, &[d, q], linear(d));
@@ -310,6 +317,17 @@ impl SynthPlan {
                     push(Blk::AttnV.of(i), more, &[d, kv], linear(d));
                     push(Blk::AttnGate.of(i), Q4_K, &[d, q], linear(d));
                     push(Blk::AttnOutput.of(i), Q4_K, &[q, d], linear(q));
+                    push(Blk::PostAttnNorm.of(i), F32, &[d], gain);
+                }
+                Architecture::Gemma3 => {
+                    // llama.cpp's gemma3 tensors (src/models/gemma3.cpp): no
+                    // biases, per-head q/k norms, sandwich norms.
+                    push(Blk::AttnQ.of(i), Q4_K, &[d, q], linear(d));
+                    push(Blk::AttnK.of(i), Q4_K, &[d, kv], linear(d));
+                    push(Blk::AttnV.of(i), more, &[d, kv], linear(d));
+                    push(Blk::AttnOutput.of(i), Q4_K, &[q, d], linear(q));
+                    push(Blk::AttnQNorm.of(i), F32, &[hd], gain);
+                    push(Blk::AttnKNorm.of(i), F32, &[hd], gain);
                     push(Blk::PostAttnNorm.of(i), F32, &[d], gain);
                 }
                 _ => {
@@ -326,11 +344,13 @@ impl SynthPlan {
             push(Blk::FfnGate.of(i), Q4_K, &[d, f], linear(d));
             push(Blk::FfnUp.of(i), Q4_K, &[d, f], linear(d));
             push(Blk::FfnDown.of(i), more, &[f, d], linear(f));
+            if s.arch == Architecture::Gemma3 {
+                push(Blk::PostFfnNorm.of(i), F32, &[d], gain);
+            }
             if s.arch == Architecture::MuseGlimmer {
                 push(Blk::PostFfnNorm.of(i), F32, &[d], gain);
                 // The converter's gains (conversion/muse_glimmer.py:66-78):
                 // qk_scale_factor on q, ones on k.
-                let hd = s.head_dim as u64;
                 push(
                     Blk::AttnQNorm.of(i),
                     F32,
@@ -341,12 +361,15 @@ impl SynthPlan {
             }
         }
         push(names::OUTPUT_NORM.into(), F32, &[d], gain);
-        push(
-            names::OUTPUT.into(),
-            Q6_K,
-            &[d, s.vocab_size as u64],
-            linear(d),
-        );
+        // gemma3 ties its LM head to the embeddings (no output.weight).
+        if s.arch != Architecture::Gemma3 {
+            push(
+                names::OUTPUT.into(),
+                Q6_K,
+                &[d, s.vocab_size as u64],
+                linear(d),
+            );
+        }
 
         Ok(SynthPlan {
             shape: shape.clone(),
@@ -416,6 +439,13 @@ fn metadata(s: &SynthShape) -> Vec<(String, Value)> {
     k("rope.freq_base", Value::F32(theta));
     k("attention.layer_norm_rms_epsilon", Value::F32(eps));
     k("vocab_size", u(s.vocab_size));
+    if s.arch == Architecture::Gemma3 {
+        // llama.cpp's gemma3 keys: head size and window (its sliding pattern,
+        // five sliding layers then a global one, is fixed).
+        k("attention.key_length", u(s.head_dim));
+        k("attention.value_length", u(s.head_dim));
+        k("attention.sliding_window", u(s.window));
+    }
     if s.arch == Architecture::MuseGlimmer {
         // llama.cpp's muse-glimmer keys (muse-glimmer.cpp:3-13): the sliding
         // layers follow the default pattern (period 4: three sliding, one full).

@@ -20,6 +20,8 @@ pub enum Arch {
     MuseGlimmer,
     #[value(name = "qwen2")]
     Qwen2,
+    #[value(name = "gemma3")]
+    Gemma3,
     /// A DFlash draft (llama.cpp's `dflash` layout) matched to `--target`.
     #[value(name = "dflash")]
     Dflash,
@@ -37,6 +39,7 @@ impl Arch {
         match self {
             Arch::MuseGlimmer => Architecture::MuseGlimmer,
             Arch::Qwen2 => Architecture::Qwen2,
+            Arch::Gemma3 => Architecture::Gemma3,
             Arch::Dflash | Arch::Dflash2 => {
                 unreachable!("dflash drafts are planned by dflash_plan_for")
             }
@@ -392,7 +395,7 @@ pub fn run(args: Args) -> Result<()> {
         s.head_dim,
         s.ffn_dim,
         s.vocab_size,
-        if s.arch == Architecture::MuseGlimmer {
+        if matches!(s.arch, Architecture::MuseGlimmer | Architecture::Gemma3) {
             format!(", window {}", s.window)
         } else {
             String::new()
