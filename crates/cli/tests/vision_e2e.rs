@@ -245,5 +245,103 @@ fn hearth_run_image_matches_llama_mtmd_cli() {
             rec["n_tokens"]
         );
     }
+
+    // Clear errors, no panics.
+    let fail = |args: &[&std::ffi::OsStr]| -> String {
+        let out = hearth().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success() && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+        err
+    };
+    let os = |s: &str| std::ffi::OsString::from(s);
+    let (t, m) = (text.as_os_str(), mmproj.as_os_str());
+    let png = format!("{FIXTURES}/square_56x56.png");
+    let run = [os("run"), os("-p"), os("hi"), os("-n"), os("1"), os("-m")];
+    let with = |extra: &[std::ffi::OsString]| -> Vec<std::ffi::OsString> {
+        run.iter()
+            .cloned()
+            .chain([t.to_os_string()])
+            .chain(extra.iter().cloned())
+            .collect()
+    };
+    let args = with(&[os("--image"), os(&png)]);
+    let err = fail(&args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>());
+    assert!(err.contains("--image needs --mmproj"), "{err}");
+    let missing = dir.join("missing.png");
+    let args = with(&[
+        os("--mmproj"),
+        m.to_os_string(),
+        os("--image"),
+        missing.clone().into(),
+    ]);
+    let err = fail(&args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>());
+    assert!(err.contains("missing.png"), "{err}");
+    let truncated = dir.join("truncated.png");
+    let bytes = std::fs::read(&png).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let args = with(&[
+        os("--mmproj"),
+        m.to_os_string(),
+        os("--image"),
+        truncated.into(),
+    ]);
+    let err = fail(&args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>());
+    assert!(
+        err.contains("truncated.png") && err.contains("could not be decoded"),
+        "{err}"
+    );
+    let args = with(&[os("--mmproj"), t.to_os_string(), os("--image"), os(&png)]);
+    let err = fail(&args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>());
+    assert!(err.contains("--mmproj"), "{err}");
+    let args = with(&[
+        os("--mmproj"),
+        m.to_os_string(),
+        os("--image"),
+        os(&png),
+        os("--device"),
+        os("cuda"),
+    ]);
+    let err = fail(&args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>());
+    assert!(err.contains("CPU only") || err.contains("cuda"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A projector whose rows are not the text model's width is refused by name
+/// (smollm2-135m is 576 wide; the fixture's mmproj writes 256).
+#[test]
+fn projector_width_must_be_the_text_width() {
+    let fx: Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{FIXTURES}/e2e.json")).unwrap())
+            .unwrap();
+    let dir = std::env::temp_dir().join(format!("hearth-vision-width-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mmproj = synth(
+        &dir,
+        "mmproj.gguf",
+        &fx["mmproj_synth_flags"],
+        &fx["mmproj_sha256"],
+    );
+    let png = format!("{FIXTURES}/square_56x56.png");
+    let out = hearth()
+        .args([
+            "run",
+            "-m",
+            "smollm2-135m",
+            "-p",
+            "hi",
+            "-n",
+            "1",
+            "--mmproj",
+        ])
+        .arg(&mmproj)
+        .args(["--image", &png])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("panicked"), "{err}");
+    assert!(err.contains("576") && err.contains("256"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
