@@ -164,6 +164,35 @@ impl Prompter {
         }
     }
 
+    /// The conversation as token runs split where `marker` appears in the
+    /// rendered text (llama.cpp's media marker: an image goes between two
+    /// runs), each run tokenized on its own with special tokens parsed, BOS
+    /// (as [`Prompter::chat_ids`] adds it) on the first only: llama-mtmd-cli's
+    /// `eval_message` and `mtmd_tokenize`. Needs a GGUF chat template.
+    pub fn chat_runs(
+        &self,
+        messages: &Value,
+        tools: Option<&Value>,
+        kwargs: &Map<String, Value>,
+        marker: &str,
+    ) -> Result<Vec<Vec<u32>>, PromptError> {
+        let tokenizer = self.tokenizer()?;
+        let Renderer::Jinja(t) = &self.renderer else {
+            return Err(PromptError::Config(format!(
+                "images need the model's GGUF chat template to place them (this model renders with the {})",
+                self.describe()
+            )));
+        };
+        let text = self.render(messages, tools, true, kwargs)?;
+        let bos = t.bos_token();
+        let add_special = bos.is_empty() || !text.starts_with(bos);
+        Ok(text
+            .split(marker)
+            .enumerate()
+            .map(|(i, run)| tokenizer.encode(run, i == 0 && add_special, true))
+            .collect())
+    }
+
     /// A raw completion prompt: BOS as the model asks, special tokens parsed.
     pub fn completion_ids(&self, prompt: &str) -> Result<Vec<u32>, PromptError> {
         Ok(self.tokenizer()?.encode(prompt, true, true))

@@ -85,6 +85,10 @@ impl Backend for GpuModel {
         GpuModel::new_state(self, max_ctx).map_err(model_error)
     }
 
+    fn name(&self) -> &'static str {
+        "CUDA"
+    }
+
     fn forward(
         &self,
         state: &mut GpuState,

@@ -110,6 +110,10 @@ pub fn generate_speculative<B: Backend>(
     .map_err(|e| match e {
         TurnError::Model(e) => SpecError::Model(e),
         TurnError::Spec(e) => e,
+        TurnError::ImagesWithDrafter => SpecError::Model(hearth_models::ModelError::Unsupported {
+            backend: "speculative",
+            what: "images".into(),
+        }),
     })?;
     let spec_stats = stats.spec.clone().unwrap_or_default();
     Ok((stats, spec_stats))

@@ -8,6 +8,7 @@
 //!   interleaves their turns (the server talks to it through a channel).
 //! - [`session`]: a conversation's KV state and resident ids; the store that
 //!   hosts many on one model load.
+//! - [`prompt`]: a prompt's ids and the encoded images placed among them.
 //! - [`generate`]: a whole turn in one call (tests, examples, benchmarks).
 //! - [`spec`]: speculative decoding (drafters, verification, the factory).
 //! - [`sampler`]: the host sampler (penalties, temperature, top-k, top-p,
@@ -16,6 +17,7 @@
 //!   with, so seeded streams reproduce bit for bit (§7.5).
 
 pub mod generate;
+pub mod prompt;
 pub mod rng;
 pub mod sampler;
 pub mod scheduler;

@@ -18,6 +18,7 @@ use std::time::Duration;
 use hearth_models::{Backend, BackendState};
 use hearth_tokenizer::Tokenizer;
 
+use crate::prompt::Prompt;
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::session::{Acquire, Lease, SessionError, SessionStore};
 use crate::spec::factory::MakeDrafter;
@@ -39,7 +40,8 @@ pub trait EventSink: Send {
 pub struct Job {
     /// `None`: the scratch session.
     pub session: Option<String>,
-    pub prompt: Vec<u32>,
+    /// Token ids, with encoded images placed among them.
+    pub prompt: Prompt,
     pub sampling: SamplerConfig,
     /// Already clamped to the context room.
     pub max_tokens: usize,
@@ -318,7 +320,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                             continue;
                         }
                     };
-                    let resume = lease.session.prepare(&job.prompt);
+                    let resume = lease.session.prepare_prompt(&job.prompt);
                     job.events.send(Event::Admitted {
                         cached_tokens: resume.reused,
                     });

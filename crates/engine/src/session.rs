@@ -1,7 +1,8 @@
 //! Sessions: one conversation's KV state plus the token ids resident in it, and
 //! a store that hosts many of them on one model load.
 //!
-//! Resume is decided on token ids only (server-api.md §7): a new prompt keeps
+//! Resume is decided on token ids (server-api.md §7) and, at image positions,
+//! on the image's digest ([`crate::prompt`]): a new prompt keeps
 //! the longest common prefix of the resident ids, the state rolls back to it
 //! when the cache allows (flat caches always; sliding-window rings only within
 //! their slack), and only the rest is prefilled. Anything else resets.
@@ -10,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 
 use hearth_models::{Backend, BackendState, ModelError};
 
+use crate::prompt::{ImageSpan, Prompt};
 use crate::spec::Drafter;
 
 /// Why a prompt reused what it did (logged per turn).
@@ -62,6 +64,9 @@ pub struct Session<S> {
     /// The ids whose keys and values are in `state`, in order. Invariant:
     /// `resident.len() == state.pos()`.
     resident: Vec<u32>,
+    /// The images of the last prepared prompt; those starting before
+    /// `resident.len()` are (partly) in the state.
+    images: Vec<ImageSpan>,
     last_used: u64,
 }
 
@@ -73,6 +78,7 @@ impl<S: BackendState> Session<S> {
             state,
             drafter: None,
             resident: Vec::new(),
+            images: Vec::new(),
             last_used: 0,
         }
     }
@@ -85,6 +91,7 @@ impl<S: BackendState> Session<S> {
     pub fn reset(&mut self) {
         self.state.reset();
         self.resident.clear();
+        self.images.clear();
         if let Some(d) = self.drafter.as_mut() {
             d.reset();
         }
@@ -94,6 +101,18 @@ impl<S: BackendState> Session<S> {
     /// prefix of the resident ids and `prompt`, at most `prompt.len() - 1`
     /// (the last prompt token must be fed to produce logits).
     pub fn prepare(&mut self, prompt: &[u32]) -> Resume {
+        self.prepare_prompt(&Prompt::from(prompt.to_vec()))
+    }
+
+    /// [`Session::prepare`] for a prompt with images: an image position is
+    /// shared only when the same image (digest) starts at the same place.
+    pub fn prepare_prompt(&mut self, prompt: &Prompt) -> Resume {
+        let resume = self.resume(prompt);
+        self.images = prompt.images.clone();
+        resume
+    }
+
+    fn resume(&mut self, prompt: &Prompt) -> Resume {
         assert!(!prompt.is_empty(), "prepare: empty prompt");
         debug_assert_eq!(self.resident.len(), self.state.pos());
         if self.resident.is_empty() {
@@ -103,7 +122,7 @@ impl<S: BackendState> Session<S> {
                 reason: ResumeReason::New,
             };
         }
-        let common = common_prefix(&self.resident, prompt);
+        let common = prompt.common_prefix(&self.resident, &self.images);
         let keep = common.min(prompt.len() - 1);
         let reason = if keep == 0 {
             ResumeReason::Mismatch

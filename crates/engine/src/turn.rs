@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use hearth_models::{Backend, BackendState, Logits};
 use hearth_tokenizer::{StreamDecoder, Tokenizer};
 
+use crate::prompt::Prompt;
 use crate::sampler::Sampler;
 use crate::spec::verify::verify_block;
 use crate::spec::{Drafter, SpecError, SpecStats};
@@ -106,6 +107,8 @@ pub enum TurnError {
     Model(#[from] hearth_models::ModelError),
     #[error(transparent)]
     Spec(#[from] SpecError),
+    #[error("speculative decoding does not take images (the drafter sees token ids only); run without a drafter")]
+    ImagesWithDrafter,
 }
 
 /// Holds back text that might be the start of a stop string, and finds stops.
@@ -172,9 +175,11 @@ pub struct StepOut {
 /// One generation turn. `prompt[start..]` still has to be prefilled into the
 /// state the turn is stepped with (`prompt[..start]` is already there);
 /// `prompt` followed by the generated tokens is the context a drafter sees.
+/// A prompt may hold images ([`Prompt`]); their rows are fed in their own
+/// forward passes.
 pub struct Turn<'t> {
     tokenizer: &'t Tokenizer,
-    prompt: Vec<u32>,
+    prompt: Prompt,
     /// Next prompt index to prefill; `prompt.len()` once the prefill is done.
     next: usize,
     params: TurnParams,
@@ -191,11 +196,12 @@ pub struct Turn<'t> {
 impl<'t> Turn<'t> {
     pub fn new(
         tokenizer: &'t Tokenizer,
-        prompt: Vec<u32>,
+        prompt: impl Into<Prompt>,
         start: usize,
         sampler: Sampler,
         params: TurnParams,
     ) -> Turn<'t> {
+        let prompt = prompt.into();
         assert!(
             start < prompt.len(),
             "a turn feeds at least one prompt token"
@@ -288,11 +294,14 @@ impl<'t> Turn<'t> {
         chunk: usize,
     ) -> Result<StepOut, TurnError> {
         let t = Instant::now();
-        let end = self
-            .prompt
-            .len()
-            .min(self.next.saturating_add(chunk.max(1)));
-        let ids = &self.prompt[self.next..end];
+        if drafter.is_some() && !self.prompt.images.is_empty() {
+            return Err(TurnError::ImagesWithDrafter);
+        }
+        let dim = model.config().dim;
+        let (input, end) =
+            self.prompt
+                .input(self.next, self.next.saturating_add(chunk.max(1)), dim);
+        let ids = &self.prompt.ids[self.next..end];
         let want = if end == self.prompt.len() {
             Logits::Last
         } else {
@@ -303,7 +312,7 @@ impl<'t> Turn<'t> {
             .map(|d| d.taps().to_vec())
             .unwrap_or_default();
         let mut hidden = Vec::new();
-        let logits = model.forward_tapped(state, ids, want, &taps, &mut hidden)?;
+        let logits = model.forward_input(state, input, want, &taps, &mut hidden)?;
         if let Some(d) = drafter {
             d.commit(ids, &hidden)?;
         }
@@ -415,7 +424,7 @@ impl<'t> Turn<'t> {
             .min(max_ctx - pos - 1);
         let td = Instant::now();
         let draft = if k > 0 {
-            let mut context = self.prompt.clone();
+            let mut context = self.prompt.ids.clone();
             context.extend_from_slice(&self.stats.tokens);
             let mut d = drafter.propose(&context, k)?;
             d.tokens.truncate(k);

@@ -52,7 +52,7 @@ fn job(session: Option<&str>, prompt: Vec<u32>, max_tokens: usize) -> (Job, mpsc
     let (tx, rx) = mpsc::channel();
     let job = Job {
         session: session.map(str::to_string),
-        prompt,
+        prompt: prompt.into(),
         sampling: SamplerConfig::greedy(),
         max_tokens,
         stop: Vec::new(),

@@ -7,7 +7,7 @@
 //! moves to the engine thread that runs it (`Send`).
 
 use crate::config::ModelConfig;
-use crate::forward::Logits;
+use crate::forward::{Input, Logits};
 use crate::state::State;
 use crate::weights::{Model, ModelError};
 
@@ -59,6 +59,31 @@ pub trait Backend: Send + Sync {
         taps: &[usize],
         hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>, ModelError>;
+
+    /// [`Backend::forward_tapped`] over tokens or embedding rows (an
+    /// image's rows, [`Input::Rows`]). A backend that cannot take rows
+    /// returns [`ModelError::Unsupported`] for them (the default).
+    fn forward_input(
+        &self,
+        state: &mut Self::State,
+        input: Input,
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>, ModelError> {
+        match input {
+            Input::Tokens(tokens) => self.forward_tapped(state, tokens, want, taps, hidden),
+            Input::Rows(_) => Err(ModelError::Unsupported {
+                backend: self.name(),
+                what: "embedding-row input (images)".into(),
+            }),
+        }
+    }
+
+    /// The backend's name in messages ("cpu", "cuda").
+    fn name(&self) -> &'static str {
+        "this"
+    }
 
     /// A speculative verify pass over `[pending, drafts...]` (taps as in
     /// [`Backend::forward_tapped`]). Where the backend can, every row is
@@ -131,6 +156,22 @@ impl Backend for Model {
         hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>, ModelError> {
         Model::forward_tapped(self, state, tokens, want, taps, hidden)
+    }
+
+    #[inline]
+    fn forward_input(
+        &self,
+        state: &mut State,
+        input: Input,
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>, ModelError> {
+        Model::forward_input(self, state, input, want, taps, hidden)
+    }
+
+    fn name(&self) -> &'static str {
+        "cpu"
     }
 
     #[inline]

@@ -28,6 +28,44 @@ pub enum Logits {
 /// Tokens processed per pass through the layers (bounds scratch memory).
 pub const MAX_CHUNK: usize = 512;
 
+/// What a forward pass consumes at its positions: token ids, or rows that
+/// take the place of token embeddings (an image's projected rows). Rows get
+/// what the architecture does to looked-up embeddings except the token-only
+/// scale, as llama.cpp does (`llm_graph_context::build_inp_embd`: the scale
+/// multiplies token rows only; muse-glimmer's gainless embedding RMSNorm,
+/// `src/models/muse-glimmer.cpp:69`, runs on every row).
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    Tokens(&'a [u32]),
+    /// [n, dim] f32, row-major.
+    Rows(&'a [f32]),
+}
+
+impl Input<'_> {
+    /// Positions this input takes, for a model of width `dim`.
+    pub fn len(&self, dim: usize) -> usize {
+        match self {
+            Input::Tokens(t) => t.len(),
+            Input::Rows(r) => r.len() / dim.max(1),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Input::Tokens(t) => t.is_empty(),
+            Input::Rows(r) => r.is_empty(),
+        }
+    }
+
+    /// Rows `range` of this input (positions, not floats).
+    fn slice(&self, dim: usize, range: std::ops::Range<usize>) -> Self {
+        match self {
+            Input::Tokens(t) => Input::Tokens(&t[range]),
+            Input::Rows(r) => Input::Rows(&r[range.start * dim..range.end * dim]),
+        }
+    }
+}
+
 /// How one forward pass computes, passed down as a value: the row order of
 /// multi-token matmuls and attention, and where to dump intermediates.
 pub(crate) struct Pass<'a> {
@@ -119,6 +157,32 @@ impl Model {
         hidden: &mut Vec<f32>,
         order: RowOrder,
     ) -> Result<Vec<f32>, ModelError> {
+        let input = Input::Tokens(tokens);
+        self.forward_input_ordered(state, input, want, taps, hidden, order)
+    }
+
+    /// [`Model::forward_tapped`] over tokens or embedding rows ([`Input`]).
+    pub fn forward_input(
+        &self,
+        state: &mut State,
+        input: Input,
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.forward_input_ordered(state, input, want, taps, hidden, RowOrder::Batched)
+    }
+
+    /// [`Model::forward_input`] with multi-token rows computed in `order`.
+    pub fn forward_input_ordered(
+        &self,
+        state: &mut State,
+        input: Input,
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+        order: RowOrder,
+    ) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
         let pass = Pass {
             order,
@@ -131,19 +195,32 @@ impl Model {
             );
             return Err(ModelError::Config(ConfigError::Invalid(msg)));
         }
-        if tokens.is_empty() {
+        if input.is_empty() {
             return Err(ModelError::Empty);
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(ModelError::BadToken {
-                token: bad,
-                vocab: c.vocab_size,
-            });
+        match input {
+            Input::Tokens(tokens) => {
+                if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+                    return Err(ModelError::BadToken {
+                        token: bad,
+                        vocab: c.vocab_size,
+                    });
+                }
+            }
+            Input::Rows(rows) => {
+                if rows.len() % c.dim != 0 {
+                    return Err(ModelError::BadRows {
+                        len: rows.len(),
+                        dim: c.dim,
+                    });
+                }
+            }
         }
-        if state.pos + tokens.len() > state.max_ctx {
+        let n = input.len(c.dim);
+        if state.pos + n > state.max_ctx {
             return Err(ModelError::ContextFull {
                 pos: state.pos,
-                n: tokens.len(),
+                n,
                 ctx: state.max_ctx,
             });
         }
@@ -151,8 +228,10 @@ impl Model {
             return Err(ModelError::RolledBackTooFar { pos: state.pos });
         }
         let mut logits = Vec::new();
-        let n_chunks = tokens.len().div_ceil(MAX_CHUNK);
-        for (ci, chunk) in tokens.chunks(MAX_CHUNK).enumerate() {
+        let n_chunks = n.div_ceil(MAX_CHUNK);
+        for ci in 0..n_chunks {
+            let chunk_len = MAX_CHUNK.min(n - ci * MAX_CHUNK);
+            let chunk = input.slice(c.dim, ci * MAX_CHUNK..ci * MAX_CHUNK + chunk_len);
             let p0 = state.pos;
             let mut x = self.embed(&pass, chunk);
             let mut tapped = vec![
@@ -160,7 +239,7 @@ impl Model {
                 if taps.is_empty() {
                     0
                 } else {
-                    chunk.len() * taps.len() * c.dim
+                    chunk_len * taps.len() * c.dim
                 }
             ];
             // The rows the last layer carries past its attention (llama.cpp's
@@ -170,7 +249,7 @@ impl Model {
             let keep: Option<Vec<usize>> = match want {
                 _ if taps.contains(&c.n_layers) => None,
                 Logits::All => None,
-                Logits::Last if last_chunk => Some(vec![chunk.len() - 1]),
+                Logits::Last if last_chunk => Some(vec![chunk_len - 1]),
                 Logits::Last | Logits::None => Some(vec![]),
             };
             for li in 0..c.n_layers {
@@ -180,7 +259,7 @@ impl Model {
             }
             tap_into(&mut tapped, &x, taps, c.n_layers, c.dim);
             hidden.extend_from_slice(&tapped);
-            state.pos += chunk.len();
+            state.pos += chunk_len;
             let rows = match want {
                 Logits::All => x,
                 Logits::Last if last_chunk => x[x.len() - c.dim..].to_vec(),
@@ -191,18 +270,25 @@ impl Model {
         Ok(logits)
     }
 
-    /// Token embeddings, [T, dim]: rows of `token_embd` dequantized on demand.
-    fn embed(&self, pass: &Pass, tokens: &[u32]) -> Vec<f32> {
+    /// The layers' input, [T, dim]: rows of `token_embd` dequantized on
+    /// demand (then scaled), or the given rows as they are.
+    fn embed(&self, pass: &Pass, input: Input) -> Vec<f32> {
         let c = &self.config;
-        let e = self.mat(&self.tok_embd);
-        let mut x = vec![0.0f32; tokens.len() * c.dim];
-        for (row, &t) in x.chunks_exact_mut(c.dim).zip(tokens) {
-            e.dequantize_row(t as usize, row);
-        }
-        if let Some(s) = self.arch.embed.scale {
-            x.iter_mut().for_each(|v| *v *= s);
-            pass.dump("inp_scaled", 0, &x);
-        }
+        let mut x = match input {
+            Input::Tokens(tokens) => {
+                let e = self.mat(&self.tok_embd);
+                let mut x = vec![0.0f32; tokens.len() * c.dim];
+                for (row, &t) in x.chunks_exact_mut(c.dim).zip(tokens) {
+                    e.dequantize_row(t as usize, row);
+                }
+                if let Some(s) = self.arch.embed.scale {
+                    x.iter_mut().for_each(|v| *v *= s);
+                    pass.dump("inp_scaled", 0, &x);
+                }
+                x
+            }
+            Input::Rows(rows) => rows.to_vec(),
+        };
         if self.arch.embed.rms_norm {
             // muse-glimmer.cpp:69: a gainless RMSNorm of the looked-up rows.
             rmsnorm(&mut x, c.dim, None, c.norm_eps);

@@ -39,6 +39,8 @@ pub enum ModelError {
     UnsupportedType { name: String, ty: GgmlType },
     #[error("token id {token} is outside the vocabulary of {vocab}")]
     BadToken { token: u32, vocab: usize },
+    #[error("embedding rows of {len} values are not whole rows of the model's width {dim}")]
+    BadRows { len: usize, dim: usize },
     #[error("context full: position {pos} + {n} tokens exceeds the context of {ctx}")]
     ContextFull { pos: usize, n: usize, ctx: usize },
     #[error("cannot continue at position {pos}: the sliding-window cache was rolled back further than its slack")]

@@ -387,3 +387,62 @@ fn bad_shapes_are_rejected() {
     assert!(SynthPlan::new(&s).is_err());
     assert!(SynthPlan::new(&SynthShape::small(Architecture::Llama)).is_err());
 }
+
+/// Embedding-row input ([`Input::Rows`], how image rows enter): rows equal
+/// to the looked-up token embeddings give the token path's logits bit for bit
+/// (the embedding RMSNorm runs on both, llama.cpp's muse-glimmer.cpp:69), in
+/// mixed runs of tokens and rows, and rows are refused when not whole rows.
+/// A consistency check of the two input paths, not a reference comparison
+/// (that is `crates/cli/tests/vision_e2e.rs` against llama-mtmd-cli).
+#[test]
+fn embedding_rows_take_the_place_of_token_embeddings() {
+    use hearth_models::{Input, ModelError};
+    let model = Model::from_gguf(Arc::new(small_file(Architecture::MuseGlimmer, 5))).unwrap();
+    let (dim, vocab) = (model.config.dim, model.config.vocab_size);
+    let tokens: Vec<u32> = (0..12).map(|i| (i * 53 % vocab) as u32).collect();
+    let mut rows = vec![0.0f32; 4 * dim];
+    for (row, &t) in rows.chunks_exact_mut(dim).zip(&tokens[4..8]) {
+        model.mat(&model.tok_embd).dequantize_row(t as usize, row);
+    }
+    // The same split (llama.cpp decodes text and image chunks in separate
+    // batches) made of tokens only.
+    let mut hidden = Vec::new();
+    let mut c = model.new_state(32);
+    for part in [&tokens[..4], &tokens[4..8]] {
+        model.forward(&mut c, part, Logits::None).unwrap();
+    }
+    let split = model.forward(&mut c, &tokens[8..], Logits::Last).unwrap();
+    let mut d = model.new_state(32);
+    model
+        .forward_input(
+            &mut d,
+            Input::Tokens(&tokens[..4]),
+            Logits::None,
+            &[],
+            &mut hidden,
+        )
+        .unwrap();
+    model
+        .forward_input(&mut d, Input::Rows(&rows), Logits::None, &[], &mut hidden)
+        .unwrap();
+    let got = model
+        .forward_input(
+            &mut d,
+            Input::Tokens(&tokens[8..]),
+            Logits::Last,
+            &[],
+            &mut hidden,
+        )
+        .unwrap();
+    assert_eq!(got, split);
+    let err = model
+        .forward_input(
+            &mut d,
+            Input::Rows(&rows[1..]),
+            Logits::None,
+            &[],
+            &mut hidden,
+        )
+        .unwrap_err();
+    assert!(matches!(err, ModelError::BadRows { .. }), "{err}");
+}

@@ -17,15 +17,18 @@ use futures_util::stream::{self, Stream, StreamExt};
 use hearth_chat::detect::OutputFormat;
 use hearth_chat::parser::{ChatEvent, FinishHint, OutputParser};
 use hearth_chat::prompter::PromptError;
+use hearth_engine::prompt::Prompt;
 use hearth_engine::scheduler::{Event, Job, Summary};
 use hearth_engine::turn::FinishReason;
+use hearth_vision::prompt::MEDIA_MARKER;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use crate::engine::ChannelSink;
 use crate::error::ApiError;
+use crate::images;
 use crate::metrics::Metrics;
-use crate::request::{parse_chat, parse_completion, parse_object, Common};
+use crate::request::{parse_chat, parse_completion, parse_object, ChatRequest, Common};
 use crate::routes::{check_context, check_prompt_bytes, header_session, read_body, AppState};
 
 pub async fn chat_completions(
@@ -77,6 +80,10 @@ async fn chat_inner(
     let prep = app.clone();
     let (req, ids) = blocking(move || {
         let req = parse_chat(&parse_object(&body)?, &prep.model_id, session)?;
+        if images::has_images(&req.messages) {
+            // Rendered around the images below, after they are decoded.
+            return Ok((req, None));
+        }
         let p = &prep.prompter;
         let text = p
             .render(&req.messages, req.tools.as_ref(), true, &req.kwargs)
@@ -85,9 +92,13 @@ async fn chat_inner(
         let ids = p
             .chat_ids(&req.messages, req.tools.as_ref(), &req.kwargs)
             .map_err(prompt_error)?;
-        Ok((req, ids))
+        Ok((req, Some(ids)))
     })
     .await?;
+    let prompt = match ids {
+        Some(ids) => ids.into(),
+        None => image_prompt(&app, &req).await?,
+    };
     let id = random_hex();
     let parser = Box::new(WarningLog {
         inner: app
@@ -105,7 +116,7 @@ async fn chat_inner(
         // formats' reasoning always is.
         reasoning: req.return_reasoning || app.prompter.output != OutputFormat::MuseGlimmer,
     };
-    let rx = submit(&app, &req.common, ids).await?;
+    let rx = submit(&app, &req.common, prompt).await?;
     if req.common.stream {
         Ok(sse(chat_stream(
             reply,
@@ -142,7 +153,7 @@ async fn completion_inner(
         model: app.model_id.clone(),
         reasoning: false,
     };
-    let rx = submit(&app, &req.common, ids).await?;
+    let rx = submit(&app, &req.common, ids.into()).await?;
     if req.common.stream {
         Ok(sse(completion_stream(reply, rx, req.common.include_usage)))
     } else {
@@ -162,6 +173,51 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::server(format!("request preparation failed: {e}")))?
 }
 
+/// The prompt of a request with images: token ids, and the images' rows
+/// placed among them (decoded here, encoded off the async runtime; the
+/// encode cache keeps rows by image digest, so a later turn with the same
+/// image reuses them).
+async fn image_prompt(app: &Arc<AppState>, req: &ChatRequest) -> Result<Prompt, ApiError> {
+    let Some(input) = app.images.clone() else {
+        return Err(ApiError::invalid(
+            "invalid_image",
+            "This model has no vision encoder: image_url parts need `hearth serve --mmproj FILE`.",
+        ));
+    };
+    let (messages, decoded) = images::extract(&req.messages)?;
+    let runs = app
+        .prompter
+        .chat_runs(&messages, req.tools.as_ref(), &req.kwargs, MEDIA_MARKER)
+        .map_err(prompt_error)?;
+    if runs.len() != decoded.len() + 1 {
+        return Err(ApiError::invalid_request(format!(
+            "The chat template placed {} of the {} images.",
+            runs.len() - 1,
+            decoded.len()
+        )));
+    }
+    let (rows, input) = tokio::task::spawn_blocking(move || {
+        let rows: Vec<_> = decoded.iter().map(|img| input.encode(img)).collect();
+        (rows, input)
+    })
+    .await
+    .map_err(|e| ApiError::server(format!("image encoder: {e}")))?;
+    for (i, e) in rows.iter().enumerate() {
+        eprintln!(
+            "image {i}: {} tokens, {} in {:.1} ms",
+            e.rows.n,
+            if e.cached {
+                "from the encode cache"
+            } else {
+                "encoded"
+            },
+            e.time.as_secs_f64() * 1e3
+        );
+    }
+    let rows: Vec<_> = rows.into_iter().map(|e| e.rows).collect();
+    Ok(input.prompt(&runs, &rows))
+}
+
 /// A conversation the prompter could not render is the client's error (400
 /// with the template's message).
 fn prompt_error(e: PromptError) -> ApiError {
@@ -178,7 +234,7 @@ fn prompt_error(e: PromptError) -> ApiError {
 async fn submit(
     app: &AppState,
     common: &Common,
-    prompt: Vec<u32>,
+    prompt: Prompt,
 ) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::invalid_request(

@@ -16,6 +16,7 @@ pub mod chat;
 pub mod conn;
 pub mod engine;
 pub mod error;
+pub mod images;
 pub mod metrics;
 pub mod request;
 pub mod routes;
@@ -61,6 +62,10 @@ pub struct ServerOptions {
     pub tool_parser: String,
     pub max_body_bytes: usize,
     pub strict_context: bool,
+    /// The model's multimodal projector (`--mmproj`): image parts accepted.
+    pub mmproj: Option<PathBuf>,
+    /// The vision tower's rules where the model's reference and llama.cpp differ.
+    pub image_rules: hearth_vision::Rules,
 }
 
 /// What [`run_on`]'s loader returns: the host model (metadata, tokenizer,
@@ -127,6 +132,25 @@ pub fn run_on<B: Backend + 'static>(
     let max_token_bytes = max_token_bytes(&tokenizer);
     let prompter = Prompter::from_gguf(model.file(), Some(tokenizer.clone()), &opts.tool_parser)
         .map_err(|e| ServerError::Config(e.to_string()))?;
+    let images = match &opts.mmproj {
+        None => None,
+        Some(path) => {
+            if backend.name() != "cpu" {
+                return Err(ServerError::Config(format!(
+                    "--mmproj: images run on the CPU only (the {} forward does not take image rows yet); use --device cpu",
+                    backend.name()
+                )));
+            }
+            let mm = hearth_vision::MmProj::load(path, Some(model.config.dim))
+                .map_err(|e| ServerError::Config(format!("--mmproj {}: {e}", path.display())))?;
+            eprintln!("hearth serve: image input from {}", path.display());
+            Some(Arc::new(hearth_vision::prompt::ImageInput::new(
+                mm,
+                opts.image_rules,
+                &tokenizer,
+            )))
+        }
+    };
     if opts.max_ctx < 2 {
         return Err(ServerError::Config(
             "the context size must be at least 2 tokens".into(),
@@ -190,6 +214,7 @@ pub fn run_on<B: Backend + 'static>(
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             prompter,
+            images,
             engine: engine.clone(),
             metrics,
             access: access::Access {

@@ -492,8 +492,8 @@ fn stop(body: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
 }
 
 /// Accepts `reasoning` as an alias of `reasoning_content` (§3.1) and flattens
-/// text-only content part lists into strings; image parts are refused (no
-/// vision encoder on the models hearth serves yet).
+/// text-only content part lists into strings; lists with image parts are
+/// left to `crate::images`.
 fn normalize_messages(messages: &[Value]) -> Result<Value, ApiError> {
     let mut out = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
@@ -504,6 +504,14 @@ fn normalize_messages(messages: &[Value]) -> Result<Value, ApiError> {
             }
         }
         if let Some(Value::Array(parts)) = m.get("content") {
+            if parts
+                .iter()
+                .any(|p| p.get("type").and_then(Value::as_str) == Some("image_url"))
+            {
+                // Image parts are checked and placed by crate::images.
+                out.push(Value::Object(m));
+                continue;
+            }
             let mut text = String::new();
             for (j, p) in parts.iter().enumerate() {
                 match p.get("type").and_then(Value::as_str) {
@@ -515,12 +523,6 @@ fn normalize_messages(messages: &[Value]) -> Result<Value, ApiError> {
                             )))
                         }
                     },
-                    Some("image_url") => {
-                        return Err(ApiError::invalid(
-                            "invalid_image",
-                            "This model has no vision encoder: image_url parts are not supported.",
-                        ))
-                    }
                     _ => {
                         return Err(ApiError::invalid_request(format!(
                             "messages[{i}].content[{j}] must be a text part."

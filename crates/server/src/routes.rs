@@ -26,6 +26,8 @@ pub struct AppState {
     /// Unix time the model was loaded (`/v1/models` `created`).
     pub created: u64,
     pub prompter: Prompter,
+    /// Image input (`--mmproj`), with its encode cache.
+    pub images: Option<Arc<hearth_vision::prompt::ImageInput>>,
     pub engine: EngineHandle,
     pub metrics: Arc<Metrics>,
     pub access: Access,

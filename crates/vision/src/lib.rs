@@ -10,6 +10,8 @@
 //! - [`MmProj::load`]: the file and its checks ([`mmproj`]).
 //! - [`RgbImage::decode`]: PNG/JPEG/WebP/GIF with byte and pixel limits ([`image`]).
 //! - [`MmProj::encode`]: one image → [`Embeddings`].
+//! - [`prompt`]: images into a text model's prompt (framing, digests, an
+//!   encode cache), for `hearth run` and `hearth serve`.
 //! - [`synth`]: synthetic mmproj files (`hearth synth --arch muse-glimmer-mmproj`).
 //!
 //! Where the model's reference (spec `vision.md`) and llama.cpp 11434 differ,
@@ -30,6 +32,7 @@ pub mod layout;
 pub mod mmproj;
 pub mod ops;
 pub mod preprocess;
+pub mod prompt;
 pub mod synth;
 
 use hearth_kernels::pool::{self, ThreadPool};

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod images;
 pub mod inspect;
 pub mod interactive;
 pub mod list;

@@ -14,14 +14,17 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use hearth_chat::parser::{ChatEvent, FinishHint, OutputParser};
 use hearth_chat::prompter::Prompter;
+use hearth_engine::prompt::Prompt;
 use hearth_engine::sampler::{Sampler, SamplerConfig};
 use hearth_engine::spec::factory::{DrafterFactory, MakeDrafter, SpecConfig};
 use hearth_engine::spec::SpecStats;
 use hearth_engine::turn::{FinishReason, Flow, Turn, TurnParams, TurnStats};
 use hearth_models::{Backend, LayerKind, Model};
 use hearth_tokenizer::Tokenizer;
+use hearth_vision::prompt::MEDIA_MARKER;
 use serde_json::{json, Map, Value};
 
+use super::images::ImageRules;
 use super::interactive::Chat;
 use super::spec::SpecArgs;
 use crate::device::Device;
@@ -118,6 +121,17 @@ pub struct Args {
     /// Backend: cpu or cuda.
     #[arg(long, value_enum, default_value_t = crate::device::Device::Cpu)]
     pub device: crate::device::Device,
+    /// The model's multimodal projector (llama.cpp's mmproj GGUF), for --image.
+    #[arg(long, value_name = "FILE")]
+    pub mmproj: Option<PathBuf>,
+    /// An image for the prompt (PNG, JPEG, WebP, GIF; repeatable). Each goes
+    /// where the prompt says `<__media__>`, else all before the prompt.
+    #[arg(long, value_name = "FILE")]
+    pub image: Vec<PathBuf>,
+    /// The vision tower's rules where the model's reference and llama.cpp
+    /// differ (grid ties, position-table resampling).
+    #[arg(long, value_enum, default_value_t = ImageRules::Reference)]
+    pub image_rules: ImageRules,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
@@ -130,9 +144,23 @@ pub fn run(args: Args) -> Result<()> {
         Some(t) => Some(crate::cli_args::escaped(args.escape, t)?),
         None => None,
     };
+    if !args.image.is_empty() {
+        if args.mmproj.is_none() {
+            bail!("--image needs --mmproj FILE (the model's multimodal projector GGUF)");
+        }
+        if args.device == Device::Cuda {
+            bail!("images run on the CPU only: the CUDA forward does not take image rows yet (use --device cpu)");
+        }
+        if text.is_none() {
+            bail!("--image needs a prompt (-p TEXT, -f FILE or stdin); the interactive chat takes no images");
+        }
+    }
     let path = crate::registry::resolve_model(args.model.as_deref())?;
     crate::limits::check_context(&path, args.ctx, 1, args.device)?;
     let spec = args.spec.config(args.device)?;
+    if !args.image.is_empty() && spec.kind != hearth_engine::spec::SpecKind::None {
+        bail!("speculative decoding does not take images (its drafters see token ids only): drop --spec");
+    }
     // The GPU copies the file's blocks itself: no CPU repacking for it.
     let load = if args.device == Device::Cuda {
         Model::load_unpacked
@@ -143,11 +171,22 @@ pub fn run(args: Args) -> Result<()> {
     let tokenizer =
         Arc::new(Tokenizer::from_gguf(model.file().metadata()).context("building the tokenizer")?);
     let prompter = Prompter::from_gguf(model.file(), Some(tokenizer.clone()), "auto")?;
+    let vision = args
+        .mmproj
+        .as_deref()
+        .map(|p| super::images::load_mmproj(p, &model, args.image_rules, &tokenizer))
+        .transpose()?;
+    let images = super::images::read_images(&args.image)?;
     let Some(text) = text else {
         // No prompt on a terminal: an interactive chat.
         return interactive(&args, &model, &tokenizer, &prompter, &spec);
     };
     let chat = !args.raw && prompter.has_chat_format();
+    let mut image_stats = Vec::new();
+    let text = match &vision {
+        Some(_) if !images.is_empty() => super::images::with_markers(&text, images.len())?,
+        _ => text,
+    };
     let (ids, shown) = if chat {
         let mut messages = Vec::new();
         if let Some(s) = &args.system_prompt {
@@ -155,7 +194,17 @@ pub fn run(args: Args) -> Result<()> {
         }
         messages.push(json!({"role": "user", "content": text}));
         let messages = Value::Array(messages);
-        let ids = prompter.chat_ids(&messages, None, &Map::new())?;
+        let ids = match images.is_empty() {
+            true => prompter.chat_ids(&messages, None, &Map::new())?.into(),
+            false => {
+                let runs = prompter.chat_runs(&messages, None, &Map::new(), MEDIA_MARKER)?;
+                let input = vision.as_ref().expect("checked: --image needs --mmproj");
+                let (p, stats) =
+                    super::images::encode_into_prompt(input, &images, &args.image, &runs)?;
+                image_stats = stats;
+                p
+            }
+        };
         let shown = match args.verbose_prompt {
             true => prompter.render(&messages, None, true, &Map::new())?,
             false => String::new(),
@@ -165,7 +214,22 @@ pub fn run(args: Args) -> Result<()> {
         if args.system_prompt.is_some() {
             bail!("--system-prompt needs a chat template, and this model has none")
         }
-        (tokenizer.encode(&text, true, false), text)
+        let ids = match &vision {
+            Some(input) if !images.is_empty() => {
+                // Raw mode: the text split at the markers, parsed as llama.cpp does.
+                let runs: Vec<Vec<u32>> = text
+                    .split(MEDIA_MARKER)
+                    .enumerate()
+                    .map(|(i, run)| tokenizer.encode(run, i == 0, true))
+                    .collect();
+                let (p, stats) =
+                    super::images::encode_into_prompt(input, &images, &args.image, &runs)?;
+                image_stats = stats;
+                p
+            }
+            _ => tokenizer.encode(&text, true, false).into(),
+        };
+        (ids, text)
     };
     if args.verbose_prompt {
         let how = match chat {
@@ -188,6 +252,7 @@ pub fn run(args: Args) -> Result<()> {
         args: &args,
         tokenizer: &tokenizer,
         ids,
+        image_stats,
         parser: chat
             .then(|| prompter.parser(None, "call_".into()))
             .transpose()?,
@@ -306,7 +371,10 @@ fn read_prompt(args: &Args) -> Result<Option<String>> {
 struct Job<'a> {
     args: &'a Args,
     tokenizer: &'a Tokenizer,
-    ids: Vec<u32>,
+    /// Token ids, with the images' rows placed among them.
+    ids: Prompt,
+    /// Per image: size, tokens, encode time (`--stats-json`).
+    image_stats: Vec<Value>,
     /// Chat mode: the reply's output parser (answer, reasoning, tool calls).
     parser: Option<Box<dyn OutputParser + Send>>,
     /// K, once the drafters are built (0: no speculation).
@@ -387,6 +455,9 @@ impl Job<'_> {
                 "kv_bytes": kv_bytes,
                 "spec": args.spec.spec.as_str(),
             });
+            if !self.image_stats.is_empty() {
+                json["images"] = Value::Array(self.image_stats.clone());
+            }
             if let Some((k, sp)) = spec {
                 let extra = json!({
                     "n_draft": k,

@@ -87,6 +87,14 @@ pub struct Args {
     /// Backend: cpu or cuda (weights and every session's KV cache on the GPU).
     #[arg(long, value_enum, default_value_t = crate::device::Device::Cpu)]
     pub device: crate::device::Device,
+    /// The model's multimodal projector (llama.cpp's mmproj GGUF): accept
+    /// OpenAI `image_url` parts (data: URLs). CPU only.
+    #[arg(long, value_name = "FILE")]
+    pub mmproj: Option<std::path::PathBuf>,
+    /// The vision tower's rules where the model's reference and llama.cpp
+    /// differ (grid ties, position-table resampling).
+    #[arg(long, value_enum, default_value_t = super::images::ImageRules::Reference)]
+    pub image_rules: super::images::ImageRules,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
@@ -121,6 +129,8 @@ pub fn run(args: Args) -> Result<()> {
         tool_parser: args.tool_parser,
         max_body_bytes: args.max_body_mib.saturating_mul(1024 * 1024),
         strict_context: args.strict_context,
+        mmproj: args.mmproj.clone(),
+        image_rules: args.image_rules.rules(),
     };
     // Speculation: the drafters' factory is built once the target is loaded
     // (a draft model on the target's backend); each session gets a drafter.

@@ -1,0 +1,347 @@
+//! Images end to end against llama.cpp 11434 (tests/fixtures/vision/e2e,
+//! scripts/make_vision_e2e_fixtures.py): a synthetic Muse Glimmer text model
+//! and a synthetic mmproj (re-synthesized here, checked byte-identical by
+//! sha256), `llama-mtmd-cli --temp 0 -n 32 --jinja` per image.
+//!
+//! 1. The text side exactly: hearth's text model fed llama.cpp's own image
+//!    rows (recorded by the script) gives llama-mtmd-cli's 32 greedy tokens
+//!    for all 3 images: the prompt rendering, the `<|image_start|>`/
+//!    `<|image_end|>` framing, the rows' positions, the embedding RMSNorm over
+//!    image rows and the chunking are llama.cpp's. The smallest top-2 gap along
+//!    each path is reported and must exceed 1e-4 (hearth's and llama.cpp's text
+//!    arithmetic differ in summation orders only, an estimated ~1e-6..1e-5 here).
+//! 2. hearth's own tower: its rows differ from llama.cpp's by ~6e-4 relative
+//!    (llama.cpp rounds the tower's attention to f16; crates/vision/tests
+//!    bound this), which this random model amplifies to ~1e-2 in the logits.
+//!    So the greedy path with hearth's rows must equal llama.cpp's up to the
+//!    first step where the top-2 gap is within twice the logit change caused by
+//!    the row difference (measured at that step), and `hearth run --image` (the
+//!    CLI) must print exactly the library's greedy text with hearth's rows.
+//!    How many tokens agree is printed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use hearth_chat::prompter::Prompter;
+use hearth_engine::prompt::{ImageRows, Prompt};
+use hearth_models::{Logits, Model};
+use hearth_tokenizer::Tokenizer;
+use hearth_vision::prompt::{ImageInput, MEDIA_MARKER};
+use hearth_vision::{ImageLimits, MmProj, RgbImage, Rules};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+
+const FIXTURES: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/fixtures/vision/e2e"
+);
+
+fn hearth() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_hearth"))
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `hearth synth FLAGS -o dir/name`, checked against the fixture's sha256.
+fn synth(dir: &Path, name: &str, flags: &Value, sha: &Value) -> PathBuf {
+    let out = dir.join(name);
+    let st = hearth()
+        .arg("synth")
+        .args(strings(flags))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let got = format!("{:x}", Sha256::digest(std::fs::read(&out).unwrap()));
+    assert_eq!(
+        got,
+        sha.as_str().unwrap(),
+        "{name}: not the bytes llama.cpp ran"
+    );
+    out
+}
+
+/// The logits of each greedy step of `prompt`: the prompt's segments fed as
+/// `hearth run` feeds them, then `forced` tokens (or the argmax when `None`)
+/// one at a time. Returns (tokens, logits per step).
+fn greedy(
+    model: &Model,
+    prompt: &Prompt,
+    n: usize,
+    forced: Option<&[u32]>,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let dim = model.config.dim;
+    let mut state = model.new_state(512);
+    let mut at = 0;
+    let mut logits = Vec::new();
+    while at < prompt.len() {
+        let (input, end) = prompt.input(at, usize::MAX, dim);
+        let want = if end == prompt.len() {
+            Logits::Last
+        } else {
+            Logits::None
+        };
+        logits = model
+            .forward_input(&mut state, input, want, &[], &mut Vec::new())
+            .unwrap();
+        at = end;
+    }
+    let (mut tokens, mut steps) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let t = match forced {
+            Some(f) => f[i],
+            None => argmax(&logits).0 as u32,
+        };
+        steps.push(logits);
+        tokens.push(t);
+        logits = model.forward(&mut state, &[t], Logits::Last).unwrap();
+    }
+    (tokens, steps)
+}
+
+/// (index, top-2 gap) of the largest logit.
+fn argmax(l: &[f32]) -> (usize, f32) {
+    let mut best = (0, f32::MIN, f32::MIN);
+    for (i, &v) in l.iter().enumerate() {
+        if v > best.1 {
+            best = (i, v, best.1);
+        } else if v > best.2 {
+            best.2 = v;
+        }
+    }
+    (best.0, best.1 - best.2)
+}
+
+#[test]
+fn hearth_run_image_matches_llama_mtmd_cli() {
+    let fx: Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{FIXTURES}/e2e.json")).unwrap())
+            .unwrap();
+    let dir = std::env::temp_dir().join(format!("hearth-vision-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = synth(
+        &dir,
+        "text.gguf",
+        &fx["text_synth_flags"],
+        &fx["text_sha256"],
+    );
+    let mmproj = synth(
+        &dir,
+        "mmproj.gguf",
+        &fx["mmproj_synth_flags"],
+        &fx["mmproj_sha256"],
+    );
+    let prompt = fx["prompt"].as_str().unwrap();
+    let n = fx["n_predict"].as_u64().unwrap() as usize;
+
+    let model = Model::load(&text).unwrap();
+    let tokenizer = Arc::new(Tokenizer::from_gguf(model.file().metadata()).unwrap());
+    let prompter = Prompter::from_gguf(model.file(), Some(tokenizer.clone()), "auto").unwrap();
+    let mm = MmProj::load(&mmproj, Some(model.config.dim)).unwrap();
+    let input = ImageInput::new(mm, Rules::LLAMA_CPP, &tokenizer);
+    let messages = json!([{"role": "user", "content": format!("{MEDIA_MARKER}{prompt}")}]);
+    let runs = prompter
+        .chat_runs(&messages, None, &Map::new(), MEDIA_MARKER)
+        .unwrap();
+
+    for rec in fx["images"].as_array().unwrap() {
+        let name = rec["image"].as_str().unwrap();
+        let want = rec["llama_mtmd_cli_text"].as_str().unwrap();
+        let path = format!("{FIXTURES}/{name}");
+
+        // The CLI, as a user runs it.
+        let out = hearth()
+            .args(["run", "-m"])
+            .arg(&text)
+            .arg("--mmproj")
+            .arg(&mmproj)
+            .args(["--image", &path, "--image-rules", "llama-cpp", "-p", prompt])
+            .args(["--temp", "0", "-n", &n.to_string(), "-t", "2"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {stderr}");
+        assert!(
+            stderr.contains("encoded in"),
+            "{name}: no encode timing: {stderr}"
+        );
+
+        let img =
+            RgbImage::decode(&std::fs::read(&path).unwrap(), &ImageLimits::default()).unwrap();
+        let ours = input.encode(&img).rows;
+        let bytes = std::fs::read(format!(
+            "{FIXTURES}/{}",
+            rec["llama_rows"].as_str().unwrap()
+        ))
+        .unwrap();
+        let theirs = Arc::new(ImageRows {
+            digest: [0; 32],
+            rows: bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            n: ours.n,
+        });
+        assert_eq!(theirs.rows.len(), ours.rows.len(), "{name}: row count");
+
+        // 1. llama.cpp's rows: its 32 tokens exactly.
+        let (tokens, their_logits) = greedy(&model, &input.prompt(&runs, &[theirs]), n, None);
+        assert_eq!(tokenizer.decode(&tokens), want, "{name}: llama.cpp's rows");
+        let min_gap = their_logits
+            .iter()
+            .map(|l| argmax(l).1)
+            .fold(f32::MAX, f32::min);
+        assert!(
+            min_gap > 1e-4,
+            "{name}: top-2 gap {min_gap:.2e} is float noise"
+        );
+
+        // 2. hearth's rows, along llama.cpp's path: equal until row noise decides.
+        let (_, ours_forced) = greedy(
+            &model,
+            &input.prompt(&runs, std::slice::from_ref(&ours)),
+            n,
+            Some(&tokens),
+        );
+        let agree = ours_forced
+            .iter()
+            .zip(&tokens)
+            .position(|(l, &t)| argmax(l).0 as u32 != t)
+            .unwrap_or(n);
+        if agree < n {
+            let (a, b) = (&their_logits[agree], &ours_forced[agree]);
+            let moved = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            let gap = argmax(a).1;
+            assert!(
+                gap <= 2.0 * moved,
+                "{name}: step {agree}: hearth's rows change the token although the top-2 gap {gap:.3e} exceeds twice the logit change {moved:.3e}"
+            );
+        }
+        let (own, _) = greedy(&model, &input.prompt(&runs, &[ours]), n, None);
+        assert_eq!(&own[..agree], &tokens[..agree], "{name}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            tokenizer.decode(&own),
+            "{name}: CLI"
+        );
+        eprintln!(
+            "{name}: {} image tokens; llama.cpp's rows: 32/32 tokens, smallest top-2 gap {min_gap:.3e}; hearth's rows: {agree}/{n} tokens equal",
+            rec["n_tokens"]
+        );
+    }
+
+    // Clear errors, no panics.
+    let fail = |args: &[&std::ffi::OsStr]| -> String {
+        let out = hearth().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success() && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+        err
+    };
+    let os = |s: &str| std::ffi::OsString::from(s);
+    let (t, m) = (text.as_os_str(), mmproj.as_os_str());
+    let png = format!("{FIXTURES}/square_56x56.png");
+    let run = [os("run"), os("-p"), os("hi"), os("-n"), os("1"), os("-m")];
+    let with = |extra: &[std::ffi::OsString]| -> Vec<std::ffi::OsString> {
+        run.iter()
+            .cloned()
+            .chain([t.to_os_string()])
+            .chain(extra.iter().cloned())
+            .collect()
+    };
+    let args = with(&[os("--image"), os(&png)]);
+    let err = fail(&args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>());
+    assert!(err.contains("--image needs --mmproj"), "{err}");
+    let missing = dir.join("missing.png");
+    let args = with(&[
+        os("--mmproj"),
+        m.to_os_string(),
+        os("--image"),
+        missing.clone().into(),
+    ]);
+    let err = fail(&args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>());
+    assert!(err.contains("missing.png"), "{err}");
+    let truncated = dir.join("truncated.png");
+    let bytes = std::fs::read(&png).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let args = with(&[
+        os("--mmproj"),
+        m.to_os_string(),
+        os("--image"),
+        truncated.into(),
+    ]);
+    let err = fail(&args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>());
+    assert!(
+        err.contains("truncated.png") && err.contains("could not be decoded"),
+        "{err}"
+    );
+    let args = with(&[os("--mmproj"), t.to_os_string(), os("--image"), os(&png)]);
+    let err = fail(&args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>());
+    assert!(err.contains("--mmproj"), "{err}");
+    let args = with(&[
+        os("--mmproj"),
+        m.to_os_string(),
+        os("--image"),
+        os(&png),
+        os("--device"),
+        os("cuda"),
+    ]);
+    let err = fail(&args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>());
+    assert!(err.contains("CPU only") || err.contains("cuda"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A projector whose rows are not the text model's width is refused by name
+/// (smollm2-135m is 576 wide; the fixture's mmproj writes 256).
+#[test]
+fn projector_width_must_be_the_text_width() {
+    let fx: Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{FIXTURES}/e2e.json")).unwrap())
+            .unwrap();
+    let dir = std::env::temp_dir().join(format!("hearth-vision-width-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mmproj = synth(
+        &dir,
+        "mmproj.gguf",
+        &fx["mmproj_synth_flags"],
+        &fx["mmproj_sha256"],
+    );
+    let png = format!("{FIXTURES}/square_56x56.png");
+    let out = hearth()
+        .args([
+            "run",
+            "-m",
+            "smollm2-135m",
+            "-p",
+            "hi",
+            "-n",
+            "1",
+            "--mmproj",
+        ])
+        .arg(&mmproj)
+        .args(["--image", &png])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("panicked"), "{err}");
+    assert!(err.contains("576") && err.contains("256"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,153 @@
+//! Images in a text model's prompt, as llama.cpp's libmtmd frames them.
+//!
+//! A chat is rendered with llama.cpp's media marker (`<__media__>`,
+//! `mtmd_default_marker`) where each image goes; the text between markers is
+//! tokenized run by run (`tools/mtmd/mtmd.cpp`, `mtmd_tokenizer::add_text`:
+//! no BOS, special tokens parsed), and each image becomes `<|image_start|>`
+//! (its own tokenization, appended to the preceding run), the image's N
+//! rows, then `<|image_end|>` (prepended to the following run): `img_beg` /
+//! `img_end` of `PROJECTOR_TYPE_MUSE_GLIMMER`, `mtmd.cpp:712-716`.
+//!
+//! An image's identity is the sha256 of its pixels, its size and the rules
+//! it is encoded under; equal digests mean equal rows, so a session's prefix
+//! reuse compares images by digest (`hearth_engine::prompt`) and
+//! [`ImageInput`] keeps encoded rows per digest.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hearth_engine::prompt::{ImageRows, Prompt};
+use hearth_tokenizer::Tokenizer;
+use sha2::{Digest, Sha256};
+
+use crate::{GridRule, MmProj, PosRule, RgbImage, Rules};
+
+/// llama.cpp's media marker (`mtmd_default_marker()`).
+pub const MEDIA_MARKER: &str = "<__media__>";
+/// What precedes and follows an image's rows (mtmd.cpp, muse-glimmer).
+pub const IMAGE_BEGIN: &str = "<|image_start|>";
+pub const IMAGE_END: &str = "<|image_end|>";
+
+/// Encoded images kept per digest (least recently used dropped first).
+const CACHE_IMAGES: usize = 32;
+
+/// The sha256 of an image's size, pixels and the encoder rules.
+pub fn image_digest(img: &RgbImage, rules: Rules) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"hearth-image-v1");
+    h.update(img.width.to_le_bytes());
+    h.update(img.height.to_le_bytes());
+    let grid = match rules.grid {
+        GridRule::Reference => 0u8,
+        GridRule::LlamaCpp => 1,
+    };
+    let pos = match rules.pos {
+        PosRule::Reference => 0u8,
+        PosRule::LlamaCpp => 1,
+    };
+    h.update([grid, pos]);
+    h.update(&img.data);
+    h.finalize().into()
+}
+
+/// One encoded image, and how it was obtained.
+pub struct Encoded {
+    pub rows: Arc<ImageRows>,
+    /// From the cache (not encoded again).
+    pub cached: bool,
+    pub time: Duration,
+}
+
+/// A loaded projector with the text model's framing tokens and an encode
+/// cache: turns images into prompt rows.
+pub struct ImageInput {
+    pub mmproj: MmProj,
+    pub rules: Rules,
+    begin: Vec<u32>,
+    end: Vec<u32>,
+    cache: Mutex<EncodeCache>,
+}
+
+/// Rows by digest, and the digests from least to most recently used.
+type EncodeCache = (HashMap<[u8; 32], Arc<ImageRows>>, VecDeque<[u8; 32]>);
+
+impl ImageInput {
+    /// `tokenizer` is the text model's (the framing strings are tokenized
+    /// with it, special tokens parsed, as mtmd does).
+    pub fn new(mmproj: MmProj, rules: Rules, tokenizer: &Tokenizer) -> ImageInput {
+        ImageInput {
+            mmproj,
+            rules,
+            begin: tokenizer.encode(IMAGE_BEGIN, false, true),
+            end: tokenizer.encode(IMAGE_END, false, true),
+            cache: Mutex::new((HashMap::new(), VecDeque::new())),
+        }
+    }
+
+    /// Positions an image of this size takes in a prompt (framing included).
+    pub fn positions(&self, width: u32, height: u32) -> usize {
+        self.begin.len()
+            + self.mmproj.grid_for(width, height, self.rules).n_tokens()
+            + self.end.len()
+    }
+
+    /// The image's rows: from the cache by digest, else encoded (and kept).
+    pub fn encode(&self, img: &RgbImage) -> Encoded {
+        let t = Instant::now();
+        let digest = image_digest(img, self.rules);
+        if let Some(rows) = self.lookup(&digest) {
+            return Encoded {
+                rows,
+                cached: true,
+                time: t.elapsed(),
+            };
+        }
+        let e = self.mmproj.encode(img, self.rules);
+        let rows = Arc::new(ImageRows {
+            digest,
+            rows: e.rows,
+            n: e.n_tokens,
+        });
+        let mut guard = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let (map, order) = &mut *guard;
+        if map.insert(digest, rows.clone()).is_none() {
+            order.push_back(digest);
+        }
+        while order.len() > CACHE_IMAGES {
+            if let Some(old) = order.pop_front() {
+                map.remove(&old);
+            }
+        }
+        Encoded {
+            rows,
+            cached: false,
+            time: t.elapsed(),
+        }
+    }
+
+    fn lookup(&self, digest: &[u8; 32]) -> Option<Arc<ImageRows>> {
+        let mut guard = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let (map, order) = &mut *guard;
+        let rows = map.get(digest)?.clone();
+        order.retain(|d| d != digest);
+        order.push_back(*digest);
+        Some(rows)
+    }
+
+    /// The prompt from token runs split at media markers (`runs.len() ==
+    /// images.len() + 1`) and the images in marker order, framed as mtmd
+    /// frames them.
+    pub fn prompt(&self, runs: &[Vec<u32>], images: &[Arc<ImageRows>]) -> Prompt {
+        assert_eq!(runs.len(), images.len() + 1, "one image per marker");
+        let mut p = Prompt::default();
+        for (run, image) in runs.iter().zip(images) {
+            p.push_tokens(run);
+            p.push_tokens(&self.begin);
+            p.push_image(image.clone());
+            p.push_tokens(&self.end);
+        }
+        p.push_tokens(&runs[runs.len() - 1]);
+        p
+    }
+}

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""`hearth serve --mmproj` with the official `openai` Python SDK: an image as a data: URL,
+a second turn of the same session reusing the image (KV prefix and encode cache), and the
+bad-image 400s naming the part.
+
+The files are the end-to-end fixture's (tests/fixtures/vision/e2e/e2e.json: a synthetic
+muse-glimmer text model and mmproj, re-synthesized here with `hearth synth` and checked by
+sha256). On the square image hearth's greedy tokens equal llama-mtmd-cli's for all 32 steps
+(crates/cli/tests/vision_e2e.rs), so the server's 8-token reply must be a prefix of
+llama.cpp's recorded reply: the server places and encodes the image as `run` does.
+
+Run: python3 tests/server/test_vision.py
+Needs: cargo build --release -p hearth; pip install openai; the packaged smollm2-135m
+(its tokenizer is the synthetic model's).
+"""
+import base64
+import hashlib
+import json
+import os
+import struct
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import test_server as ts  # noqa: E402  (Server, BIN, API_KEY)
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures" / "vision" / "e2e"
+
+
+def synth(out, flags, sha):
+    import subprocess
+    subprocess.run([ts.BIN, "synth", *flags, "-o", str(out)], check=True, capture_output=True)
+    got = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert got == sha, f"{out.name}: {got} is not the file llama.cpp ran"
+
+
+def data_url(raw, mime="image/png"):
+    return f"data:{mime};base64," + base64.b64encode(raw).decode()
+
+
+def png_header(w, h):
+    """A PNG whose IHDR says w x h, with one tiny IDAT: decoders read the size first."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b"")
+
+
+def image_turn(url, text="Describe the image."):
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": text}]}]
+
+
+def main():
+    fx = json.loads((FIX / "e2e.json").read_text())
+    square = next(r for r in fx["images"] if r["image"].startswith("square"))
+    with tempfile.TemporaryDirectory() as tmp:
+        text, mmproj = Path(tmp) / "text.gguf", Path(tmp) / "mmproj.gguf"
+        synth(text, fx["text_synth_flags"], fx["text_sha256"])
+        synth(mmproj, fx["mmproj_synth_flags"], fx["mmproj_sha256"])
+        os.environ["HEARTH_TEST_MODEL"] = str(text)
+        server = ts.Server("--api-key", ts.API_KEY, "--mmproj", str(mmproj), "--image-rules", "llama-cpp",
+                           "--max-sessions", "2")
+        try:
+            client = server.client()
+            png = (FIX / square["image"]).read_bytes()
+            session = {"x-session-affinity": "vision-1"}
+            first = client.chat.completions.create(
+                model="qwen-test", messages=image_turn(data_url(png)), max_tokens=8, temperature=0,
+                extra_headers=session)
+            reply = first.choices[0].message.content
+            assert reply and square["llama_mtmd_cli_text"].startswith(reply), (reply, square["llama_mtmd_cli_text"])
+            n_image = square["n_tokens"]
+            assert first.usage.prompt_tokens > n_image, first.usage
+            assert first.usage.prompt_tokens_details.cached_tokens == 0, first.usage
+            print(f"turn 1: {first.usage.prompt_tokens} prompt tokens ({n_image} image): {reply!r}")
+
+            # The second turn repeats the image: its KV (and the encoded rows) are reused.
+            messages = image_turn(data_url(png)) + [
+                {"role": "assistant", "content": reply}, {"role": "user", "content": "And the colours?"}]
+            second = client.chat.completions.create(
+                model="qwen-test", messages=messages, max_tokens=4, temperature=0, extra_headers=session)
+            cached = second.usage.prompt_tokens_details.cached_tokens
+            assert cached >= first.usage.prompt_tokens, (cached, first.usage)
+            logs = server.logs()
+            assert logs.count("from the encode cache") == 1 and logs.count(" encoded in ") == 1, logs[-2000:]
+            print(f"turn 2: {second.usage.prompt_tokens} prompt tokens, {cached} cached (the image included)")
+
+            good = ts.http(server, "POST", "/v1/chat/completions",
+                           {"messages": image_turn(data_url(png)), "max_tokens": 1})[0]
+            assert good == 200, good
+            bad = {
+                "remote URL": ("https://example.com/cat.png", "remote image URLs are not fetched"),
+                "bad base64": ("data:image/png;base64,iVBOR%w0K", "bad base64"),
+                "truncated": (data_url(png[: len(png) // 2]), "could not be decoded"),
+                "zero-size": (data_url(png_header(0, 16)), "Invalid image dimensions"),
+                "huge": (data_url(png_header(40000, 40000)), "over the limit"),
+                "wrong type": (data_url(b"GIF8 not really an image at all", "image/gif"), "not a PNG, JPEG"),
+                "empty": ("data:image/png;base64,", "image is empty"),
+            }
+            for what, (url, needle) in bad.items():
+                msgs = [{"role": "system", "content": "You look at images."}] + image_turn(url)
+                try:
+                    client.chat.completions.create(model="qwen-test", messages=msgs, max_tokens=2)
+                    raise AssertionError(f"{what}: accepted")
+                except openai.BadRequestError as e:
+                    msg = e.body["message"] if isinstance(e.body, dict) else str(e)
+                    assert msg.startswith("messages[1].content[0].image_url: ") and needle in msg, (what, msg)
+                    print(f"{what}: 400 {msg}")
+            # The server is still serving.
+            after = client.chat.completions.create(
+                model="qwen-test", messages=image_turn(data_url(png)), max_tokens=1, temperature=0)
+            assert after.choices[0].finish_reason == "length"
+        finally:
+            code = server.stop()
+        assert code == 0, f"exit code {code}"
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
