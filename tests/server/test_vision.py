@@ -65,7 +65,7 @@ def main():
         synth(mmproj, fx["mmproj_synth_flags"], fx["mmproj_sha256"])
         os.environ["HEARTH_TEST_MODEL"] = str(text)
         server = ts.Server("--api-key", ts.API_KEY, "--mmproj", str(mmproj), "--image-rules", "llama-cpp",
-                           "--max-sessions", "2")
+                           "--max-sessions", "2", model=str(text), api_key=ts.API_KEY)
         try:
             client = server.client()
             png = (FIX / square["image"]).read_bytes()
