@@ -380,6 +380,27 @@ def test_sampling_parameters_in_range_are_honored_and_out_of_range_refused():
         assert status == 400 and error_code(text) == "invalid_value" and field in text, (field, status, text)
 
 
+def test_anonymous_requests_reveal_nothing_through_cached_tokens():
+    # One client sends a secret; another, without a session id, guesses it.
+    # The scratch session starts over for every anonymous request, so the
+    # guess sees no cached tokens whether or not it matches.
+    secret = [{"role": "user", "content": "My PIN is 4 8 1 5 9 2. Remember it."}]
+    status, _, text = chat(B, messages=secret)
+    assert status == 200, text
+    for guess in ("4 8 1 5 9 2", "7 7 7 7 7 7"):
+        probe = [{"role": "user", "content": f"My PIN is {guess}. Remember it."}]
+        status, _, text = chat(B, messages=probe)
+        assert status == 200, text
+        usage = json.loads(text)["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 0, (guess, usage)
+    # A named session still reuses its own prompt.
+    for turn in range(2):
+        status, _, text = chat(B, messages=secret, session_id="mine")
+        assert status == 200, text
+    cached = json.loads(text)["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0, text
+
+
 def main():
     return run_tests(globals(), setup_module, teardown_module)
 

@@ -205,7 +205,8 @@ enum Pending {
 
 /// Many sessions on one model load. Named sessions live until closed or
 /// evicted (least recently used first, idle ones only); requests without an id
-/// share one scratch session, or get a transient one while it is busy. The
+/// share one scratch session (reset for every request: anonymous traffic
+/// never reuses KV), or get a transient one while it is busy. The
 /// number of live states is bounded by `capacity` (a session count and a KV
 /// byte budget, whichever is smaller).
 pub struct SessionStore<S> {
@@ -282,10 +283,16 @@ impl<S: BackendState> SessionStore<S> {
                 fresh: true,
             }));
         }
-        let (session, fresh) = match self.idle.remove(&key) {
+        let (mut session, fresh) = match self.idle.remove(&key) {
             Some(s) => (s, false),
             None => (self.allocate(model)?, true),
         };
+        if key.is_none() {
+            // Anonymous requests never reuse KV (docs/spec/server-api.md,
+            // "Scratch"): the scratch state starts over, so `cached_tokens`
+            // tells a client nothing about another client's prompt.
+            session.reset();
+        }
         self.busy.insert(key.clone());
         Ok(Acquire::Ready(Lease {
             id: key,
