@@ -234,6 +234,19 @@ pub fn merge_events(events: impl IntoIterator<Item = ChatEvent>) -> Vec<ChatEven
     out
 }
 
+/// The argument text streamed for call `index`: its [`ChatEvent::ToolCallArgs`]
+/// deltas concatenated, as a streaming client rebuilds it. For a confirmed call
+/// it is JSON equal to the call's `arguments` (or empty when none streamed).
+pub fn streamed_arguments(events: &[ChatEvent], index: usize) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ChatEvent::ToolCallArgs { index: i, delta } if *i == index => Some(delta.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Runs a whole text through a fresh parser: convenience for tests and tools.
 pub fn parse_all(parser: &mut dyn OutputParser, text: &str, hint: FinishHint) -> Vec<ChatEvent> {
     let mut events = parser.feed(text);
