@@ -64,12 +64,7 @@ fn mg_2_reasoning_then_call() {
     let block = atem_block(&[("get_weather", &[("city", "Paris")])]);
     for header in [" to=get_weather", " to=get_weather constrain=json"] {
         let text = format!(" to=self{M}Need weather.{E}{S}assistant{header}{M}{block}");
-        let events = parse(
-            "muse-glimmer",
-            Some(&tools_weather_add()),
-            &text,
-            FinishHint::Stop,
-        );
+        let events = parse_mg(&text, FinishHint::Stop);
         assert_eq!(
             outcome(&events),
             Outcome::new(

@@ -231,12 +231,7 @@ fn muse_glimmer_tool_message_cut_by_end_of_message() {
     // the next message is parsed as usual.
     let block = "<atem:function_calls>\n<atem:invoke name=\"get_weather\">\n<atem:parameter name=\"city\">Pa";
     let text = format!(" to=get_weather{M}{block}{E}{S}assistant to=user{M}Sorry.");
-    let events = parse(
-        "muse-glimmer",
-        Some(&tools_weather_add()),
-        &text,
-        FinishHint::Stop,
-    );
+    let events = parse_mg(&text, FinishHint::Stop);
     let o = outcome(&events);
     assert_eq!(o.content, Some(format!("{block}\n\nSorry.")));
     assert_eq!((o.calls.len(), o.finish), (0, FinishReason::Stop));

@@ -67,6 +67,11 @@ pub fn parse_opts(
     whole
 }
 
+/// [`parse`] as Muse Glimmer output, with the weather and add tools.
+pub fn parse_mg(text: &str, hint: FinishHint) -> Vec<ChatEvent> {
+    parse("muse-glimmer", Some(&tools_weather_add()), text, hint)
+}
+
 pub fn parse(format: &str, tools: Option<&Value>, text: &str, hint: FinishHint) -> Vec<ChatEvent> {
     parse_opts(format, tools, &ParserOptions::default(), text, hint)
 }
