@@ -46,7 +46,7 @@ fn py_repr(value: &Value, out: &mut String) {
         ValueKind::String => string_repr(value.as_str().unwrap_or_default(), out),
         ValueKind::Seq | ValueKind::Iterable => {
             out.push('[');
-            repr_items(value, out, |item, out| py_repr(item, out));
+            repr_items(value, out, py_repr);
             out.push(']');
         }
         ValueKind::Map => {
