@@ -103,24 +103,33 @@ def last_line(cmd: list[str]) -> str:
     return run(cmd, text=True).stdout.strip().splitlines()[-1]
 
 
-def build_dump(bin_dir: Path) -> Path:
-    """Compiles parity_dump.cpp against the reference build's static libs (link line of llama-debug)."""
+def compile_against_reference(bin_dir: Path, source: Path, exe_rel: str, includes: list[str],
+                              libs_before: tuple = (), libs_after: tuple = ()) -> Path:
+    """Compiles `source` into build/`exe_rel` against the reference build's static
+    libs (llama, ggml and their system libs: the link line of llama-debug, between
+    `libs_before` and `libs_after`), with `includes` (relative to the llama.cpp
+    source). Kept while newer than `source`."""
     build = bin_dir.parent
     cache = (build / "CMakeCache.txt").read_text()
     src = Path(re.search(r"^CMAKE_HOME_DIRECTORY:INTERNAL=(.*)$", cache, re.M).group(1))
-    exe = build / "parity-dump" / "parity_dump"
-    if exe.exists() and exe.stat().st_mtime >= DUMP_SRC.stat().st_mtime:
+    exe = build / exe_rel
+    if exe.exists() and exe.stat().st_mtime >= source.stat().st_mtime:
         return exe
     exe.parent.mkdir(exist_ok=True)
-    libs = ["common/libllama-common.a", "src/libllama.a", "ggml/src/libggml.a", "-ldl",
-            "ggml/src/libggml-cpu.a", "ggml/src/libggml-base.a", "-lm", "-fopenmp", "-lpthread",
-            "common/libllama-common-base.a", "vendor/cpp-httplib/libcpp-httplib.a", "-lssl", "-lcrypto"]
-    cmd = [os.environ.get("CXX", "c++"), "-O2", "-std=c++17", "-DGGML_USE_CPU",
-           f"-I{src}/common", f"-I{src}/vendor", f"-I{src}/include", f"-I{src}/ggml/include",
-           str(DUMP_SRC), "-o", str(exe)] + libs
-    print("compiling parity_dump", file=sys.stderr)
+    libs = [*libs_before, "common/libllama-common.a", "src/libllama.a", "ggml/src/libggml.a", "-ldl",
+                   "ggml/src/libggml-cpu.a", "ggml/src/libggml-base.a", "-lm", "-fopenmp", "-lpthread",
+                   "common/libllama-common-base.a", "vendor/cpp-httplib/libcpp-httplib.a", "-lssl", "-lcrypto", *libs_after]
+    cmd = ([os.environ.get("CXX", "c++"), "-O2", "-std=c++17", "-DGGML_USE_CPU"]
+           + [f"-I{src}/{d}" for d in includes] + [str(source), "-o", str(exe)] + libs)
+    print(f"compiling {exe.name}", file=sys.stderr)
     run(cmd, cwd=build)
     return exe
+
+
+def build_dump(bin_dir: Path) -> Path:
+    """Compiles parity_dump.cpp against the reference build."""
+    return compile_against_reference(bin_dir, DUMP_SRC, "parity-dump/parity_dump",
+                                     ["common", "vendor", "include", "ggml/include"])
 
 
 def sha256(path: Path) -> str:

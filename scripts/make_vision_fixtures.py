@@ -125,23 +125,10 @@ def reference_grid(w: int, h: int) -> tuple[int, int]:
 
 
 def compile_dump(bin_dir: Path) -> Path:
-    build = bin_dir.parent
-    cache = (build / "CMakeCache.txt").read_text()
-    src = Path(re.search(r"^CMAKE_HOME_DIRECTORY:INTERNAL=(.*)$", cache, re.M).group(1))
-    exe = build / "vision-dump" / "mtmd_vision_dump"
-    if exe.exists() and exe.stat().st_mtime >= DUMP_SRC.stat().st_mtime:
-        return exe
-    exe.parent.mkdir(exist_ok=True)
-    libs = ["tools/mtmd/libmtmd.a", "common/libllama-common.a", "src/libllama.a", "ggml/src/libggml.a", "-ldl",
-            "ggml/src/libggml-cpu.a", "ggml/src/libggml-base.a", "-lm", "-fopenmp", "-lpthread",
-            "common/libllama-common-base.a", "vendor/cpp-httplib/libcpp-httplib.a", "-lssl", "-lcrypto",
-            "vendor/hash/libvendor-hash.a"]
-    cmd = [os.environ.get("CXX", "c++"), "-O2", "-std=c++17", "-DGGML_USE_CPU",
-           f"-I{src}/tools/mtmd", f"-I{src}/common", f"-I{src}/vendor", f"-I{src}/include",
-           f"-I{src}/ggml/include", f"-I{src}/src", str(DUMP_SRC), "-o", str(exe)] + libs
-    print("compiling mtmd_vision_dump", file=sys.stderr)
-    mpf.run(cmd, cwd=build)
-    return exe
+    return mpf.compile_against_reference(
+        bin_dir, DUMP_SRC, "vision-dump/mtmd_vision_dump",
+        ["tools/mtmd", "common", "vendor", "include", "ggml/include", "src"],
+        libs_before=("tools/mtmd/libmtmd.a",), libs_after=("vendor/hash/libvendor-hash.a",))
 
 
 def hearth_bin() -> Path:

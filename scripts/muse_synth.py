@@ -38,6 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_parity_fixtures import sha256  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -332,14 +335,10 @@ class Writer:
         self.w.close()
 
 
-def write_muse(path: Path, name: str, tok_src: Path) -> dict:
-    s = SHAPES[name]
-    arch = "muse-glimmer"
-    W = Writer(path, arch, s["seed"])
-    w = W.w
-    L, E, H, HKV, D, F = s["n_layer"], s["n_embd"], s["n_head"], s["n_head_kv"], s["head_dim"], s["n_ff"]
-    w.add_name(f"hearth synthetic {name}")
-    w.add_context_length(s["n_ctx_train"])
+def add_sizes(w, name: str, n_ctx: int, L: int, E: int, F: int, H: int, HKV: int, D: int) -> None:
+    """The name and sizes every model and draft states, in the same key order."""
+    w.add_name(name)
+    w.add_context_length(n_ctx)
     w.add_embedding_length(E)
     w.add_block_count(L)
     w.add_feed_forward_length(F)
@@ -347,6 +346,15 @@ def write_muse(path: Path, name: str, tok_src: Path) -> dict:
     w.add_head_count_kv(HKV)
     w.add_key_length(D)
     w.add_value_length(D)
+
+
+def write_muse(path: Path, name: str, tok_src: Path) -> dict:
+    s = SHAPES[name]
+    arch = "muse-glimmer"
+    W = Writer(path, arch, s["seed"])
+    w = W.w
+    L, E, H, HKV, D, F = s["n_layer"], s["n_embd"], s["n_head"], s["n_head_kv"], s["head_dim"], s["n_ff"]
+    add_sizes(w, f"hearth synthetic {name}", s["n_ctx_train"], L, E, F, H, HKV, D)
     w.add_rope_freq_base(s["rope_base"])
     if s["rope_base_swa"] is not None:
         w.add_rope_freq_base_swa(s["rope_base_swa"])
@@ -418,15 +426,7 @@ def write_draft(path: Path, name: str, tok_src: Path) -> dict:
     W = Writer(path, arch, s["seed"])
     w = W.w
     L, E, H, HKV, D, F = s["n_layer"], t["n_embd"], s["n_head"], s["n_head_kv"], s["head_dim"], s["n_ff"]
-    w.add_name(f"hearth synthetic {name} (drafter for {s['target']})")
-    w.add_context_length(t["n_ctx_train"])
-    w.add_embedding_length(E)
-    w.add_block_count(L)
-    w.add_feed_forward_length(F)
-    w.add_head_count(H)
-    w.add_head_count_kv(HKV)
-    w.add_key_length(D)
-    w.add_value_length(D)
+    add_sizes(w, f"hearth synthetic {name} (drafter for {s['target']})", t["n_ctx_train"], L, E, F, H, HKV, D)
     if s["rope_base"] is not None:
         w.add_rope_freq_base(s["rope_base"])
     w.add_layer_norm_rms_eps(s["eps"])
@@ -502,14 +502,6 @@ def write_tokenizer_only(path: Path, src: Path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write(name: str, out_dir: Path, tok_src: Path | None = None) -> tuple[Path, dict]:

@@ -3,7 +3,7 @@
 //! a unit test or a debugger.
 
 use hearth_chat::parser::{
-    merge_events, parser_with, ChatEvent, FinishHint, FinishReason, OutputFormat, ParserOptions,
+    merge_events, parser_with, streamed_arguments, ChatEvent, FinishHint, FinishReason, OutputFormat, ParserOptions,
     UnknownToolPolicy,
 };
 use serde_json::{json, Value};
@@ -163,15 +163,7 @@ fn check_events(events: &[ChatEvent], hint: FinishHint) {
                 );
                 assert!(!confirmed.contains(index), "call {index} confirmed twice");
                 confirmed.push(*index);
-                let streamed: String = events
-                    .iter()
-                    .filter_map(|e| match e {
-                        ChatEvent::ToolCallArgs { index: i, delta } if i == index => {
-                            Some(delta.as_str())
-                        }
-                        _ => None,
-                    })
-                    .collect();
+                let streamed = streamed_arguments(events, *index);
                 if !streamed.is_empty() {
                     let v: Value = serde_json::from_str(&streamed).unwrap_or_else(|e| {
                         panic!("streamed arguments {streamed:?} of call {index}: {e}")

@@ -192,23 +192,11 @@ pub fn parser_with(
         OutputFormat::Hermes if !tools.is_empty() => {
             // Qwen2.5-Coder also calls tools with untagged JSON (§8.1 fallback).
             let prefix = format!("{}bare_", options.id_prefix);
-            let inner = Box::new(Driver::new(
-                hermes::HermesParser::new(think),
-                tools.clone(),
-                options,
-            ));
+            let inner = Box::new(Driver::new(hermes::parser(think), tools.clone(), options));
             Box::new(bare_json::BareJsonFallback::new(inner, tools, prefix))
         }
-        OutputFormat::Hermes => Box::new(Driver::new(
-            hermes::HermesParser::new(think),
-            tools,
-            options,
-        )),
-        OutputFormat::Qwen3Xml => Box::new(Driver::new(
-            qwen3_xml::Qwen3XmlParser::new(think),
-            tools,
-            options,
-        )),
+        OutputFormat::Hermes => Box::new(Driver::new(hermes::parser(think), tools, options)),
+        OutputFormat::Qwen3Xml => Box::new(Driver::new(qwen3_xml::parser(think), tools, options)),
         OutputFormat::Harmony => {
             Box::new(Driver::new(harmony::HarmonyParser::new(), tools, options))
         }
@@ -232,6 +220,19 @@ pub fn merge_events(events: impl IntoIterator<Item = ChatEvent>) -> Vec<ChatEven
         }
     }
     out
+}
+
+/// The argument text streamed for call `index`: its [`ChatEvent::ToolCallArgs`]
+/// deltas concatenated, as a streaming client rebuilds it. For a confirmed call
+/// it is JSON equal to the call's `arguments` (or empty when none streamed).
+pub fn streamed_arguments(events: &[ChatEvent], index: usize) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ChatEvent::ToolCallArgs { index: i, delta } if *i == index => Some(delta.as_str()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Runs a whole text through a fresh parser: convenience for tests and tools.

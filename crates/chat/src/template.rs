@@ -458,26 +458,19 @@ fn new_environment() -> Environment<'static> {
     env.add_test("number", |v: Value| {
         matches!(v.kind(), ValueKind::Number | ValueKind::Bool)
     });
-    env.add_test("sequence", |v: Value| {
+    let sequence = |k: ValueKind| {
         matches!(
-            v.kind(),
+            k,
             ValueKind::String
                 | ValueKind::Bytes
                 | ValueKind::Seq
                 | ValueKind::Map
                 | ValueKind::Undefined
         )
-    });
-    env.add_test("iterable", |v: Value| {
-        matches!(
-            v.kind(),
-            ValueKind::String
-                | ValueKind::Bytes
-                | ValueKind::Seq
-                | ValueKind::Map
-                | ValueKind::Iterable
-                | ValueKind::Undefined
-        )
+    };
+    env.add_test("sequence", move |v: Value| sequence(v.kind()));
+    env.add_test("iterable", move |v: Value| {
+        sequence(v.kind()) || v.kind() == ValueKind::Iterable
     });
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);

@@ -15,24 +15,48 @@ use serde_json::{json, Value};
 
 // ---- Muse Glimmer, §5 ----
 
+/// The client's view of `text` parsed as Muse Glimmer output.
+fn mg(tools: Option<&Value>, text: &str, hint: FinishHint) -> Outcome {
+    parsed("muse-glimmer", tools, text, hint)
+}
+
 #[test]
 fn mg_1_answer_with_reasoning() {
     let text = format!(" to=self{M}17*23 = 391.{E}{S}assistant to=user{M}391");
-    let o = outcome(&parse(
-        "muse-glimmer",
-        Some(&tools_weather_add()),
-        &text,
-        FinishHint::Stop,
-    ));
+    let o = mg(Some(&tools_weather_add()), &text, FinishHint::Stop);
     assert_eq!(
         o,
-        Outcome {
-            reasoning: Some("17*23 = 391.".into()),
-            content: Some("391".into()),
-            calls: vec![],
-            finish: FinishReason::Stop
-        }
+        Outcome::new(
+            Some("17*23 = 391."),
+            Some("391"),
+            vec![],
+            FinishReason::Stop
+        )
     );
+}
+
+/// The start of call 0, `get_weather`, as streamed.
+fn weather_call_start() -> ChatEvent {
+    ChatEvent::ToolCallStart {
+        index: 0,
+        id: "call_0".into(),
+        name: "get_weather".into(),
+    }
+}
+
+/// The confirmation of call 0, `get_weather` for Paris, and the end of the turn.
+fn paris_call_confirmed() -> [ChatEvent; 2] {
+    [
+        ChatEvent::ToolCall {
+            index: 0,
+            id: "call_0".into(),
+            name: "get_weather".into(),
+            arguments: json!({"city": "Paris"}),
+        },
+        ChatEvent::End {
+            finish_reason: FinishReason::ToolCalls,
+        },
+    ]
 }
 
 #[test]
@@ -40,45 +64,26 @@ fn mg_2_reasoning_then_call() {
     let block = atem_block(&[("get_weather", &[("city", "Paris")])]);
     for header in [" to=get_weather", " to=get_weather constrain=json"] {
         let text = format!(" to=self{M}Need weather.{E}{S}assistant{header}{M}{block}");
-        let events = parse(
-            "muse-glimmer",
-            Some(&tools_weather_add()),
-            &text,
-            FinishHint::Stop,
-        );
+        let events = parse_mg(&text, FinishHint::Stop);
         assert_eq!(
             outcome(&events),
-            Outcome {
-                reasoning: Some("Need weather.".into()),
-                content: None,
-                calls: vec![call(0, "get_weather", json!({"city": "Paris"}))],
-                finish: FinishReason::ToolCalls
-            }
+            Outcome::new(
+                Some("Need weather."),
+                None,
+                vec![call(0, "get_weather", json!({"city": "Paris"}))],
+                FinishReason::ToolCalls
+            )
         );
-        assert_eq!(
-            events,
-            vec![
-                ChatEvent::Reasoning("Need weather.".into()),
-                ChatEvent::ToolCallStart {
-                    index: 0,
-                    id: "call_0".into(),
-                    name: "get_weather".into()
-                },
-                ChatEvent::ToolCallArgs {
-                    index: 0,
-                    delta: r#"{"city": "Paris"}"#.into()
-                },
-                ChatEvent::ToolCall {
-                    index: 0,
-                    id: "call_0".into(),
-                    name: "get_weather".into(),
-                    arguments: json!({"city": "Paris"})
-                },
-                ChatEvent::End {
-                    finish_reason: FinishReason::ToolCalls
-                },
-            ]
-        );
+        let mut expected = vec![
+            ChatEvent::Reasoning("Need weather.".into()),
+            weather_call_start(),
+            ChatEvent::ToolCallArgs {
+                index: 0,
+                delta: r#"{"city": "Paris"}"#.into(),
+            },
+        ];
+        expected.extend(paris_call_confirmed());
+        assert_eq!(events, expected);
     }
 }
 
@@ -103,12 +108,7 @@ fn mg_3_coercion() {
         ],
     )]);
     let text = format!(" to=edit{M}{block}");
-    let o = outcome(&parse(
-        "muse-glimmer",
-        Some(&edit_tools()),
-        &text,
-        FinishHint::Stop,
-    ));
+    let o = mg(Some(&edit_tools()), &text, FinishHint::Stop);
     // Compared as JSON text: key order is order of appearance.
     assert_eq!(
         o.calls,
@@ -125,7 +125,7 @@ fn mg_3_coercion() {
         ("dry", "1", json!("1")),
     ] {
         let text = atem_block(&[("edit", &[(key, raw)])]);
-        let o = outcome(&parse("atem", Some(&edit_tools()), &text, FinishHint::Stop));
+        let o = parsed("atem", Some(&edit_tools()), &text, FinishHint::Stop);
         assert_eq!(o.calls, vec![call(0, "edit", json!({ key: want }))]);
     }
 }
@@ -143,12 +143,7 @@ fn mg_4_embedded_tags() {
         "</atem:invoke> then </atem:function_calls> inside",
     ] {
         let text = format!(" to=run{M}{}", atem_block(&[("run", &[("code", value)])]));
-        let o = outcome(&parse(
-            "muse-glimmer",
-            Some(&run_tools()),
-            &text,
-            FinishHint::Stop,
-        ));
+        let o = mg(Some(&run_tools()), &text, FinishHint::Stop);
         assert_eq!(
             o.calls,
             vec![call(0, "run", json!({ "code": value }))],
@@ -169,12 +164,7 @@ fn mg_5_parallel() {
         ("add", &[("a", "3"), ("b", "4")]),
     ]);
     let text = format!(" to=add{M}{one_block}");
-    let o = outcome(&parse(
-        "muse-glimmer",
-        Some(&tools_weather_add()),
-        &text,
-        FinishHint::Stop,
-    ));
+    let o = mg(Some(&tools_weather_add()), &text, FinishHint::Stop);
     assert_eq!(
         (o.calls, o.finish),
         (expect.clone(), FinishReason::ToolCalls)
@@ -183,12 +173,7 @@ fn mg_5_parallel() {
     let a = atem_block(&[("add", &[("a", "1"), ("b", "2")])]);
     let b = atem_block(&[("add", &[("a", "3"), ("b", "4")])]);
     let text = format!(" to=add{M}{a}{E}{S}assistant to=add{M}{b}");
-    let o = outcome(&parse(
-        "muse-glimmer",
-        Some(&tools_weather_add()),
-        &text,
-        FinishHint::Stop,
-    ));
+    let o = mg(Some(&tools_weather_add()), &text, FinishHint::Stop);
     assert_eq!((o.calls, o.content), (expect, None));
 }
 
@@ -202,12 +187,7 @@ fn mg_6_truncated_call() {
         let events = parse(format, Some(&tools_weather_add()), text, FinishHint::Length);
         assert_eq!(
             outcome(&events),
-            Outcome {
-                reasoning: None,
-                content: Some(text.into()),
-                calls: vec![],
-                finish: FinishReason::Length
-            }
+            Outcome::new(None, Some(text), vec![], FinishReason::Length)
         );
         assert_eq!(warnings(&events), 1);
     }
@@ -217,12 +197,12 @@ fn mg_6_truncated_call() {
         "{}\n</atem:invoke>\n",
         "<atem:function_calls>\n<atem:invoke name=\"get_weather\">\n<atem:parameter name=\"city\">Pa</atem:parameter>"
     );
-    let o = outcome(&parse(
+    let o = parsed(
         "atem",
         Some(&tools_weather_add()),
         &text,
         FinishHint::Length,
-    ));
+    );
     assert_eq!(o.calls, vec![call(0, "get_weather", json!({"city": "Pa"}))]);
 }
 
@@ -236,12 +216,7 @@ fn mg_7_names_and_unknown_tools() {
     ] {
         let block = atem_block(&[(written, &[("path", "/x")])]);
         let text = format!(" to={written}{M}{block}");
-        let o = outcome(&parse(
-            "muse-glimmer",
-            Some(&tools),
-            &text,
-            FinishHint::Stop,
-        ));
+        let o = mg(Some(&tools), &text, FinishHint::Stop);
         assert_eq!(o.calls, vec![call(0, want, json!({"path": "/x"}))]);
     }
     // Policy `text`: the whole visible response, markup included, no calls.
@@ -251,32 +226,20 @@ fn mg_7_names_and_unknown_tools() {
     };
     let block = atem_block(&[("delete_everything", &[("path", "/")])]);
     let text = format!(" to=self{M}hmm{E}{S}assistant to=user{M}OK. {block}");
-    let o = outcome(&parse_opts(
-        "muse-glimmer",
-        Some(&tools),
-        &opts,
-        &text,
-        FinishHint::Stop,
-    ));
+    let o = parsed_opts("muse-glimmer", Some(&tools), &opts, &text, FinishHint::Stop);
     assert_eq!(
         o,
-        Outcome {
-            reasoning: Some("hmm".into()),
-            content: Some(format!("OK. {block}")),
-            calls: vec![],
-            finish: FinishReason::Stop
-        }
+        Outcome::new(
+            Some("hmm"),
+            Some(&format!("OK. {block}")),
+            vec![],
+            FinishReason::Stop
+        )
     );
     // Same policy, registered names: calls as usual.
     let block = atem_block(&[("read", &[("path", "/")])]);
     let text = format!(" to=read{M}{block}");
-    let o = outcome(&parse_opts(
-        "muse-glimmer",
-        Some(&tools),
-        &opts,
-        &text,
-        FinishHint::Stop,
-    ));
+    let o = parsed_opts("muse-glimmer", Some(&tools), &opts, &text, FinishHint::Stop);
     assert_eq!(o.calls, vec![call(0, "read", json!({"path": "/"}))]);
     assert_eq!(o.content, None);
 }
@@ -284,46 +247,33 @@ fn mg_7_names_and_unknown_tools() {
 #[test]
 fn mg_8_prose_look_alikes() {
     let tools = tools_weather_add();
-    let o = outcome(&parse(
-        "muse-glimmer",
+    let o = mg(
         Some(&tools),
         "Use goto=label; set auto=true.",
         FinishHint::Stop,
-    ));
+    );
     assert_eq!(o.content.as_deref(), Some("Use goto=label; set auto=true."));
     assert_eq!(o.reasoning, None);
 
-    let o = outcome(&parse(
-        "muse-glimmer",
+    let o = mg(
         Some(&tools),
         &format!(" to=user{M}Paris."),
         FinishHint::Stop,
-    ));
+    );
     assert_eq!(o.content.as_deref(), Some("Paris."));
 
-    let o = outcome(&parse(
-        "muse-glimmer",
+    let o = mg(
         Some(&tools),
         &format!(" to=self{M}x{E}"),
         FinishHint::Length,
-    ));
+    );
     assert_eq!(
         o,
-        Outcome {
-            reasoning: Some("x".into()),
-            content: None,
-            calls: vec![],
-            finish: FinishReason::Length
-        }
+        Outcome::new(Some("x"), None, vec![], FinishReason::Length)
     );
     // Prose with a would-be header that never reaches `<|message|>`.
     let text = format!(" to=user{M}Set x to=5 then go to the end.");
-    let o = outcome(&parse(
-        "muse-glimmer",
-        Some(&tools),
-        &text,
-        FinishHint::Stop,
-    ));
+    let o = mg(Some(&tools), &text, FinishHint::Stop);
     assert_eq!(o.content.as_deref(), Some("Set x to=5 then go to the end."));
 }
 
@@ -349,18 +299,13 @@ fn mg_9_streaming_token_by_token() {
     let mut p =
         hearth_chat::parser::parser_for("muse-glimmer", Some(&tools_weather_add())).unwrap();
     let per_token: Vec<Vec<ChatEvent>> = tokens.iter().map(|t| p.feed(t)).collect();
-    let start = ChatEvent::ToolCallStart {
-        index: 0,
-        id: "call_0".into(),
-        name: "get_weather".into(),
-    };
     let args = |d: &str| ChatEvent::ToolCallArgs {
         index: 0,
         delta: d.into(),
     };
     assert_eq!(per_token[3], vec![ChatEvent::Reasoning("Let".into())]);
     assert_eq!(per_token[4], vec![ChatEvent::Reasoning(" me".into())]);
-    assert_eq!(per_token[11], vec![start]);
+    assert_eq!(per_token[11], vec![weather_call_start()]);
     assert_eq!(
         merge_events(per_token[12].clone()),
         vec![args(r#"{"city": "Par"#)]
@@ -371,21 +316,9 @@ fn mg_9_streaming_token_by_token() {
             .cloned()
             .chain(p.finish(FinishHint::Stop)),
     );
-    assert_eq!(
-        last,
-        vec![
-            args(r#"is"}"#),
-            ChatEvent::ToolCall {
-                index: 0,
-                id: "call_0".into(),
-                name: "get_weather".into(),
-                arguments: json!({"city": "Paris"})
-            },
-            ChatEvent::End {
-                finish_reason: FinishReason::ToolCalls
-            }
-        ]
-    );
+    let mut expected = vec![args(r#"is"}"#)];
+    expected.extend(paris_call_confirmed());
+    assert_eq!(last, expected);
     let all: Vec<ChatEvent> = per_token.into_iter().flatten().collect();
     assert!(
         !all.iter().any(|e| matches!(e, ChatEvent::Content(_))),
@@ -397,12 +330,7 @@ fn mg_9_streaming_token_by_token() {
 fn mg_calls_inside_reasoning_are_not_calls() {
     let block = atem_block(&[("get_weather", &[("city", "Paris")])]);
     let text = format!(" to=self{M}I could write {block} here.{E}{S}assistant to=user{M}No.");
-    let o = outcome(&parse(
-        "muse-glimmer",
-        Some(&tools_weather_add()),
-        &text,
-        FinishHint::Stop,
-    ));
+    let o = mg(Some(&tools_weather_add()), &text, FinishHint::Stop);
     assert_eq!(o.reasoning, Some(format!("I could write {block} here.")));
     assert_eq!((o.content.as_deref(), o.calls.len()), (Some("No."), 0));
 }
@@ -413,12 +341,7 @@ fn mg_bodies_join_and_text_after_calls_is_kept() {
     let text = format!(
         " to=self{M}One.{E}{S}assistant to=get_weather{M}{block}{E}{S}assistant to=self{M}Two.{E}{S}assistant to=user{M}Done.{T}"
     );
-    let o = outcome(&parse(
-        "muse-glimmer",
-        Some(&tools_weather_add()),
-        &text,
-        FinishHint::Stop,
-    ));
+    let o = mg(Some(&tools_weather_add()), &text, FinishHint::Stop);
     assert_eq!(o.reasoning.as_deref(), Some("One.\n\nTwo."));
     assert_eq!(o.content.as_deref(), Some("Done."));
     assert_eq!(
@@ -427,35 +350,26 @@ fn mg_bodies_join_and_text_after_calls_is_kept() {
     );
     // A message to the user is the answer: a block quoted in it stays
     // content (llama.cpp 11434's parser; a call needs a ` to=TOOL` message).
-    let o = outcome(&parse(
-        "muse-glimmer",
+    let o = mg(
         Some(&tools_weather_add()),
         &format!(" to=user{M}{block}"),
         FinishHint::Stop,
-    ));
+    );
     assert_eq!((o.content, o.calls.len()), (Some(block.clone()), 0));
     // A header without `<|start|>` mid-body still switches messages (§3.2 rule 1).
-    let o = outcome(&parse(
-        "muse-glimmer",
+    let o = mg(
         None,
         &format!(" to=self{M}think to=user{M}hi"),
         FinishHint::Stop,
-    ));
-    assert_eq!(
-        (o.reasoning.as_deref(), o.content.as_deref()),
-        (Some("think"), Some("hi"))
     );
+    assert_eq!(o.texts(), (Some("think"), Some("hi")));
     // A bare `<|start|>assistant<|message|>` (no recipient) is content.
-    let o = outcome(&parse(
-        "muse-glimmer",
+    let o = mg(
         None,
         &format!(" to=self{M}a{E}{S}assistant{M}b"),
         FinishHint::Stop,
-    ));
-    assert_eq!(
-        (o.reasoning.as_deref(), o.content.as_deref()),
-        (Some("a"), Some("b"))
     );
+    assert_eq!(o.texts(), (Some("a"), Some("b")));
 }
 
 #[test]
@@ -488,16 +402,16 @@ fn hermes_calls() {
     let tools = tools_weather_add();
     let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call><|im_end|>";
     assert_eq!(
-        outcome(&parse("hermes", Some(&tools), text, FinishHint::Stop)),
-        Outcome {
-            reasoning: None,
-            content: Some("Let me check.".into()),
-            calls: vec![
+        parsed("hermes", Some(&tools), text, FinishHint::Stop),
+        Outcome::new(
+            None,
+            Some("Let me check."),
+            vec![
                 call(0, "get_weather", json!({"city": "Paris"})),
                 call(1, "add", json!({"a": 1, "b": 2}))
             ],
-            finish: FinishReason::ToolCalls
-        }
+            FinishReason::ToolCalls
+        )
     );
     // A list in one block, `parameters`, string arguments, null arguments, and
     // `</tool_call>` inside a JSON string.
@@ -507,7 +421,7 @@ fn hermes_calls() {
         "<tool_call>{\"name\": \"add\", \"arguments\": null}</tool_call>"
     );
     assert_eq!(
-        outcome(&parse("hermes", Some(&tools), text, FinishHint::Stop)).calls,
+        parsed("hermes", Some(&tools), text, FinishHint::Stop).calls,
         vec![
             call(0, "add", json!({"a": 1, "b": 2})),
             call(1, "get_weather", json!({"city": "</tool_call>"})),
@@ -519,28 +433,32 @@ fn hermes_calls() {
 #[test]
 fn hermes_malformed_truncated_think_unknown() {
     let tools = tools_weather_add();
-    // Malformed (text after the JSON value): content, verbatim, with a warning
-    // (the reference drops it and keeps only the text before).
-    let text = "Hi <tool_call>{\"name\": \"add\", \"arguments\": {}} oops</tool_call>";
-    let events = parse("hermes", Some(&tools), text, FinishHint::Stop);
-    let o = outcome(&events);
-    assert_eq!(
-        (o.content.as_deref(), o.calls.len(), o.finish),
-        (Some(text), 0, FinishReason::Stop)
-    );
-    assert_eq!(warnings(&events), 1);
-    // Truncated: content too.
-    let text = "Hi <tool_call>{\"name\": \"add\", \"arguments\": {\"a\": 1";
-    let events = parse("hermes", Some(&tools), text, FinishHint::Length);
-    let o = outcome(&events);
-    assert_eq!(
-        (o.content.as_deref(), o.calls.len(), o.finish),
-        (Some(text), 0, FinishReason::Length)
-    );
-    assert_eq!(warnings(&events), 1);
+    for (text, hint, finish) in [
+        // Malformed (text after the JSON value): content, verbatim, with a
+        // warning (the reference drops it and keeps only the text before).
+        (
+            "Hi <tool_call>{\"name\": \"add\", \"arguments\": {}} oops</tool_call>",
+            FinishHint::Stop,
+            FinishReason::Stop,
+        ),
+        // Truncated: content too.
+        (
+            "Hi <tool_call>{\"name\": \"add\", \"arguments\": {\"a\": 1",
+            FinishHint::Length,
+            FinishReason::Length,
+        ),
+    ] {
+        let events = parse("hermes", Some(&tools), text, hint);
+        let o = outcome(&events);
+        assert_eq!(
+            (o.content.as_deref(), o.calls.len(), o.finish),
+            (Some(text), 0, finish)
+        );
+        assert_eq!(warnings(&events), 1);
+    }
     // Calls inside <think> are not calls.
     let text = "<think>maybe <tool_call>{\"name\": \"add\"}</tool_call></think>\n\nNo call.";
-    let o = outcome(&parse("hermes", Some(&tools), text, FinishHint::Stop));
+    let o = parsed("hermes", Some(&tools), text, FinishHint::Stop);
     assert_eq!(
         o.reasoning.as_deref(),
         Some("maybe <tool_call>{\"name\": \"add\"}</tool_call>")
@@ -552,13 +470,7 @@ fn hermes_malformed_truncated_think_unknown() {
         ..Default::default()
     };
     let text = "Hi <tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>";
-    let o = outcome(&parse_opts(
-        "hermes",
-        Some(&tools),
-        &opts,
-        text,
-        FinishHint::Stop,
-    ));
+    let o = parsed_opts("hermes", Some(&tools), &opts, text, FinishHint::Stop);
     assert_eq!((o.content.as_deref(), o.calls.len()), (Some(text), 0));
 }
 
@@ -572,18 +484,18 @@ fn qwen3_xml_calls() {
     ]);
     let text = "I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
     assert_eq!(
-        outcome(&parse("qwen3-xml", Some(&tools), text, FinishHint::Stop)),
-        Outcome {
-            reasoning: None,
-            content: Some("I'll check.".into()),
-            calls: vec![call(0, "get_weather", json!({"city": "Paris", "days": 3}))],
-            finish: FinishReason::ToolCalls
-        }
+        parsed("qwen3-xml", Some(&tools), text, FinishHint::Stop),
+        Outcome::new(
+            None,
+            Some("I'll check."),
+            vec![call(0, "get_weather", json!({"city": "Paris", "days": 3}))],
+            FinishReason::ToolCalls
+        )
     );
     // No wrapper; one newline stripped each side; embedded closing tags; None.
     let text = "<function=get_weather>\n<parameter=city>\n\n two\nlines \n\n</parameter>\n</function>\n<function=note>\n<parameter=text>\nNone\n</parameter>\n<parameter=tags>\n[\"a\"]\n</parameter>\n</function>";
     assert_eq!(
-        outcome(&parse("qwen3-xml", Some(&tools), text, FinishHint::Stop)).calls,
+        parsed("qwen3-xml", Some(&tools), text, FinishHint::Stop).calls,
         vec![
             call(0, "get_weather", json!({"city": "\n two\nlines \n"})),
             call(1, "note", json!({"text": null, "tags": ["a"]})),
@@ -591,7 +503,7 @@ fn qwen3_xml_calls() {
     );
     let text = "<function=get_weather>\n<parameter=city>\na </parameter> b </function> c\n</parameter>\n</function>";
     assert_eq!(
-        outcome(&parse("qwen3-xml", Some(&tools), text, FinishHint::Stop)).calls,
+        parsed("qwen3-xml", Some(&tools), text, FinishHint::Stop).calls,
         vec![call(
             0,
             "get_weather",
@@ -604,33 +516,30 @@ fn qwen3_xml_calls() {
 fn qwen3_xml_think_and_truncation() {
     let tools = json!([{"name": "f", "parameters": {"properties": {"x": {"type": "string"}}}}]);
     let text = "<think>\nuse <function=f>\n</function> maybe\n</think>\n\nOK <function=f>\n<parameter=x>\nabc";
-    let o = outcome(&parse("qwen3-xml", Some(&tools), text, FinishHint::Length));
+    let o = parsed("qwen3-xml", Some(&tools), text, FinishHint::Length);
+    // The cut-off call is content (issue 19).
     assert_eq!(
         o,
-        Outcome {
-            reasoning: Some("\nuse <function=f>\n</function> maybe\n".into()),
-            // The cut-off call is content (issue 19).
-            content: Some("OK <function=f>\n<parameter=x>\nabc".into()),
-            calls: vec![],
-            finish: FinishReason::Length
-        }
+        Outcome::new(
+            Some("\nuse <function=f>\n</function> maybe\n"),
+            Some("OK <function=f>\n<parameter=x>\nabc"),
+            vec![],
+            FinishReason::Length
+        )
     );
     // Generation that starts inside <think> (the prompt opened it).
     let opts = ParserOptions {
         start_in_reasoning: true,
         ..Default::default()
     };
-    let o = outcome(&parse_opts(
+    let o = parsed_opts(
         "qwen3-xml",
         Some(&tools),
         &opts,
         "hmm</think>Hi",
         FinishHint::Stop,
-    ));
-    assert_eq!(
-        (o.reasoning.as_deref(), o.content.as_deref()),
-        (Some("hmm"), Some("Hi"))
     );
+    assert_eq!(o.texts(), (Some("hmm"), Some("Hi")));
 }
 
 // ---- Harmony, §7 ----
@@ -638,29 +547,31 @@ fn qwen3_xml_think_and_truncation() {
 #[test]
 fn harmony_channels_and_calls() {
     let tools = tools_weather_add();
-    let text = "<|channel|>analysis<|message|>User asks 17*23.<|end|><|start|>assistant<|channel|>final<|message|>391<|return|>";
-    assert_eq!(
-        outcome(&parse("harmony", Some(&tools), text, FinishHint::Stop)),
-        Outcome {
-            reasoning: Some("User asks 17*23.".into()),
-            content: Some("391".into()),
-            calls: vec![],
-            finish: FinishReason::Stop
-        }
-    );
-    let text = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>";
-    assert_eq!(
-        outcome(&parse("harmony", Some(&tools), text, FinishHint::Stop)),
-        Outcome {
-            reasoning: Some("Need weather.".into()),
-            content: None,
-            calls: vec![call(0, "get_weather", json!({"city": "Paris"}))],
-            finish: FinishReason::ToolCalls
-        }
-    );
+    for (text, want) in [
+        (
+            "<|channel|>analysis<|message|>User asks 17*23.<|end|><|start|>assistant<|channel|>final<|message|>391<|return|>",
+            Outcome::new(
+                Some("User asks 17*23."),
+                Some("391"),
+                vec![],
+                FinishReason::Stop,
+            ),
+        ),
+        (
+            "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>",
+            Outcome::new(
+                Some("Need weather."),
+                None,
+                vec![call(0, "get_weather", json!({"city": "Paris"}))],
+                FinishReason::ToolCalls,
+            ),
+        ),
+    ] {
+        assert_eq!(parsed("harmony", Some(&tools), text, FinishHint::Stop), want);
+    }
     // Recipient before the channel; a preamble on commentary; two calls.
     let text = "<|channel|>commentary<|message|>Checking both.<|end|><|start|>assistant to=functions.add<|channel|>commentary <|constrain|>json<|message|>{\"a\": 1, \"b\": 2}<|call|><|start|>assistant<|channel|>commentary to=functions.add <|constrain|>json<|message|>{\"a\": 3, \"b\": 4}<|call|>";
-    let o = outcome(&parse("harmony", Some(&tools), text, FinishHint::Stop));
+    let o = parsed("harmony", Some(&tools), text, FinishHint::Stop);
     assert_eq!(o.content.as_deref(), Some("Checking both."));
     assert_eq!(
         o.calls,
@@ -675,7 +586,7 @@ fn harmony_channels_and_calls() {
 fn harmony_builtin_recipients_and_truncation() {
     let tools = tools_weather_add();
     let text = "<|channel|>analysis to=browser.search<|message|>{\"query\": \"x\"}<|call|>";
-    let o = outcome(&parse("harmony", Some(&tools), text, FinishHint::Stop));
+    let o = parsed("harmony", Some(&tools), text, FinishHint::Stop);
     assert_eq!(
         o.calls,
         vec![call(0, "browser.search", json!({"query": "x"}))]
@@ -684,33 +595,27 @@ fn harmony_builtin_recipients_and_truncation() {
         unknown_tool_policy: UnknownToolPolicy::Text,
         ..Default::default()
     };
-    let o = outcome(&parse_opts(
-        "harmony",
-        Some(&tools),
-        &opts,
-        text,
-        FinishHint::Stop,
-    ));
+    let o = parsed_opts("harmony", Some(&tools), &opts, text, FinishHint::Stop);
     assert_eq!(
         (o.calls.len(), o.content.as_deref()),
         (0, Some("{\"query\": \"x\"}"))
     );
     // A cut-off call body is content (issue 19); its header is framing.
     let text = "<|channel|>commentary to=functions.add <|constrain|>json<|message|>{\"a\": 1";
-    let o = outcome(&parse("harmony", Some(&tools), text, FinishHint::Length));
+    let o = parsed("harmony", Some(&tools), text, FinishHint::Length);
     assert_eq!(
         (o.calls.len(), o.content.as_deref(), o.finish),
         (0, Some("{\"a\": 1"), FinishReason::Length)
     );
     // Unframed text is content.
-    let o = outcome(&parse("harmony", None, "just text", FinishHint::Stop));
+    let o = parsed("harmony", None, "just text", FinishHint::Stop);
     assert_eq!(o.content.as_deref(), Some("just text"));
 }
 
 #[test]
 fn plain_is_all_content() {
     let text = "<|start|>x <tool_call>{}</tool_call> to=self<|message|>";
-    let o = outcome(&parse("plain", None, text, FinishHint::Length));
+    let o = parsed("plain", None, text, FinishHint::Length);
     assert_eq!(
         (o.content.as_deref(), o.finish),
         (Some(text), FinishReason::Length)

@@ -3,7 +3,10 @@
 //! (or a list of those) is a call; anything else stays content. Checked whole
 //! and at every chunking.
 
-use hearth_chat::parser::{merge_events, parser_for, ChatEvent, FinishHint, FinishReason};
+mod common;
+
+use common::{call, feed_chunks, outcome, Outcome};
+use hearth_chat::parser::{parser_for, ChatEvent, FinishHint, FinishReason, ParserOptions};
 use serde_json::json;
 
 fn tools() -> serde_json::Value {
@@ -11,17 +14,13 @@ fn tools() -> serde_json::Value {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])
 }
 
-/// Merged events, checked to be the same for every two-piece split.
-fn parse(text: &str) -> Vec<ChatEvent> {
-    let run = |pieces: &[&str]| {
-        let mut p = parser_for("hermes", Some(&tools())).unwrap();
-        let mut ev = Vec::new();
-        for piece in pieces {
-            ev.extend(p.feed(piece));
-        }
-        ev.extend(p.finish(FinishHint::Stop));
-        merge_events(ev)
-    };
+/// The client's view of `text`, checked to be the same for every two-piece
+/// split. (Not `common::parse`: a call found by the fallback is confirmed
+/// whole at the end, so no argument deltas stream.)
+fn parse(text: &str) -> Outcome {
+    let opts = ParserOptions::default();
+    let run =
+        |pieces: &[&str]| feed_chunks("hermes", Some(&tools()), &opts, pieces, FinishHint::Stop);
     let whole = run(&[text]);
     for (i, _) in text.char_indices().skip(1) {
         assert_eq!(
@@ -30,61 +29,41 @@ fn parse(text: &str) -> Vec<ChatEvent> {
             "split at {i} of {text:?}"
         );
     }
-    whole
+    outcome(&whole)
 }
 
-fn calls(ev: &[ChatEvent]) -> Vec<(String, serde_json::Value)> {
-    ev.iter()
-        .filter_map(|e| match e {
-            ChatEvent::ToolCall {
-                name, arguments, ..
-            } => Some((name.clone(), arguments.clone())),
-            _ => None,
-        })
-        .collect()
-}
-
-fn content(ev: &[ChatEvent]) -> String {
-    ev.iter()
-        .filter_map(|e| {
-            if let ChatEvent::Content(s) = e {
-                Some(s.as_str())
-            } else {
-                None
-            }
-        })
-        .collect()
-}
-
-fn finish(ev: &[ChatEvent]) -> FinishReason {
-    match ev.last() {
-        Some(ChatEvent::End { finish_reason }) => *finish_reason,
-        other => panic!("no end event: {other:?}"),
-    }
+/// `text` is one `get_weather` call for `city` and nothing else.
+fn assert_one_weather_call(text: &str, city: &str) {
+    let o = parse(text);
+    assert_eq!(
+        o,
+        Outcome::new(
+            None,
+            None,
+            vec![call(0, "get_weather", json!({ "city": city }))],
+            FinishReason::ToolCalls
+        )
+    );
 }
 
 #[test]
 fn fenced_json_block_is_a_call() {
     // What qwen2.5-coder-0.5b writes at temperature 0 for a weather question.
-    let ev = parse("```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\n    \"city\": \"Paris\"\n  }\n}\n```");
-    assert_eq!(
-        calls(&ev),
-        vec![("get_weather".to_string(), json!({"city": "Paris"}))]
+    assert_one_weather_call(
+        "```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\n    \"city\": \"Paris\"\n  }\n}\n```",
+        "Paris",
     );
-    assert_eq!(content(&ev), "");
-    assert_eq!(finish(&ev), FinishReason::ToolCalls);
 }
 
 #[test]
 fn bare_object_and_list_are_calls() {
-    let ev = parse(" {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}} ");
-    assert_eq!(
-        calls(&ev),
-        vec![("get_weather".to_string(), json!({"city": "Oslo"}))]
+    assert_one_weather_call(
+        " {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}} ",
+        "Oslo",
     );
-    let ev = parse("[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}, {\"name\": \"get_weather\", \"parameters\": {\"city\": \"B\"}}]");
-    assert_eq!(calls(&ev).len(), 2);
-    assert_eq!(calls(&ev)[1].1, json!({"city": "B"}));
+    let o = parse("[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}, {\"name\": \"get_weather\", \"parameters\": {\"city\": \"B\"}}]");
+    assert_eq!(o.calls.len(), 2);
+    assert_eq!(o.calls[1], call(1, "get_weather", json!({"city": "B"})));
 }
 
 #[test]
@@ -96,10 +75,10 @@ fn other_json_and_text_stay_content() {
         "The weather tool needs a city.",
         "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}} and more text",
     ] {
-        let ev = parse(text);
-        assert!(calls(&ev).is_empty(), "{text}");
-        assert_eq!(content(&ev), text);
-        assert_eq!(finish(&ev), FinishReason::Stop);
+        let o = parse(text);
+        assert!(o.calls.is_empty(), "{text}");
+        assert_eq!(o.content.as_deref(), Some(text));
+        assert_eq!(o.finish, FinishReason::Stop);
     }
 }
 
@@ -111,9 +90,8 @@ fn ordinary_text_is_not_held_back() {
 
 #[test]
 fn tagged_calls_still_work() {
-    let ev = parse("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>");
-    assert_eq!(
-        calls(&ev),
-        vec![("get_weather".to_string(), json!({"city": "Rome"}))]
+    assert_one_weather_call(
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>",
+        "Rome",
     );
 }

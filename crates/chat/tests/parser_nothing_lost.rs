@@ -112,13 +112,13 @@ fn hermes_malformed_then_real_call() {
     assert_eq!(warnings(&events).len(), 1);
     // A doubled opening tag: the first is text, the second opens the call.
     let text = "<tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {}}\n</tool_call>";
-    let o = outcome(&parse("hermes", Some(&tools), text, FinishHint::Stop));
+    let o = parsed("hermes", Some(&tools), text, FinishHint::Stop);
     assert_eq!(o.content.as_deref(), Some("<tool_call>"));
     assert_eq!(o.calls, vec![call(0, "add", json!({}))]);
     // A confirmed call, then a cut-off one: the first counts, the second is
     // text (the whitespace after a confirmed call is dropped, as always).
     let text = "<tool_call>{\"name\": \"add\", \"arguments\": {}}</tool_call>\n<tool_call>{\"name\": \"add\"";
-    let o = outcome(&parse("hermes", Some(&tools), text, FinishHint::Length));
+    let o = parsed("hermes", Some(&tools), text, FinishHint::Length);
     assert_eq!(o.content.as_deref(), Some("<tool_call>{\"name\": \"add\""));
     assert_eq!(o.calls.len(), 1);
     assert_eq!(o.finish, FinishReason::ToolCalls);
@@ -234,12 +234,7 @@ fn muse_glimmer_tool_message_cut_by_end_of_message() {
     // the next message is parsed as usual.
     let block = "<atem:function_calls>\n<atem:invoke name=\"get_weather\">\n<atem:parameter name=\"city\">Pa";
     let text = format!(" to=get_weather{M}{block}{E}{S}assistant to=user{M}Sorry.");
-    let events = parse(
-        "muse-glimmer",
-        Some(&tools_weather_add()),
-        &text,
-        FinishHint::Stop,
-    );
+    let events = parse_mg(&text, FinishHint::Stop);
     let o = outcome(&events);
     assert_eq!(o.content, Some(format!("{block}\n\nSorry.")));
     assert_eq!((o.calls.len(), o.finish), (0, FinishReason::Stop));
@@ -286,22 +281,6 @@ fn plain_returns_everything() {
 }
 
 // ---- any text, any format ----
-
-/// splitmix64: small, seedable, dependency-free.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 /// Pieces of every format's call syntax, whole and cut, and prose.
 const PIECES: &[&str] = &[
@@ -426,7 +405,7 @@ fn overlong_tag_names_are_text_however_the_output_is_split() {
             true,
         ),
     ] {
-        let o = outcome(&parse(format, None, &text, FinishHint::Stop));
+        let o = parsed(format, None, &text, FinishHint::Stop);
         if is_call {
             assert_eq!((o.calls.len(), o.content), (1, None), "{format}");
         } else {

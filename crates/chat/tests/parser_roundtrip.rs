@@ -8,30 +8,15 @@
 //! §7, §8) and the parsers never see the arguments, only the text, so a
 //! disagreement on values, escaping or structural ends shows up here.
 
+mod common;
+
+use common::{feed_chunks, Rng};
 use hearth_chat::muse_glimmer::{self, RenderOptions};
 use hearth_chat::parser::{
-    atem, harmony, hermes, merge_events, parser_for, qwen3_xml, ChatEvent, FinishHint, FinishReason,
+    atem, harmony, hermes, qwen3_xml, streamed_arguments, ChatEvent, FinishHint, FinishReason,
+    ParserOptions,
 };
 use serde_json::{json, Map, Value};
-
-/// splitmix64: a small, seedable, dependency-free generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len())]
-    }
-}
 
 /// Pieces of string values: prose, non-ASCII, whitespace and every format's
 /// markup, so values hold closing tags of all the syntaxes.
@@ -237,20 +222,13 @@ fn render_output(format: &str, case: &Case, prose: &str) -> String {
             "{prose}{sep}{}",
             atem::render_block(case.calls.iter().map(|(n, a)| (n.as_str(), a)))
         ),
-        "hermes" => {
-            let calls: Vec<String> = case
-                .calls
-                .iter()
-                .map(|(n, a)| hermes::render_call(n, a))
-                .collect();
-            format!("{prose}{sep}{}", calls.join("\n"))
-        }
-        "qwen3-xml" => {
-            let calls: Vec<String> = case
-                .calls
-                .iter()
-                .map(|(n, a)| qwen3_xml::render_call(n, a))
-                .collect();
+        "hermes" | "qwen3-xml" => {
+            let render_call = if format == "hermes" {
+                hermes::render_call
+            } else {
+                qwen3_xml::render_call
+            };
+            let calls: Vec<String> = case.calls.iter().map(|(n, a)| render_call(n, a)).collect();
             format!("{prose}{sep}{}", calls.join("\n"))
         }
         "harmony" => {
@@ -298,13 +276,13 @@ fn render_output(format: &str, case: &Case, prose: &str) -> String {
 }
 
 fn feed(format: &str, tools: &Value, chunks: &[&str]) -> Vec<ChatEvent> {
-    let mut p = parser_for(format, Some(tools)).unwrap();
-    let mut events = Vec::new();
-    for c in chunks {
-        events.extend(p.feed(c));
-    }
-    events.extend(p.finish(FinishHint::Stop));
-    merge_events(events)
+    feed_chunks(
+        format,
+        Some(tools),
+        &ParserOptions::default(),
+        chunks,
+        FinishHint::Stop,
+    )
 }
 
 fn random_chunks<'a>(rng: &mut Rng, text: &'a str) -> Vec<&'a str> {
@@ -402,15 +380,7 @@ fn random_calls_round_trip_in_every_format() {
                     index, arguments, ..
                 } = e
                 {
-                    let streamed: String = events
-                        .iter()
-                        .filter_map(|e| match e {
-                            ChatEvent::ToolCallArgs { index: i, delta } if i == index => {
-                                Some(delta.as_str())
-                            }
-                            _ => None,
-                        })
-                        .collect();
+                    let streamed = streamed_arguments(&events, *index);
                     let v: Value = serde_json::from_str(&streamed).unwrap();
                     assert_eq!(&v, arguments, "{format}: streamed {streamed:?}");
                 }

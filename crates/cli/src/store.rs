@@ -552,6 +552,14 @@ pub fn resolve(arg: Option<&str>, reg: &Registry) -> Result<PathBuf> {
 mod tests {
     use super::*;
 
+    /// `name`, which must parse as a remote model.
+    fn remote(name: &str) -> Remote {
+        match ModelName::parse(name, &crate::registry::registry()).unwrap() {
+            ModelName::Remote(r) => r,
+            _ => panic!("{name} is not remote"),
+        }
+    }
+
     #[test]
     fn split_names() {
         assert_eq!(split_index("x-00002-of-00003.gguf"), Some((2, 3)));
@@ -568,15 +576,7 @@ mod tests {
     #[test]
     fn hub_names_map_to_resolve_urls_and_store_paths() {
         let reg = crate::registry::registry();
-        let r = match ModelName::parse(
-            "hf://bartowski/Some-Model-GGUF/sub dir/m-Q4_K_M.gguf@v1.0",
-            &reg,
-        )
-        .unwrap()
-        {
-            ModelName::Remote(r) => r,
-            _ => panic!(),
-        };
+        let r = remote("hf://bartowski/Some-Model-GGUF/sub dir/m-Q4_K_M.gguf@v1.0");
         assert!(r.hf);
         assert_eq!(
             r.parts[0].url,
@@ -589,15 +589,9 @@ mod tests {
             .path
             .ends_with("hf/bartowski/Some-Model-GGUF/v1.0/sub dir/m-Q4_K_M.gguf"));
         // The same file by its web address.
-        let web = match ModelName::parse(
+        let web = remote(
             "https://huggingface.co/bartowski/Some-Model-GGUF/blob/v1.0/sub%20dir/m-Q4_K_M.gguf",
-            &reg,
-        )
-        .unwrap()
-        {
-            ModelName::Remote(r) => r,
-            _ => panic!(),
-        };
+        );
         assert_eq!(web.name, r.name);
         assert_eq!(web.parts[0].path, r.parts[0].path);
 
@@ -615,12 +609,7 @@ mod tests {
     #[test]
     fn urls_map_to_host_folders_and_split_parts() {
         let reg = crate::registry::registry();
-        let r = match ModelName::parse("http://127.0.0.1:8080/a/m-00001-of-00002.gguf", &reg)
-            .unwrap()
-        {
-            ModelName::Remote(r) => r,
-            _ => panic!(),
-        };
+        let r = remote("http://127.0.0.1:8080/a/m-00001-of-00002.gguf");
         assert!(!r.hf && r.is_split());
         assert_eq!(
             r.parts[1].url,

@@ -2,18 +2,9 @@
 //! checked on a machine with or without a GPU. gemma3 is not on the GPU yet,
 //! so these commands end (with a clear error) wherever they run.
 
-use std::process::{Command, Output};
+mod common;
 
-fn hearth(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use common::{hearth, stderr};
 
 /// DFlash needs hidden-state taps, which the CUDA backend does not expose:
 /// refused before anything loads, naming the alternative.

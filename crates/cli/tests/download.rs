@@ -6,15 +6,17 @@
 //! `rm`, `--force`, and `run -m URL` downloading on first use. The downloaded
 //! packaged model is checked against its published sha256.
 
+mod common;
+
+use common::{hearth_cmd, sha256_hex as sha256, stderr};
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-
-use sha2::{Digest, Sha256};
 
 /// The published sha256 of SmolLM2-135M-Instruct.Q4_1.gguf (models/registry.json).
 const SMOLLM2_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
@@ -236,7 +238,7 @@ fn temp_home(tag: &str) -> PathBuf {
 }
 
 fn hearth(home: &Path, server: Option<&Server>, args: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hearth"));
+    let mut c = hearth_cmd();
     c.args(args)
         .env("HEARTH_HOME", home)
         .env_remove("HF_TOKEN")
@@ -248,16 +250,8 @@ fn hearth(home: &Path, server: Option<&Server>, args: &[&str]) -> Output {
     c.output().unwrap()
 }
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn sha256(bytes: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(bytes))
 }
 
 /// "GGUF" and then deterministic bytes (xorshift64): not a loadable model,
@@ -299,7 +293,7 @@ fn tiny_gguf() -> Arc<Vec<u8>> {
         let dir = temp_home("synth");
         let out = dir.join("tiny.gguf");
         let tok = packaged_models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
-        let o = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        let o = hearth_cmd()
             .args(["synth", "--arch", "qwen2", "--layers", "2", "--output"])
             .arg(&out)
             .arg("--tokenizer-from")

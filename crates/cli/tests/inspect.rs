@@ -1,20 +1,19 @@
 //! `hearth inspect --json` on the packaged models agrees with the `gguf` Python
 //! package (tests/fixtures/gguf/models.json, made by scripts/make_gguf_fixtures.py).
 
-use std::process::Command;
+mod common;
+
+use common::{hearth, stderr};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 fn inspect(model: &str) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["inspect", model, "--json"])
-        .output()
-        .unwrap();
+    let out = hearth(&["inspect", model, "--json"]);
     assert!(
         out.status.success(),
         "hearth inspect {model} failed (models come from `python3 scripts/fetch_models.py`): {}",
-        String::from_utf8_lossy(&out.stderr)
+        stderr(&out)
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
@@ -85,13 +84,7 @@ fn gemma3_counts_and_layer_layout() {
 
 #[test]
 fn bad_inputs_give_clear_errors() {
-    let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_hearth"))
-            .args(args)
-            .output()
-            .unwrap()
-    };
-    let out = run(&["inspect", "no-such-model"]);
+    let out = hearth(&["inspect", "no-such-model"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -103,7 +96,7 @@ fn bad_inputs_give_clear_errors() {
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("bad.gguf");
     std::fs::write(&bad, b"GGUF\x03\x00\x00\x00\x01").unwrap();
-    let out = run(&["inspect", bad.to_str().unwrap()]);
+    let out = hearth(&["inspect", bad.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -2,13 +2,16 @@
 //! call comes back verbatim as content, a `warning` line reports the malformed
 //! or cut-off block, and the finish reason follows `--truncated`.
 
+mod common;
+
+use common::hearth_cmd;
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use serde_json::{json, Value};
 
 fn parse(format: &str, text: &str, extra: &[&str]) -> Vec<Value> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+    let mut child = hearth_cmd()
         .args(["parse", "--format", format])
         .args(extra)
         .stdin(Stdio::piped())

@@ -6,14 +6,13 @@
 //! A full disk (`>/dev/full`) is an error message, not a panic. (`serve` is
 //! not covered: its listening lines are printed by the server crate.)
 
+mod common;
+
+use common::{hearth_cmd as hearth, temp};
+
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-
-fn hearth() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_hearth"))
-}
 
 /// Runs `cmd` with stdout a pipe nobody reads (read end closed) and `input`
 /// on stdin.
@@ -45,13 +44,6 @@ fn assert_quiet(what: &str, out: &Output) {
     assert!(!err.contains("error"), "{what}: {err}");
 }
 
-fn temp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("hearth-pipes-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 #[test]
 fn inspect_list_and_pull_exit_quietly_on_a_closed_stdout() {
     for args in [
@@ -71,8 +63,7 @@ fn inspect_list_and_pull_exit_quietly_on_a_closed_stdout() {
 
 #[test]
 fn run_bench_template_and_parse_exit_quietly_on_a_closed_stdout() {
-    let mut c = hearth();
-    c.args([
+    let run = [
         "run",
         "-m",
         "smollm2-135m",
@@ -84,11 +75,8 @@ fn run_bench_template_and_parse_exit_quietly_on_a_closed_stdout() {
         "0",
         "-c",
         "64",
-    ]);
-    assert_quiet("run", &with_closed_stdout(c, ""));
-
-    let mut c = hearth();
-    c.args([
+    ];
+    let bench = [
         "bench",
         "-m",
         "smollm2-135m",
@@ -98,25 +86,23 @@ fn run_bench_template_and_parse_exit_quietly_on_a_closed_stdout() {
         "2",
         "-r",
         "1",
-    ]);
-    assert_quiet("bench", &with_closed_stdout(c, ""));
-
-    let mut c = hearth();
-    c.args(["template", "-m", "smollm2-135m", "--messages", "-"]);
-    assert_quiet(
-        "template",
-        &with_closed_stdout(c, r#"{"messages":[{"role":"user","content":"hi"}]}"#),
-    );
-
-    let mut c = hearth();
-    c.args(["parse", "--format", "hermes"]);
-    assert_quiet(
-        "parse",
-        &with_closed_stdout(
-            c,
+    ];
+    for (args, input) in [
+        (&run[..], ""),
+        (&bench, ""),
+        (
+            &["template", "-m", "smollm2-135m", "--messages", "-"],
+            r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+        ),
+        (
+            &["parse", "--format", "hermes"],
             "Hello <tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>",
         ),
-    );
+    ] {
+        let mut c = hearth();
+        c.args(args);
+        assert_quiet(args[0], &with_closed_stdout(c, input));
+    }
 }
 
 #[test]

@@ -4,18 +4,14 @@
 //! transformers' `apply_chat_template` in hearth-chat's tests; here the three
 //! commands must agree byte for byte and token for token.
 
+mod common;
+
+use common::{hearth, hearth_cmd};
+
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Stdio};
 
 use serde_json::{json, Value};
-
-fn hearth(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -32,7 +28,7 @@ impl Drop for Server {
 
 /// `hearth serve --port 0` and its base URL (from the URL line it prints).
 fn serve(model: &str) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+    let mut child = hearth_cmd()
         .args(["serve", "-m", model, "--port", "0", "-t", "2", "-c", "2048"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

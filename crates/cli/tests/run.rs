@@ -1,7 +1,9 @@
 //! `hearth run` end to end against llama.cpp's own CLI output and the hybrid
 //! KV layout.
 
-use std::process::Command;
+mod common;
+
+use common::{fixture, hearth, hearth_cmd};
 
 use serde_json::Value;
 
@@ -11,21 +13,14 @@ use serde_json::Value;
 /// `-no-cnv`) prints only the generated text.
 #[test]
 fn gemma3_greedy_text_equals_llama_cpp() {
-    let fx: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/fixtures/parity/gemma3-270m.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let fx = fixture("parity/gemma3-270m.json");
     let case = &fx["prompts"][0];
     assert_eq!(
         case["cli_command_16"],
         "llama-completion -m $GGUF -p 'The capital of France is' -n 16 --temp 0 -t 2 -no-cnv"
     );
     let stats = std::env::temp_dir().join(format!("hearth-run-{}.json", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+    let out = hearth_cmd()
         .args([
             "run",
             "--raw",
@@ -77,19 +72,12 @@ fn gemma3_greedy_text_equals_llama_cpp() {
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_hearth"))
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap()
-    };
     // No -p, no -f, nothing on stdin.
-    let out = run(&["run", "-m", "smollm2-135m"]);
+    let out = hearth(&["run", "-m", "smollm2-135m"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains("give a prompt with -p TEXT, -f FILE, or on stdin"));
-    let out = run(&["run", "-m", "smollm2-135m", "-p", "hello world", "-c", "2"]);
+    let out = hearth(&["run", "-m", "smollm2-135m", "-p", "hello world", "-c", "2"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not fit the context"));
 }

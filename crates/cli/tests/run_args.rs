@@ -6,29 +6,15 @@
 //! output paths are checked before the model loads; and a truncated or
 //! damaged packaged model is caught with the command that repairs it.
 
+mod common;
+
+use common::{hearth, hearth_cmd, stderr, temp};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-
-fn hearth(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn temp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("hearth-args-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 fn stats(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -58,7 +44,7 @@ fn an_impossible_context_is_refused_before_allocating() {
     assert!(stderr(&o).contains("-c 0: the context must hold at least one token"));
 
     // serve would otherwise start listening (or abort): bound the wait.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+    let mut child = hearth_cmd()
         .args([
             "serve",
             "-m",
@@ -118,58 +104,46 @@ fn a_context_above_training_warns_and_runs() {
 fn llama_cpp_numbers_and_flags_parse() {
     let dir = temp("habits");
     let (s1, s2) = (dir.join("stop.json"), dir.join("fill.json"));
+    // `hearth run --raw -m smollm2-135m -p Thanks! FLAGS`, which must
+    // succeed: its output and its statistics.
+    let thanks = |flags: &[&str], stats_path: &Path| {
+        let mut v = vec!["run", "--raw", "-m", "smollm2-135m", "-p", "Thanks!"];
+        v.extend_from_slice(flags);
+        v.extend(["--stats-json", stats_path.to_str().unwrap()]);
+        let o = hearth(&v);
+        assert!(o.status.success(), "{}", stderr(&o));
+        (stats(stats_path), o)
+    };
     // Greedy SmolLM2 ends "Thanks!" with end-of-generation after 10 tokens.
-    let o = hearth(&[
-        "run",
-        "--raw",
-        "-m",
-        "smollm2-135m",
-        "-p",
-        "Thanks!",
-        "-n",
-        "24",
-        "--temp",
-        "-1",
-        "--stats-json",
-        s1.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let a = stats(&s1);
+    let (a, _) = thanks(&["-n", "24", "--temp", "-1"], &s1);
     assert_eq!(a["finish_reason"], "stop");
     assert!(a["generated_tokens"].as_u64().unwrap() < 24);
 
     // -n -1 with --ignore-eos runs until the context is full; -ngl 99 is a
     // count (not -n with value "gl") and gets its note; -s -1 and
     // --repeat-last-n -1 are llama.cpp's "random" and "whole context".
-    let o = hearth(&[
-        "run",
-        "--raw",
-        "-m",
-        "smollm2-135m",
-        "-p",
-        "Thanks!",
-        "-n",
-        "-1",
-        "-c",
-        "24",
-        "--temp",
-        "-1",
-        "-s",
-        "-1",
-        "-ngl",
-        "99",
-        "--repeat-last-n",
-        "-1",
-        "--repeat-penalty",
-        "1.1",
-        "--ignore-eos",
-        "--top-k",
-        "-1",
-        "--stats-json",
-        s2.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let b = stats(&s2);
+    let (b, o) = thanks(
+        &[
+            "-n",
+            "-1",
+            "-c",
+            "24",
+            "--temp",
+            "-1",
+            "-s",
+            "-1",
+            "-ngl",
+            "99",
+            "--repeat-last-n",
+            "-1",
+            "--repeat-penalty",
+            "1.1",
+            "--ignore-eos",
+            "--top-k",
+            "-1",
+        ],
+        &s2,
+    );
     assert_eq!(b["finish_reason"], "length");
     assert_eq!(
         b["prompt_tokens"].as_u64().unwrap() + b["generated_tokens"].as_u64().unwrap(),
@@ -283,7 +257,7 @@ fn a_truncated_or_damaged_packaged_model_names_the_repair() {
     let data = std::fs::read(&src).unwrap();
     let dest = models.join("SmolLM2-135M-Instruct.Q4_1.gguf");
     let with_home = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_hearth"))
+        hearth_cmd()
             .args(args)
             .env("HEARTH_HOME", &home)
             .output()

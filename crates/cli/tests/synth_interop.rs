@@ -6,21 +6,13 @@
 //! give the same bytes (sha256). A regression guard of hearth's writer; the
 //! independent check is llama.cpp loading the recorded files.
 
-use std::process::Command;
+mod common;
 
-use serde_json::Value;
-use sha2::{Digest, Sha256};
+use common::{fixture, hearth_cmd, sha256_hex};
 
 #[test]
 fn synth_writes_the_files_llama_cpp_loaded() {
-    let fx: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/fixtures/muse_glimmer/interop.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let fx = fixture("muse_glimmer/interop.json");
     let dir = std::env::temp_dir().join(format!("hearth-synth-interop-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let muse = dir.join("hearth-muse.gguf");
@@ -43,7 +35,7 @@ fn synth_writes_the_files_llama_cpp_loaded() {
             })
             .collect();
         let out = dir.join(name);
-        let status = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        let status = hearth_cmd()
             .arg("synth")
             .args(&flags)
             .arg("-o")
@@ -51,10 +43,7 @@ fn synth_writes_the_files_llama_cpp_loaded() {
             .status()
             .unwrap();
         assert!(status.success(), "hearth synth {flags:?}");
-        let got: String = Sha256::digest(std::fs::read(&out).unwrap())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let got = sha256_hex(&std::fs::read(&out).unwrap());
         assert_eq!(
             got,
             rec["sha256"].as_str().unwrap(),

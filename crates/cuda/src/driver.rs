@@ -514,6 +514,23 @@ impl Gpu {
         unsafe { result::event::record(e.0, self.stream) }.ctx("cuEventRecord")
     }
 
+    /// Median milliseconds of `reps` timed runs of `f` on the stream, after
+    /// two warm-ups (kernel benchmarks and GEMV tuning).
+    pub fn median_ms(&self, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+        f()?;
+        f()?;
+        let mut xs = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            let (a, b) = (self.event()?, self.event()?);
+            self.record(&a)?;
+            f()?;
+            self.record(&b)?;
+            xs.push(a.elapsed_ms(&b)? as f64);
+        }
+        xs.sort_by(f64::total_cmp);
+        Ok(xs[xs.len() / 2])
+    }
+
     pub fn device_handle(&self) -> sys::CUdevice {
         self.dev
     }

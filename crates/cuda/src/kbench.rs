@@ -37,22 +37,6 @@ fn random_matrix(
     Ok((m, body, scales))
 }
 
-/// Median milliseconds of `reps` timed runs of `f` after two warm-ups.
-fn time_ms(g: &Gpu, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    f()?;
-    f()?;
-    let mut xs = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let (a, b) = (g.event()?, g.event()?);
-        g.record(&a)?;
-        f()?;
-        g.record(&b)?;
-        xs.push(a.elapsed_ms(&b)? as f64);
-    }
-    xs.sort_by(f64::total_cmp);
-    Ok(xs[xs.len() / 2])
-}
-
 /// A flat f16 K and V cache of `ctx` positions filled with random values; returns them and the bytes of each.
 fn random_cache(g: &Gpu, nkv: usize, ctx: usize, hd: usize) -> Result<(DevBuf, DevBuf, usize)> {
     let kvb = nkv * ctx * hd * 2;
@@ -100,7 +84,7 @@ fn time_attention(
     });
     let part_o = g.alloc(t * nh * splits * ATT_HD * 4, "kernel bench")?;
     let part_ml = g.alloc(t * nh * splits * 2 * 4, "kernel bench")?;
-    let ms = time_ms(g, reps, || {
+    let ms = g.median_ms(reps, || {
         ops::attention(
             g,
             &args,
@@ -150,68 +134,60 @@ pub fn run(g: &Gpu) -> Result<String> {
         (WeightKind::Q6K, 152064, 5120),
         (WeightKind::Q4K, 19968, 6656),
     ];
+    // One timing line of a GEMV on `m` (GB/s = weight bytes / time).
+    let gemv_line = |label: &str, m: &GpuMatrix, ms: f64| {
+        let (kind, rows, cols) = (m.kind, m.rows, m.cols);
+        let bytes = (rows * cols / kind.block().0 * kind.block().1) as f64;
+        format!(
+            "  gemv {label} {:?} {rows:6} x {cols:5}: {:8.1} us {:7.0} GB/s\n",
+            kind,
+            ms * 1e3,
+            bytes / (ms * 1e-3) / 1e9
+        )
+    };
+    // Times the GEMM of `t` tokens on `m`: its line (TFLOP/s).
+    let gemm_line = |m: &GpuMatrix, t: usize| -> Result<String> {
+        let (kind, rows, cols) = (m.kind, m.rows, m.cols);
+        let ms = g.median_ms(10, || {
+            gemm::gemm(g, m, x.ptr, xh.ptr, t, y.ptr, rows, 0, 0, false)
+        })?;
+        let tflops = 2.0 * rows as f64 * cols as f64 * t as f64 / (ms * 1e-3) / 1e12;
+        Ok(format!(
+            "  gemm {t:3} tokens     {:?} {rows:6} x {cols:5}: {:8.1} us {:7.1} TFLOP/s\n",
+            kind,
+            ms * 1e3,
+            tflops
+        ))
+    };
     for (kind, rows, cols) in cases {
         let (m, _b, _s) = random_matrix(g, kind, rows, cols, 11)?;
-        let bytes = (rows * cols / kind.block().0 * kind.block().1) as f64;
         for tune in ops::gemv_variants(g.info.sm_count as u32) {
-            let ms = time_ms(g, reps, || {
+            let ms = g.median_ms(reps, || {
                 ops::gemv_single(g, &m, tune, a8, y.ptr, rows, 0, 0)
             })?;
-            out += &format!(
-                "  gemv r{} u{} blocks {:5} {:?} {rows:6} x {cols:5}: {:8.1} us {:7.0} GB/s\n",
-                tune.r,
-                tune.u,
-                tune.blocks,
-                kind,
-                ms * 1e3,
-                bytes / (ms * 1e-3) / 1e9
-            );
+            let label = format!("r{} u{} blocks {:5}", tune.r, tune.u, tune.blocks);
+            out += &gemv_line(&label, &m, ms);
         }
         let xv = ops::gemv_x_variants(&m, g.info.sm_count as u32);
         for &tune in &xv {
-            let ms = time_ms(g, reps, || {
+            let ms = g.median_ms(reps, || {
                 ops::gemv_single(g, &m, tune, a8, y.ptr, rows, 0, 0)
             })?;
-            out += &format!(
-                "  gemv x r{} blocks {:5}  {:?} {rows:6} x {cols:5}: {:8.1} us {:7.0} GB/s\n",
-                tune.r,
-                tune.blocks,
-                kind,
-                ms * 1e3,
-                bytes / (ms * 1e-3) / 1e9
-            );
+            let label = format!("x r{} blocks {:5} ", tune.r, tune.blocks);
+            out += &gemv_line(&label, &m, ms);
         }
         for nt in [2usize, 4, 8, 16] {
-            let ms = time_ms(g, reps, || ops::gemv(g, &m, a8, nt, y.ptr, rows, 0, 0))?;
-            out += &format!(
-                "  gemv {nt} tokens       {:?} {rows:6} x {cols:5}: {:8.1} us {:7.0} GB/s\n",
-                kind,
-                ms * 1e3,
-                bytes / (ms * 1e-3) / 1e9
-            );
+            let ms = g.median_ms(reps, || ops::gemv(g, &m, a8, nt, y.ptr, rows, 0, 0))?;
+            out += &gemv_line(&format!("{nt} tokens      "), &m, ms);
             if let Some(&first) = xv.iter().find(|v| v.blocks == 0) {
                 let mut mx = m;
                 mx.tune = first;
-                let ms = time_ms(g, reps, || ops::gemv(g, &mx, a8, nt, y.ptr, rows, 0, 0))?;
-                out += &format!(
-                    "  gemv {nt} tokens x     {:?} {rows:6} x {cols:5}: {:8.1} us {:7.0} GB/s\n",
-                    kind,
-                    ms * 1e3,
-                    bytes / (ms * 1e-3) / 1e9
-                );
+                let ms = g.median_ms(reps, || ops::gemv(g, &mx, a8, nt, y.ptr, rows, 0, 0))?;
+                out += &gemv_line(&format!("{nt} tokens x    "), &m, ms);
             }
         }
         for t in [64usize, 512] {
-            let ms = time_ms(g, 10, || {
-                gemm::gemm(g, &m, x.ptr, xh.ptr, t, y.ptr, rows, 0, 0, false)
-            })?;
-            let tflops = 2.0 * rows as f64 * cols as f64 * t as f64 / (ms * 1e-3) / 1e12;
-            out += &format!(
-                "  gemm {t:3} tokens     {:?} {rows:6} x {cols:5}: {:8.1} us {:7.1} TFLOP/s\n",
-                kind,
-                ms * 1e3,
-                tflops
-            );
+            out += &gemm_line(&m, t)?;
         }
     }
     // Q6_K GEMM shapes of Q4_K_M models (attn_v / ffn_down), multiples of the 128 x 128 tile.
@@ -220,17 +196,7 @@ pub fn run(g: &Gpu) -> Result<String> {
         (WeightKind::Q6K, 1024, 5120),
     ] {
         let (m, _b, _s) = random_matrix(g, kind, rows, cols, 12)?;
-        let t = 512usize;
-        let ms = time_ms(g, 10, || {
-            gemm::gemm(g, &m, x.ptr, xh.ptr, t, y.ptr, rows, 0, 0, false)
-        })?;
-        let tflops = 2.0 * rows as f64 * cols as f64 * t as f64 / (ms * 1e-3) / 1e12;
-        out += &format!(
-            "  gemm {t:3} tokens     {:?} {rows:6} x {cols:5}: {:8.1} us {:7.1} TFLOP/s\n",
-            kind,
-            ms * 1e3,
-            tflops
-        );
+        out += &gemm_line(&m, 512)?;
     }
     out += "Attention, one token, split-K over a flat f16 cache (GB/s = K+V bytes / time):\n";
     for &(nh, nkv, ctx, splits) in &[
@@ -263,7 +229,7 @@ pub fn run(g: &Gpu) -> Result<String> {
     for threads in [128u32, 256, 512, 1024] {
         g.norm_threads
             .store(threads, std::sync::atomic::Ordering::Relaxed);
-        let ms = time_ms(g, reps, || {
+        let ms = g.median_ms(reps, || {
             ops::rmsnorm(g, x.ptr, y.ptr, x.ptr, 1, 5120, 1e-5, 0, Some(a8))
         })?;
         out += &format!(

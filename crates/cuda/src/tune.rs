@@ -16,19 +16,8 @@ use crate::repack::WeightKind;
 type Shape = (WeightKind, usize, usize);
 
 /// Median microseconds of `reps` launches after two warm-ups.
-fn time_us(g: &Gpu, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    f()?;
-    f()?;
-    let mut xs = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let (a, b) = (g.event()?, g.event()?);
-        g.record(&a)?;
-        f()?;
-        g.record(&b)?;
-        xs.push(a.elapsed_ms(&b)? as f64 * 1e3);
-    }
-    xs.sort_by(f64::total_cmp);
-    Ok(xs[xs.len() / 2])
+fn time_us(g: &Gpu, reps: usize, f: impl FnMut() -> Result<()>) -> Result<f64> {
+    Ok(g.median_ms(reps, f)? * 1e3)
 }
 
 /// Tunes every matrix of the model in place; returns one report line per shape.

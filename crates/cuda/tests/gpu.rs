@@ -16,7 +16,7 @@ use hearth_cuda::ops::{self, GpuMatrix, Q8};
 use hearth_cuda::repack::{split_blocks, split_sizes, WeightKind};
 use hearth_cuda::{gemm, GpuModel};
 use hearth_gguf::GgmlType;
-use hearth_models::synth::{write_gguf, SynthOptions, SynthPlan, SynthShape};
+use hearth_models::synth::{write_gguf_file, SynthPlan, SynthShape};
 use hearth_models::{Architecture, Logits, Model, Numerics};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -731,16 +731,7 @@ fn plan_models(plan: SynthPlan, seed: u64) -> (Arc<Model>, Model) {
         shape.arch.gguf_name(),
         std::process::id()
     ));
-    write_gguf(
-        &plan,
-        &SynthOptions {
-            seed,
-            ..Default::default()
-        },
-        std::fs::File::create(&path).unwrap(),
-        |_| {},
-    )
-    .unwrap();
+    write_gguf_file(&plan, seed, &path).unwrap();
     let m = Model::load(&path).unwrap();
     let mut exact = Model::load(&path).unwrap();
     exact.set_numerics(Numerics::F32);

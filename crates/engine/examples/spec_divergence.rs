@@ -74,20 +74,17 @@ fn main() {
         .filter(|&i| i >= 3)
     {
         let ctx: Vec<u32> = ids.iter().chain(&plain[..i]).copied().collect();
-        let mut s1 = State::new(&model, 4096);
-        model
-            .forward(&mut s1, &ctx[..ctx.len() - 1], Logits::None)
-            .unwrap();
-        let single = model
-            .forward(&mut s1, &ctx[ctx.len() - 1..], Logits::Last)
-            .unwrap();
-        let mut s4 = State::new(&model, 4096);
-        model
-            .forward(&mut s4, &ctx[..ctx.len() - 4], Logits::None)
-            .unwrap();
-        let block = model
-            .forward(&mut s4, &ctx[ctx.len() - 4..], Logits::All)
-            .unwrap();
+        // Prefill all of ctx but the last n tokens, then one pass over those n.
+        let last_pass = |n: usize, logits: Logits| {
+            let mut state = State::new(&model, 4096);
+            let split = ctx.len() - n;
+            model
+                .forward(&mut state, &ctx[..split], Logits::None)
+                .unwrap();
+            model.forward(&mut state, &ctx[split..], logits).unwrap()
+        };
+        let single = last_pass(1, Logits::Last);
+        let block = last_pass(4, Logits::All);
         let last = &block[3 * single.len()..];
         let diff = single
             .iter()

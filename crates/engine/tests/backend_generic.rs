@@ -6,7 +6,9 @@
 //! own (the independent reference here is plain greedy decoding on `Model`,
 //! one token per forward pass).
 
-use std::path::PathBuf;
+mod common;
+
+use common::model_path;
 use std::sync::Arc;
 
 use hearth_engine::generate::{generate, Flow, GenerateParams};
@@ -19,20 +21,6 @@ use hearth_models::{Backend, BackendState, Model, Numerics};
 use hearth_tokenizer::Tokenizer;
 
 const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-fn model_path(file: &str) -> PathBuf {
-    let dir = match std::env::var_os("HEARTH_HOME") {
-        Some(h) if !h.is_empty() => PathBuf::from(h).join("models"),
-        _ => PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/hearth/models"),
-    };
-    let p = dir.join(file);
-    assert!(
-        p.is_file(),
-        "{} missing: run `python3 scripts/fetch_models.py all`",
-        p.display()
-    );
-    p
-}
 
 fn load(numerics: Numerics) -> (Arc<Model>, Tokenizer) {
     let mut m = Model::load(model_path(SMOLLM2)).unwrap();

@@ -7,7 +7,9 @@
 //! CPU model itself, in exact f32 numerics (where multi-row passes compute
 //! every row as a one-row pass would).
 
-use std::path::PathBuf;
+mod common;
+
+use common::model_path;
 use std::sync::{mpsc, Arc};
 
 use hearth_engine::sampler::SamplerConfig;
@@ -29,20 +31,6 @@ impl EventSink for Sink {
     fn is_closed(&self) -> bool {
         false
     }
-}
-
-fn model_path(file: &str) -> PathBuf {
-    let dir = match std::env::var_os("HEARTH_HOME") {
-        Some(h) if !h.is_empty() => PathBuf::from(h).join("models"),
-        _ => PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/hearth/models"),
-    };
-    let p = dir.join(file);
-    assert!(
-        p.is_file(),
-        "{} missing: run `python3 scripts/fetch_models.py all`",
-        p.display()
-    );
-    p
 }
 
 /// What a request streamed: (cached prompt tokens, text, completion tokens).

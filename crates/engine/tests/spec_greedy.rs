@@ -25,7 +25,9 @@
 //! have no smaller sibling here, so they draft for themselves, which still
 //! exercises the draft state's rollback but rarely rejects).
 
-use std::path::PathBuf;
+mod common;
+
+use common::model_path;
 use std::sync::Arc;
 
 use hearth_engine::generate::{generate, Flow, GenerateParams};
@@ -35,24 +37,10 @@ use hearth_engine::spec::draft_model::DraftModelDrafter;
 use hearth_engine::spec::ngram::NgramDrafter;
 use hearth_engine::spec::{generate_speculative, Drafter, SpecParams, SpecStats};
 use hearth_models::dflash::DflashModel;
-use hearth_models::synth::{write_gguf, SynthOptions};
+use hearth_models::synth::write_gguf_file;
 use hearth_models::synth_dflash::{dflash_plan, DflashShape};
 use hearth_models::{Model, Numerics, State};
 use hearth_tokenizer::Tokenizer;
-
-fn model_path(file: &str) -> PathBuf {
-    let dir = match std::env::var_os("HEARTH_HOME") {
-        Some(h) if !h.is_empty() => PathBuf::from(h).join("models"),
-        _ => PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/hearth/models"),
-    };
-    let p = dir.join(file);
-    assert!(
-        p.is_file(),
-        "{} missing: run `python3 scripts/fetch_models.py all`",
-        p.display()
-    );
-    p
-}
 
 const QWEN_05: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 const QWEN_15: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
@@ -146,16 +134,7 @@ fn synthetic_dflash(model: &Model, name: &str) -> Arc<DflashModel> {
     shape.block_size = 8;
     let plan = dflash_plan(&model.config, &shape).unwrap();
     let path = std::env::temp_dir().join(format!("hearth-spec-{}-{name}.gguf", std::process::id()));
-    write_gguf(
-        &plan,
-        &SynthOptions {
-            seed: 3,
-            ..Default::default()
-        },
-        std::fs::File::create(&path).unwrap(),
-        |_| {},
-    )
-    .unwrap();
+    write_gguf_file(&plan, 3, &path).unwrap();
     let d = DflashModel::load(&path, model).unwrap();
     std::fs::remove_file(&path).unwrap();
     Arc::new(d)

@@ -19,8 +19,9 @@
 //! llama.cpp loads them too; with a tokenizer copied in (`hearth synth
 //! --tokenizer-from`, by default a packaged model's) they take text prompts.
 
-use std::io::Write;
+use std::io::{BufWriter, Write};
 use std::ops::Range;
+use std::path::Path;
 use std::sync::mpsc::sync_channel;
 
 use hearth_gguf::{GgmlType, GgufError, GgufWriter, Value};
@@ -618,6 +619,24 @@ pub fn write_gguf<W: Write + Send>(
     progress: impl FnMut(u64) + Send,
 ) -> Result<W, SynthError> {
     write_gguf_pooled(plan, opts, None, w, progress)
+}
+
+/// Writes the model of `plan`, seeded with `seed`, to a new file at `path`
+/// (tests and tools; the CLI adds progress and an atomic rename).
+pub fn write_gguf_file(plan: &SynthPlan, seed: u64, path: &Path) -> Result<(), SynthError> {
+    let io = |source| GgufError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::create(path).map_err(io)?;
+    let opts = SynthOptions {
+        seed,
+        ..Default::default()
+    };
+    write_gguf(plan, &opts, BufWriter::new(file), |_| {})?
+        .flush()
+        .map_err(io)?;
+    Ok(())
 }
 
 /// [`write_gguf`], where `row_pool = Some(n)` makes row r of every tensor a

@@ -29,20 +29,12 @@
 
 mod common;
 
-use common::muse_synth::{argmax, fixture, gguf, ids, root};
+use common::muse_synth::{fixture, gguf, root};
+use common::{argmax, floats, ids};
 use hearth_models::dflash::DflashModel;
 use hearth_models::{Logits, Model, State};
-use serde_json::Value;
 
 const LOGIT_TOL: f32 = 0.1;
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
 
 struct Stats {
     max_diff: f32,

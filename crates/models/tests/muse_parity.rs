@@ -13,7 +13,8 @@
 
 mod common;
 
-use common::muse_synth::{argmax, fixture, gguf, ids, root, sha256_hex};
+use common::muse_synth::{fixture, gguf, root, sha256_hex};
+use common::{argmax, ids};
 use hearth_models::{Logits, Model};
 
 fn check(shape: &str, long: bool) {

@@ -7,6 +7,10 @@
 
 use std::path::PathBuf;
 
+mod common;
+
+use common::{argmax, ids};
+
 use hearth_models::{Logits, Model};
 use serde_json::Value;
 
@@ -25,24 +29,6 @@ fn fixture(model: &str) -> Value {
         &std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
     )
     .unwrap()
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 /// Which fixture prompts a test covers: the short ones, or the long one that
@@ -156,42 +142,25 @@ fn check_model(name: &str, which: Prompts) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-#[test]
-fn parity_smollm2_135m() {
-    check_model("smollm2-135m", Prompts::Short);
+/// One test per model and prompt set: `name => (model, prompts)`.
+macro_rules! parity_tests {
+    ($($name:ident => ($model:literal, $prompts:ident),)*) => {
+        $(
+            #[test]
+            fn $name() {
+                check_model($model, Prompts::$prompts);
+            }
+        )*
+    };
 }
 
-#[test]
-fn parity_smollm2_135m_long_code() {
-    check_model("smollm2-135m", Prompts::LongCode);
-}
-
-#[test]
-fn parity_gemma3_270m() {
-    check_model("gemma3-270m", Prompts::Short);
-}
-
-#[test]
-fn parity_gemma3_270m_long_code() {
-    check_model("gemma3-270m", Prompts::LongCode);
-}
-
-#[test]
-fn parity_qwen25_coder_05b() {
-    check_model("qwen2.5-coder-0.5b", Prompts::Short);
-}
-
-#[test]
-fn parity_qwen25_coder_05b_long_code() {
-    check_model("qwen2.5-coder-0.5b", Prompts::LongCode);
-}
-
-#[test]
-fn parity_qwen25_coder_15b() {
-    check_model("qwen2.5-coder-1.5b", Prompts::Short);
-}
-
-#[test]
-fn parity_qwen25_coder_15b_long_code() {
-    check_model("qwen2.5-coder-1.5b", Prompts::LongCode);
+parity_tests! {
+    parity_smollm2_135m => ("smollm2-135m", Short),
+    parity_smollm2_135m_long_code => ("smollm2-135m", LongCode),
+    parity_gemma3_270m => ("gemma3-270m", Short),
+    parity_gemma3_270m_long_code => ("gemma3-270m", LongCode),
+    parity_qwen25_coder_05b => ("qwen2.5-coder-0.5b", Short),
+    parity_qwen25_coder_05b_long_code => ("qwen2.5-coder-0.5b", LongCode),
+    parity_qwen25_coder_15b => ("qwen2.5-coder-1.5b", Short),
+    parity_qwen25_coder_15b_long_code => ("qwen2.5-coder-1.5b", LongCode),
 }

@@ -190,48 +190,33 @@ fn array<'a>(md: &'a Metadata, key: &'static str) -> Result<Option<&'a [Value]>,
     }
 }
 
-fn string_array(md: &Metadata, key: &'static str) -> Result<Option<Vec<String>>, TokenizerError> {
+/// The array at `key`, every entry converted by `entry` (`what` names the
+/// expected kind in the error for an entry it rejects).
+fn typed_array<T>(
+    md: &Metadata,
+    key: &'static str,
+    what: &str,
+    entry: impl Fn(&Value) -> Option<T>,
+) -> Result<Option<Vec<T>>, TokenizerError> {
     let Some(items) = array(md, key)? else {
         return Ok(None);
     };
     items
         .iter()
         .enumerate()
-        .map(|(i, v)| {
-            v.as_str()
-                .map(str::to_string)
-                .ok_or_else(|| invalid(key, format!("entry {i} is not a string")))
-        })
+        .map(|(i, v)| entry(v).ok_or_else(|| invalid(key, format!("entry {i} is not {what}"))))
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
+}
+
+fn string_array(md: &Metadata, key: &'static str) -> Result<Option<Vec<String>>, TokenizerError> {
+    typed_array(md, key, "a string", |v| v.as_str().map(str::to_string))
 }
 
 fn number_array(md: &Metadata, key: &'static str) -> Result<Option<Vec<f64>>, TokenizerError> {
-    let Some(items) = array(md, key)? else {
-        return Ok(None);
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            v.as_f64()
-                .ok_or_else(|| invalid(key, format!("entry {i} is not a number")))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
+    typed_array(md, key, "a number", Value::as_f64)
 }
 
 fn integer_array(md: &Metadata, key: &'static str) -> Result<Option<Vec<i64>>, TokenizerError> {
-    let Some(items) = array(md, key)? else {
-        return Ok(None);
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            v.as_i64()
-                .ok_or_else(|| invalid(key, format!("entry {i} is not an integer")))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
+    typed_array(md, key, "an integer", Value::as_i64)
 }

@@ -280,18 +280,21 @@ fn split_gpt2(p: &Piece, start: usize, out: &mut Vec<usize>) {
             emit(&mut pos, end);
             continue;
         }
-        let spaces = p.whitespace_run(pos);
-        if spaces > 1 && pos + spaces < p.end {
-            // `\s+(?!\S)`: leave the last space to prefix the next word.
-            let end = pos + spaces - 1;
-            emit(&mut pos, end);
-        } else if spaces > 0 {
-            let end = pos + spaces;
-            emit(&mut pos, end);
-        } else {
-            let end = pos + 1;
-            emit(&mut pos, end);
-        }
+        let end = whitespace_end(p, pos, p.whitespace_run(pos));
+        emit(&mut pos, end);
+    }
+}
+
+/// The end of the last alternatives at `pos`, where a run of `spaces`
+/// whitespace code points starts: `\s+(?!\S)` (leave the last space to
+/// prefix the next word), else `\s+`, else (no whitespace) one code point.
+fn whitespace_end(p: &Piece, pos: usize, spaces: usize) -> usize {
+    if spaces > 1 && pos + spaces < p.end {
+        pos + spaces - 1
+    } else if spaces > 0 {
+        pos + spaces
+    } else {
+        pos + 1
     }
 }
 
@@ -363,20 +366,9 @@ fn split_llama3(p: &Piece, start: usize, max_digits: usize, marks: bool, out: &m
             .rev()
             .find(|&q| p.is_cr_or_lf(q))
             .map(|q| q + 1);
-        if let Some(end) = last_newline_end {
-            // `\s*[\r\n]+`
-            emit(&mut pos, end);
-        } else if spaces > 1 && pos + spaces < p.end {
-            // `\s+(?!\S)`
-            let end = pos + spaces - 1;
-            emit(&mut pos, end);
-        } else if spaces > 0 {
-            let end = pos + spaces;
-            emit(&mut pos, end);
-        } else {
-            let end = pos + 1;
-            emit(&mut pos, end);
-        }
+        // `\s*[\r\n]+`, else the whitespace alternatives.
+        let end = last_newline_end.unwrap_or_else(|| whitespace_end(p, pos, spaces));
+        emit(&mut pos, end);
     }
 }
 

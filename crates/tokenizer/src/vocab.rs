@@ -38,24 +38,28 @@ impl TokenAttr {
     pub fn with(self, other: TokenAttr) -> TokenAttr {
         TokenAttr(self.0 | other.0)
     }
-    pub fn is_normal(self) -> bool {
-        self.contains(Self::NORMAL)
-    }
-    pub fn is_control(self) -> bool {
-        self.contains(Self::CONTROL)
-    }
-    pub fn is_user_defined(self) -> bool {
-        self.contains(Self::USER_DEFINED)
-    }
-    pub fn is_unknown(self) -> bool {
-        self.contains(Self::UNKNOWN)
-    }
-    pub fn is_unused(self) -> bool {
-        self.contains(Self::UNUSED)
-    }
-    pub fn is_byte(self) -> bool {
-        self.contains(Self::BYTE)
-    }
+}
+
+/// `is_X()`: whether the attributes include flag `X`.
+macro_rules! attr_tests {
+    ($($name:ident => $flag:ident),* $(,)?) => {
+        impl TokenAttr {
+            $(
+                pub fn $name(self) -> bool {
+                    self.contains(Self::$flag)
+                }
+            )*
+        }
+    };
+}
+
+attr_tests! {
+    is_normal => NORMAL,
+    is_control => CONTROL,
+    is_user_defined => USER_DEFINED,
+    is_unknown => UNKNOWN,
+    is_unused => UNUSED,
+    is_byte => BYTE,
 }
 
 impl std::ops::BitOr for TokenAttr {

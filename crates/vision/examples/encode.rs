@@ -7,23 +7,13 @@
 
 use std::time::Instant;
 
+#[path = "../tests/common/pattern.rs"]
+mod pattern;
+
+use pattern::pattern;
+
 use hearth_kernels::pool::ThreadPool;
 use hearth_vision::{ImageLimits, MmProj, RgbImage, Rules};
-
-fn pattern(w: u32, h: u32) -> RgbImage {
-    let mut data = Vec::with_capacity((w * h * 3) as usize);
-    for y in 0..h {
-        for x in 0..w {
-            let g = if x < w / 3 && y < h / 2 { 255 } else { 16 };
-            data.extend([
-                ((37 * x + 11 * y) % 256) as u8,
-                g,
-                ((x * x + 3 * y * y) % 256) as u8,
-            ]);
-        }
-    }
-    RgbImage::from_raw(w, h, data).expect("valid size")
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -7,7 +7,7 @@ use std::io::Cursor;
 use std::path::PathBuf;
 
 use hearth_gguf::{GgmlType, Value};
-use hearth_models::synth::{write_gguf, SynthOptions, SynthPlan};
+use hearth_models::synth::{write_gguf_file, SynthPlan, TensorPlan};
 use hearth_vision::synth::{mmproj_plan, write_mmproj, MmprojShape};
 use hearth_vision::{ImageError, ImageLimits, MmProj, RgbImage, Rules, VisionError};
 
@@ -147,9 +147,15 @@ fn tmp(name: &str) -> PathBuf {
 
 fn write_plan(plan: &SynthPlan, name: &str) -> PathBuf {
     let path = tmp(name);
-    let f = std::fs::File::create(&path).unwrap();
-    write_gguf(plan, &SynthOptions::default(), f, |_| {}).unwrap();
+    write_gguf_file(plan, 0, &path).unwrap();
     path
+}
+
+/// `plan` with its tensor `name` changed by `edit`.
+fn with_tensor(plan: &SynthPlan, name: &str, edit: impl FnOnce(&mut TensorPlan)) -> SynthPlan {
+    let mut bad = plan.clone();
+    edit(bad.tensors.iter_mut().find(|t| t.name == name).unwrap());
+    bad
 }
 
 fn load_err(plan: &SynthPlan, name: &str, text_dim: Option<usize>) -> String {
@@ -242,43 +248,24 @@ fn bad_mmproj_files_are_clear_errors() {
         "{e}"
     );
 
-    let mut bad = plan.clone();
-    bad.tensors
-        .iter_mut()
-        .find(|t| t.name == "mm.1.weight")
-        .unwrap()
-        .shape = vec![64, 96];
+    let bad = with_tensor(&plan, "mm.1.weight", |t| t.shape = vec![64, 96]);
     let e = load_err(&bad, "shape.gguf", None);
     assert!(
         e.contains("mm.1.weight") && e.contains("[64, 96]") && e.contains("[128, 96]"),
         "{e}"
     );
-    let mut bad = plan.clone();
-    bad.tensors
-        .iter_mut()
-        .find(|t| t.name == "v.position_embd.weight")
-        .unwrap()
-        .shape = vec![64, 15];
+    let bad = with_tensor(&plan, "v.position_embd.weight", |t| t.shape = vec![64, 15]);
     let e = load_err(&bad, "pos.gguf", None);
     assert!(e.contains("v.position_embd.weight"), "{e}");
-    let mut bad = plan.clone();
-    bad.tensors
-        .iter_mut()
-        .find(|t| t.name == "v.patch_embd.weight")
-        .unwrap()
-        .shape = vec![588, 64];
+    let bad = with_tensor(&plan, "v.patch_embd.weight", |t| t.shape = vec![588, 64]);
     let e = load_err(&bad, "patch.gguf", None);
     assert!(
         e.contains("v.patch_embd.weight") && e.contains("[14, 14, 3, 64] or [1176, 64]"),
         "{e}"
     );
-    let mut bad = plan.clone();
-    let t = bad
-        .tensors
-        .iter_mut()
-        .find(|t| t.name == "v.patch_embd.weight")
-        .unwrap();
-    (t.ty, t.shape) = (GgmlType::Q8_0, vec![1184, 64]);
+    let bad = with_tensor(&plan, "v.patch_embd.weight", |t| {
+        (t.ty, t.shape) = (GgmlType::Q8_0, vec![1184, 64])
+    });
     let e = load_err(&bad, "patch-q8.gguf", None);
     assert!(e.contains("v.patch_embd.weight"), "{e}");
 }

@@ -11,59 +11,13 @@
 //!   checked by sha256), five images each; every row within the tolerance
 //!   below of llama.cpp's.
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use common::{f32_fixture, input, json, pattern, row_errors, sha256_hex};
 use hearth_gguf::GgmlType;
 use hearth_kernels::pool::ThreadPool;
 use hearth_vision::synth::{write_mmproj, MmprojShape};
-use hearth_vision::{ImageLimits, MmProj, RgbImage, Rules};
-use serde_json::Value;
-use sha2::{Digest, Sha256};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/vision")
-}
-
-fn json(name: &str) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixtures().join(name)).unwrap()).unwrap()
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// The spec's synthetic image (vision.md §12.2).
-fn pattern(w: u32, h: u32) -> RgbImage {
-    let mut data = Vec::with_capacity((w * h * 3) as usize);
-    for y in 0..h {
-        for x in 0..w {
-            let g = if x < w / 3 && y < h / 2 { 255 } else { 16 };
-            data.extend([
-                ((37 * x + 11 * y) % 256) as u8,
-                g,
-                ((x * x + 3 * y * y) % 256) as u8,
-            ]);
-        }
-    }
-    RgbImage::from_raw(w, h, data).unwrap()
-}
-
-fn input(name: &str) -> RgbImage {
-    match name.strip_prefix("pattern:") {
-        Some(size) => {
-            let (w, h) = size.split_once('x').unwrap();
-            pattern(w.parse().unwrap(), h.parse().unwrap())
-        }
-        None => RgbImage::decode(
-            &std::fs::read(fixtures().join(name)).unwrap(),
-            &ImageLimits::default(),
-        )
-        .unwrap(),
-    }
-}
+use hearth_vision::{MmProj, Rules};
 
 #[test]
 fn preprocessing_matches_llama_cpp_pillow_and_cpython() {
@@ -160,22 +114,6 @@ fn tiny_mmproj(name: &str) -> MmProj {
     mm
 }
 
-/// Relative L2 error per row: ‖h − l‖ / ‖l‖.
-fn row_errors(h: &[f32], l: &[f32], dim: usize) -> Vec<f64> {
-    h.chunks_exact(dim)
-        .zip(l.chunks_exact(dim))
-        .map(|(a, b)| {
-            let num: f64 = a
-                .iter()
-                .zip(b)
-                .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
-                .sum();
-            let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
-            (num / den).sqrt()
-        })
-        .collect()
-}
-
 fn check_shape(name: &str, tolerance: f64) {
     let mm = tiny_mmproj(name);
     let fx = json(&format!("{name}.json"));
@@ -206,11 +144,7 @@ fn check_shape(name: &str, tolerance: f64) {
             rec["n_embd"].as_u64().unwrap() as usize,
             "{name} {inp}"
         );
-        let raw = std::fs::read(fixtures().join(rec["embd"].as_str().unwrap())).unwrap();
-        let want: Vec<f32> = raw
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
+        let want = f32_fixture(rec["embd"].as_str().unwrap());
         let errs = row_errors(&e.rows, &want, e.dim);
         let worst = errs.iter().cloned().fold(0.0, f64::max);
         eprintln!(

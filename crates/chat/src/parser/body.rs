@@ -4,7 +4,7 @@
 //! terminator or at the end of generation, which both count as "end of input"
 //! for the structural-end rules.
 
-use super::driver::Ctx;
+use super::driver::{Ctx, Machine};
 use super::hermes::{self, JsonCall};
 use super::scan::{find_first, lit, partial_suffix_len, trailing_ws_len, ws_len, Lit, Match};
 use super::xml_calls::{self, Stage, Step, XmlDialect};
@@ -255,8 +255,11 @@ impl Terminated {
             buf: String::new(),
         }
     }
+}
 
-    pub fn feed(&mut self, text: &str, cx: &mut Ctx) {
+/// Hermes and Qwen3-XML output: ChatML bodies, each ended by an end token.
+impl Machine for Terminated {
+    fn feed(&mut self, text: &str, cx: &mut Ctx) {
         self.buf.push_str(text);
         while let Some((p, t)) = find_first(&self.buf, self.terminators) {
             self.body.push(&self.buf[..p], cx);
@@ -269,7 +272,7 @@ impl Terminated {
         self.buf.drain(..n);
     }
 
-    pub fn finish(&mut self, cx: &mut Ctx) {
+    fn finish(&mut self, cx: &mut Ctx) {
         let rest = std::mem::take(&mut self.buf);
         self.body.push(&rest, cx);
         self.body.end(cx);

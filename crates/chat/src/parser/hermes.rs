@@ -11,7 +11,7 @@
 use serde_json::{Map, Value};
 
 use super::body::{CallSyntax, Terminated};
-use super::driver::{Ctx, Machine};
+use super::driver::Ctx;
 use super::pyjson;
 use super::scan::{lit, ws_len, Lit};
 use super::xml_calls::Step;
@@ -21,25 +21,9 @@ const TOOL_CALL_CLOSE: &str = "</tool_call>";
 /// ChatML end tokens as text.
 pub(crate) const CHATML_END: &[&str] = &["<|im_end|>", "<|endoftext|>"];
 
-pub(crate) struct HermesParser {
-    frame: Terminated,
-}
-
-impl HermesParser {
-    pub fn new(start_in_reasoning: bool) -> Self {
-        HermesParser {
-            frame: Terminated::new(CallSyntax::Hermes, CHATML_END, start_in_reasoning),
-        }
-    }
-}
-
-impl Machine for HermesParser {
-    fn feed(&mut self, text: &str, cx: &mut Ctx) {
-        self.frame.feed(text, cx)
-    }
-    fn finish(&mut self, cx: &mut Ctx) {
-        self.frame.finish(cx)
-    }
+/// The parser: ChatML bodies with Hermes calls, each ended by a ChatML end token.
+pub(crate) fn parser(start_in_reasoning: bool) -> Terminated {
+    Terminated::new(CallSyntax::Hermes, CHATML_END, start_in_reasoning)
 }
 
 /// Incremental scan of the JSON value inside `<tool_call>`: where it ends.

@@ -17,7 +17,6 @@ use serde_json::{Map, Value};
 
 use super::atem::render_value;
 use super::body::{CallSyntax, Terminated};
-use super::driver::{Ctx, Machine};
 use super::hermes::CHATML_END;
 use super::xml_calls::XmlDialect;
 
@@ -32,25 +31,9 @@ pub(crate) static DIALECT: XmlDialect = XmlDialect {
     qwen_values: true,
 };
 
-pub(crate) struct Qwen3XmlParser {
-    frame: Terminated,
-}
-
-impl Qwen3XmlParser {
-    pub fn new(start_in_reasoning: bool) -> Self {
-        Qwen3XmlParser {
-            frame: Terminated::new(CallSyntax::Qwen3Xml, CHATML_END, start_in_reasoning),
-        }
-    }
-}
-
-impl Machine for Qwen3XmlParser {
-    fn feed(&mut self, text: &str, cx: &mut Ctx) {
-        self.frame.feed(text, cx)
-    }
-    fn finish(&mut self, cx: &mut Ctx) {
-        self.frame.finish(cx)
-    }
+/// The parser: ChatML bodies with Qwen3Xml calls, each ended by a ChatML end token.
+pub(crate) fn parser(start_in_reasoning: bool) -> Terminated {
+    Terminated::new(CallSyntax::Qwen3Xml, CHATML_END, start_in_reasoning)
 }
 
 /// One call as Qwen3-Coder writes it, wrapper included.

@@ -25,6 +25,17 @@ pub fn py_str(value: &Value) -> String {
     }
 }
 
+/// The items of `value` (a sequence's elements, a map's keys), each written
+/// by `item`, separated by `, `.
+fn repr_items(value: &Value, out: &mut String, mut item: impl FnMut(&Value, &mut String)) {
+    for (i, v) in value.try_iter().into_iter().flatten().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        item(&v, out);
+    }
+}
+
 /// `repr(value)` for the JSON-shaped values templates handle. Objects that are
 /// not plain data (loops, macros, namespaces) fall back to minijinja's display.
 fn py_repr(value: &Value, out: &mut String) {
@@ -35,24 +46,16 @@ fn py_repr(value: &Value, out: &mut String) {
         ValueKind::String => string_repr(value.as_str().unwrap_or_default(), out),
         ValueKind::Seq | ValueKind::Iterable => {
             out.push('[');
-            for (i, item) in value.try_iter().into_iter().flatten().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                py_repr(&item, out);
-            }
+            repr_items(value, out, py_repr);
             out.push(']');
         }
         ValueKind::Map => {
             out.push('{');
-            for (i, key) in value.try_iter().into_iter().flatten().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                py_repr(&key, out);
+            repr_items(value, out, |key, out| {
+                py_repr(key, out);
                 out.push_str(": ");
-                py_repr(&value.get_item(&key).unwrap_or_default(), out);
-            }
+                py_repr(&value.get_item(key).unwrap_or_default(), out);
+            });
             out.push('}');
         }
         _ => {

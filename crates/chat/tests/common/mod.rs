@@ -4,7 +4,8 @@
 #![allow(dead_code)]
 
 use hearth_chat::parser::{
-    merge_events, parser_with, ChatEvent, FinishHint, FinishReason, OutputFormat, ParserOptions,
+    merge_events, parser_with, streamed_arguments, ChatEvent, FinishHint, FinishReason,
+    OutputFormat, ParserOptions,
 };
 use serde_json::{json, Value};
 
@@ -66,6 +67,11 @@ pub fn parse_opts(
     whole
 }
 
+/// [`parse`] as Muse Glimmer output, with the weather and add tools.
+pub fn parse_mg(text: &str, hint: FinishHint) -> Vec<ChatEvent> {
+    parse("muse-glimmer", Some(&tools_weather_add()), text, hint)
+}
+
 pub fn parse(format: &str, tools: Option<&Value>, text: &str, hint: FinishHint) -> Vec<ChatEvent> {
     parse_opts(format, tools, &ParserOptions::default(), text, hint)
 }
@@ -78,15 +84,7 @@ pub fn check_arg_stream(events: &[ChatEvent]) {
             index, arguments, ..
         } = e
         {
-            let streamed: String = events
-                .iter()
-                .filter_map(|e| match e {
-                    ChatEvent::ToolCallArgs { index: i, delta } if i == index => {
-                        Some(delta.as_str())
-                    }
-                    _ => None,
-                })
-                .collect();
+            let streamed = streamed_arguments(events, *index);
             let v: Value = serde_json::from_str(&streamed)
                 .unwrap_or_else(|err| panic!("streamed args {streamed:?}: {err}"));
             assert_eq!(&v, arguments, "streamed {streamed:?}");
@@ -102,6 +100,27 @@ pub struct Outcome {
     pub content: Option<String>,
     pub calls: Vec<(usize, String, String)>,
     pub finish: FinishReason,
+}
+
+impl Outcome {
+    pub fn new(
+        reasoning: Option<&str>,
+        content: Option<&str>,
+        calls: Vec<(usize, String, String)>,
+        finish: FinishReason,
+    ) -> Outcome {
+        Outcome {
+            reasoning: reasoning.map(String::from),
+            content: content.map(String::from),
+            calls,
+            finish,
+        }
+    }
+
+    /// Reasoning and content.
+    pub fn texts(&self) -> (Option<&str>, Option<&str>) {
+        (self.reasoning.as_deref(), self.content.as_deref())
+    }
 }
 
 pub fn outcome(events: &[ChatEvent]) -> Outcome {
@@ -132,6 +151,22 @@ pub fn outcome(events: &[ChatEvent]) -> Outcome {
     }
 }
 
+/// [`parse`], seen by the client.
+pub fn parsed(format: &str, tools: Option<&Value>, text: &str, hint: FinishHint) -> Outcome {
+    outcome(&parse(format, tools, text, hint))
+}
+
+/// [`parse_opts`], seen by the client.
+pub fn parsed_opts(
+    format: &str,
+    tools: Option<&Value>,
+    opts: &ParserOptions,
+    text: &str,
+    hint: FinishHint,
+) -> Outcome {
+    outcome(&parse_opts(format, tools, opts, text, hint))
+}
+
 pub fn warnings(events: &[ChatEvent]) -> usize {
     events
         .iter()
@@ -156,4 +191,23 @@ pub fn atem_block(invokes: &[(&str, &[(&str, &str)])]) -> String {
     }
     s.push_str("</atem:function_calls>");
     s
+}
+
+/// splitmix64: a small, seedable, dependency-free generator.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+        &xs[self.below(xs.len())]
+    }
 }

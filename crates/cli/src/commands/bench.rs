@@ -197,36 +197,28 @@ pub fn run(args: Args) -> Result<()> {
     let isa = hearth_kernels::cpu::simd::active().name();
     outln!("model: {name} ({weight_gb:.2} GB of weights read per token), threads: {threads}, kernels: {isa}, reps: {reps} (+1 warm-up)");
     outln!("{:>8} {:>12} {:>12} {:>12}", "test", "tok/s", "min", "max");
-    if let Some(s) = &pp {
+    let row = |test: String, s: &Summary| -> Result<()> {
         outln!(
             "{:>8} {:>12.2} {:>12.2} {:>12.2}",
-            format!("pp{}", args.n_prompt),
+            test,
             s.median,
             s.min,
             s.max
         );
+        Ok(())
+    };
+    if let Some(s) = &pp {
+        row(format!("pp{}", args.n_prompt), s)?;
     }
     if let Some(s) = &tg {
-        outln!(
-            "{:>8} {:>12.2} {:>12.2} {:>12.2}",
-            format!("tg{}", args.n_gen),
-            s.median,
-            s.min,
-            s.max
-        );
+        row(format!("tg{}", args.n_gen), s)?;
         outln!(
             "decode weight bandwidth: {:.2} GB/s",
             tg_gbps.unwrap_or(0.0)
         );
     }
     for (d, s) in &tg_depth {
-        outln!(
-            "{:>8} {:>12.2} {:>12.2} {:>12.2}",
-            format!("tg{}@d{d}", args.n_gen),
-            s.median,
-            s.min,
-            s.max
-        );
+        row(format!("tg{}@d{d}", args.n_gen), s)?;
     }
     Ok(())
 }

@@ -47,27 +47,23 @@ pub trait KvElem: Copy + Default + Send + Sync + 'static {
     fn to_f32(self) -> f32;
 }
 
-impl KvElem for f16 {
-    #[inline]
-    fn from_f32(x: f32) -> Self {
-        f16::from_f32(x)
-    }
-    #[inline]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
+/// The half-precision types: their own rounding conversions.
+macro_rules! half_kv_elem {
+    ($($t:ty),*) => {$(
+        impl KvElem for $t {
+            #[inline]
+            fn from_f32(x: f32) -> Self {
+                <$t>::from_f32(x)
+            }
+            #[inline]
+            fn to_f32(self) -> f32 {
+                <$t>::to_f32(self)
+            }
+        }
+    )*};
 }
 
-impl KvElem for bf16 {
-    #[inline]
-    fn from_f32(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
-    #[inline]
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-}
+half_kv_elem!(f16, bf16);
 
 impl KvElem for f32 {
     #[inline]

@@ -82,15 +82,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
         });
     }
     let n_values = src.len() / ty.type_size() * ty.block_size();
-    if dst.len() != n_values {
-        let unit = "values";
-        return Err(QuantError::DestinationLength {
-            ty,
-            expected: n_values,
-            actual: dst.len(),
-            unit,
-        });
-    }
+    check_destination(ty, n_values, dst.len(), "values")?;
     match ty {
         F32 => dequantize_row_f32_ref(src, dst),
         F16 => dequantize_row_f16_ref(src, dst),
@@ -118,6 +110,24 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
     Ok(())
 }
 
+/// `dst` must hold exactly `expected` `unit`s.
+fn check_destination(
+    ty: GgmlType,
+    expected: usize,
+    actual: usize,
+    unit: &'static str,
+) -> Result<(), QuantError> {
+    if actual != expected {
+        return Err(QuantError::DestinationLength {
+            ty,
+            expected,
+            actual,
+            unit,
+        });
+    }
+    Ok(())
+}
+
 /// Quantizes `src` (a whole number of `ty` blocks of values) into `dst`, which must hold
 /// exactly the encoded bytes (GGUF layout).
 pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
@@ -137,15 +147,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
         });
     }
     let n_bytes = src.len() / block_size * ty.type_size();
-    if dst.len() != n_bytes {
-        let unit = "bytes";
-        return Err(QuantError::DestinationLength {
-            ty,
-            expected: n_bytes,
-            actual: dst.len(),
-            unit,
-        });
-    }
+    check_destination(ty, n_bytes, dst.len(), "bytes")?;
     match ty {
         F32 => {
             for (b, x) in dst.chunks_exact_mut(4).zip(src) {

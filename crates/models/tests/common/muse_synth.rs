@@ -62,14 +62,17 @@ pub fn gguf(name: &str) -> PathBuf {
     path
 }
 
-pub fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+/// A JSON array, each element read by `get`.
+fn json_array<T>(v: &Value, get: impl Fn(&Value) -> T) -> Vec<T> {
+    v.as_array().unwrap().iter().map(get).collect()
 }
 
+/// A JSON array of token ids.
+pub fn ids(v: &Value) -> Vec<u32> {
+    json_array(v, |x| x.as_u64().unwrap() as u32)
+}
+
+/// The index of the largest value (the first on ties).
 pub fn argmax(x: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in x.iter().enumerate() {
@@ -78,4 +81,9 @@ pub fn argmax(x: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// A JSON array of numbers, as f32.
+pub fn floats(v: &Value) -> Vec<f32> {
+    json_array(v, |x| x.as_f64().unwrap() as f32)
 }

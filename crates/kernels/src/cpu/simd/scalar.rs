@@ -36,24 +36,10 @@ impl Simd for Scalar {
         [0; 16]
     }
     unsafe fn dot_u8(acc: [i32; 16], w: [u8; 64], a: u64) -> [i32; 16] {
-        let a = a.to_le_bytes();
-        lanes(|l| {
-            let (r, h) = (l / 2, l % 2);
-            acc[l]
-                + (0..4)
-                    .map(|i| w[8 * r + 4 * h + i] as i32 * a[4 * h + i] as i8 as i32)
-                    .sum::<i32>()
-        })
+        dot4(acc, w, a, |b| b as i32)
     }
     unsafe fn dot_i8(acc: [i32; 16], w: [u8; 64], a: u64) -> [i32; 16] {
-        let a = a.to_le_bytes();
-        lanes(|l| {
-            let (r, h) = (l / 2, l % 2);
-            acc[l]
-                + (0..4)
-                    .map(|i| w[8 * r + 4 * h + i] as i8 as i32 * a[4 * h + i] as i8 as i32)
-                    .sum::<i32>()
-        })
+        dot4(acc, w, a, |b| b as i8 as i32)
     }
     unsafe fn add(a: [i32; 16], b: [i32; 16]) -> [i32; 16] {
         lanes(|l| a[l].wrapping_add(b[l]))
@@ -113,4 +99,18 @@ impl Simd for Scalar {
     unsafe fn fstore(a: [f32; 16]) -> [f32; 16] {
         a
     }
+}
+
+/// `acc` plus, in each 32-bit lane, the sum of four products of a weight byte
+/// (read by `weight`: unsigned or signed) and a signed byte of `a` (lane l:
+/// row l/2, half l%2 of the 8-byte groups).
+fn dot4(acc: [i32; 16], w: [u8; 64], a: u64, weight: impl Fn(u8) -> i32) -> [i32; 16] {
+    let a = a.to_le_bytes();
+    lanes(|l| {
+        let (r, h) = (l / 2, l % 2);
+        acc[l]
+            + (0..4)
+                .map(|i| weight(w[8 * r + 4 * h + i]) * a[4 * h + i] as i8 as i32)
+                .sum::<i32>()
+    })
 }
