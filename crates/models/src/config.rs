@@ -121,6 +121,19 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// (layers, dim, heads, kv heads, head dim, ffn, vocab).
+    pub fn dims(&self) -> [usize; 7] {
+        [
+            self.n_layers,
+            self.dim,
+            self.n_heads,
+            self.n_kv_heads,
+            self.head_dim,
+            self.ffn_dim,
+            self.vocab_size,
+        ]
+    }
+
     pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, ConfigError> {
         let arch_name = file.architecture().ok_or(ConfigError::NoArchitecture)?;
         let arch = Architecture::from_gguf_name(arch_name)

@@ -10,6 +10,7 @@ pub mod config;
 pub mod dflash;
 mod forward;
 mod layer;
+pub mod packaged;
 mod state;
 pub mod synth;
 pub mod synth_dflash;

@@ -128,6 +128,34 @@ impl SynthShape {
         self.n_heads * self.head_dim
     }
 
+    /// (layers, dim, heads, kv heads, head dim, ffn, vocab), in
+    /// [`crate::ModelConfig::dims`]'s order.
+    pub fn dims(&self) -> [usize; 7] {
+        [
+            self.n_layers,
+            self.dim,
+            self.n_heads,
+            self.n_kv_heads,
+            self.head_dim,
+            self.ffn_dim,
+            self.vocab_size,
+        ]
+    }
+
+    /// One line for progress output: `qwen2: 8 layers, dim 256, 4 heads / 2
+    /// kv heads of 64, ffn 512, vocab 512` (and the window where it is used).
+    pub fn summary(&self) -> String {
+        let [layers, dim, heads, kv, hd, ffn, vocab] = self.dims();
+        let window = match self.arch {
+            Architecture::MuseGlimmer | Architecture::Gemma3 => format!(", window {}", self.window),
+            _ => String::new(),
+        };
+        format!(
+            "{}: {layers} layers, dim {dim}, {heads} heads / {kv} kv heads of {hd}, ffn {ffn}, vocab {vocab}{window}",
+            self.arch.gguf_name()
+        )
+    }
+
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
@@ -148,17 +176,7 @@ impl SynthShape {
             return Err(SynthError::UnsupportedArchitecture(self.arch.gguf_name()));
         }
         let s = self;
-        if [
-            s.n_layers,
-            s.dim,
-            s.n_heads,
-            s.n_kv_heads,
-            s.head_dim,
-            s.ffn_dim,
-            s.vocab_size,
-        ]
-        .contains(&0)
-        {
+        if s.dims().contains(&0) {
             return bad(format!("every dimension must be positive: {s:?}"));
         }
         if !s.n_heads.is_multiple_of(s.n_kv_heads) {

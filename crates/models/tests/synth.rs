@@ -182,26 +182,7 @@ fn small_muse_glimmer_loads_and_runs() {
     let model = Model::from_gguf(Arc::new(small_file(Architecture::MuseGlimmer, 3))).unwrap();
     let s = SynthShape::small(Architecture::MuseGlimmer);
     let c = &model.config;
-    assert_eq!(
-        (
-            c.n_layers,
-            c.dim,
-            c.n_heads,
-            c.n_kv_heads,
-            c.head_dim,
-            c.ffn_dim,
-            c.vocab_size
-        ),
-        (
-            s.n_layers,
-            s.dim,
-            s.n_heads,
-            s.n_kv_heads,
-            s.head_dim,
-            s.ffn_dim,
-            s.vocab_size
-        )
-    );
+    assert_eq!(c.dims(), s.dims());
     assert_eq!(c.sliding_window(), Some(s.window));
     // llama.cpp's default pattern: three sliding layers, then a full one.
     let full: Vec<usize> = (0..c.n_layers)

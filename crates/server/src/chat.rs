@@ -31,26 +31,6 @@ use crate::metrics::Metrics;
 use crate::request::{parse_chat, parse_completion, parse_object, ChatRequest, Common};
 use crate::routes::{check_context, check_prompt_bytes, header_session, read_body, AppState};
 
-pub async fn chat_completions(
-    State(app): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    chat_inner(app, headers, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
-}
-
-pub async fn completions(
-    State(app): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    completion_inner(app, headers, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
-}
-
 /// `POST /apply-template` (llama-server's endpoint): the prompt text a chat
 /// request renders to, without generating.
 pub async fn apply_template(
@@ -58,10 +38,8 @@ pub async fn apply_template(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let body = read_body(&app, &headers, body).await?;
-    let session = header_session(&headers)?;
-    let prompt = blocking(move || {
-        let req = parse_chat(&parse_object(&body)?, &app.model_id, session)?;
+    let prompt = prepare(&app, &headers, body, |app, obj, session| {
+        let req = parse_chat(obj, &app.model_id, session)?;
         app.prompter
             .render(&req.messages, req.tools.as_ref(), true, &req.kwargs)
             .map_err(prompt_error)
@@ -70,16 +48,14 @@ pub async fn apply_template(
     Ok(Json(json!({ "prompt": prompt })))
 }
 
-async fn chat_inner(
-    app: Arc<AppState>,
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    State(app): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_body(&app, &headers, body).await?;
-    let session = header_session(&headers)?;
-    let prep = app.clone();
-    let (req, ids) = blocking(move || {
-        let req = parse_chat(&parse_object(&body)?, &prep.model_id, session)?;
+    let (req, ids) = prepare(&app, &headers, body, |prep, obj, session| {
+        let req = parse_chat(obj, &prep.model_id, session)?;
         if images::has_images(&req.messages) {
             // Rendered around the images below, after they are decoded.
             return Ok((req, None));
@@ -88,7 +64,7 @@ async fn chat_inner(
         let text = p
             .render(&req.messages, req.tools.as_ref(), true, &req.kwargs)
             .map_err(prompt_error)?;
-        check_prompt_bytes(&prep, text.len())?;
+        check_prompt_bytes(prep, text.len())?;
         let ids = p
             .chat_ids(&req.messages, req.tools.as_ref(), &req.kwargs)
             .map_err(prompt_error)?;
@@ -129,17 +105,15 @@ async fn chat_inner(
     }
 }
 
-async fn completion_inner(
-    app: Arc<AppState>,
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(app): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_body(&app, &headers, body).await?;
-    let session = header_session(&headers)?;
-    let prep = app.clone();
-    let (req, ids) = blocking(move || {
-        let req = parse_completion(&parse_object(&body)?, &prep.model_id, session)?;
-        check_prompt_bytes(&prep, req.prompt.len())?;
+    let (req, ids) = prepare(&app, &headers, body, |prep, obj, session| {
+        let req = parse_completion(obj, &prep.model_id, session)?;
+        check_prompt_bytes(prep, req.prompt.len())?;
         let ids = prep
             .prompter
             .completion_ids(&req.prompt)
@@ -161,14 +135,23 @@ async fn completion_inner(
     }
 }
 
-/// Runs request preparation (JSON decoding, rendering, tokenizing: work that
-/// grows with the body) on the blocking pool, off the threads that serve
-/// every connection. Its size is bounded by the body limit and, before
-/// tokenizing, by [`check_prompt_bytes`].
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+/// Reads the body (within the limits) and the session header, then runs
+/// request preparation — JSON decoding and `work` (rendering, tokenizing:
+/// work that grows with the body) — on the blocking pool, off the threads
+/// that serve every connection. Its size is bounded by the body limit and,
+/// before tokenizing, by [`check_prompt_bytes`].
+async fn prepare<T: Send + 'static>(
+    app: &Arc<AppState>,
+    headers: &HeaderMap,
+    body: Body,
+    work: impl FnOnce(&AppState, &Map<String, Value>, Option<String>) -> Result<T, ApiError>
+        + Send
+        + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(work)
+    let body = read_body(app, headers, body).await?;
+    let session = header_session(headers)?;
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || work(&app, &parse_object(&body)?, session))
         .await
         .map_err(|e| ApiError::server(format!("request preparation failed: {e}")))?
 }

@@ -263,8 +263,39 @@ fn number_in(
     lo: f64,
     hi: f64,
 ) -> Result<Option<f64>, ApiError> {
+    number_where(
+        body,
+        field,
+        |x| (lo..=hi).contains(&x),
+        &format!("between {lo} and {hi}"),
+    )
+}
+
+/// A finite number for which `ok` holds, else 400 `{field} must be {rule}`.
+fn number_where(
+    body: &Map<String, Value>,
+    field: &str,
+    ok: impl Fn(f64) -> bool,
+    rule: &str,
+) -> Result<Option<f64>, ApiError> {
     match number(body, field)? {
-        Some(x) if !(x.is_finite() && (lo..=hi).contains(&x)) => Err(ApiError::invalid(
+        Some(x) if !(x.is_finite() && ok(x)) => Err(ApiError::invalid(
+            "invalid_value",
+            format!("{field} must be {rule} (got {x})."),
+        )),
+        x => Ok(x),
+    }
+}
+
+/// An integer in `lo..=hi`, else 400 naming the range.
+fn integer_in(
+    body: &Map<String, Value>,
+    field: &str,
+    lo: i128,
+    hi: i128,
+) -> Result<Option<i128>, ApiError> {
+    match integer(body, field)? {
+        Some(x) if !(lo..=hi).contains(&x) => Err(ApiError::invalid(
             "invalid_value",
             format!("{field} must be between {lo} and {hi} (got {x})."),
         )),
@@ -278,40 +309,21 @@ fn number_in(
 fn sampling(body: &Map<String, Value>) -> Result<SamplerConfig, ApiError> {
     let mut c = SamplerConfig::greedy();
     c.seed = 0;
-    if let Some(t) = number(body, "temperature")? {
-        if !(t.is_finite() && (0.0..=2.0).contains(&t)) {
-            return Err(ApiError::invalid(
-                "invalid_value",
-                format!("temperature must be between 0 and 2 (got {t})."),
-            ));
-        }
+    if let Some(t) = number_in(body, "temperature", 0.0, 2.0)? {
         c.temperature = t as f32;
     }
-    if let Some(p) = number(body, "top_p")? {
-        if !(p.is_finite() && p > 0.0 && p <= 1.0) {
-            return Err(ApiError::invalid(
-                "invalid_value",
-                format!("top_p must be between 0 (exclusive) and 1 (got {p})."),
-            ));
-        }
+    if let Some(p) = number_where(
+        body,
+        "top_p",
+        |p| p > 0.0 && p <= 1.0,
+        "between 0 (exclusive) and 1",
+    )? {
         c.top_p = p as f32;
     }
-    if let Some(k) = integer(body, "top_k")? {
-        if !(0..=2147483647).contains(&k) {
-            return Err(ApiError::invalid(
-                "invalid_value",
-                format!("top_k must be between 0 and 2147483647 (got {k})."),
-            ));
-        }
+    if let Some(k) = integer_in(body, "top_k", 0, 2147483647)? {
         c.top_k = k as usize;
     }
-    if let Some(s) = integer(body, "seed")? {
-        if !(1..=i64::MAX as i128).contains(&s) {
-            return Err(ApiError::invalid(
-                "invalid_value",
-                format!("seed must be between 1 and 9223372036854775807 (got {s})."),
-            ));
-        }
+    if let Some(s) = integer_in(body, "seed", 1, i64::MAX as i128)? {
         c.seed = s as u64;
     }
     if let Some(p) = number_in(body, "min_p", 0.0, 1.0)? {
@@ -324,22 +336,15 @@ fn sampling(body: &Map<String, Value>) -> Result<SamplerConfig, ApiError> {
     if let Some(p) = number_in(body, "frequency_penalty", -2.0, 2.0)? {
         c.frequency_penalty = p as f32;
     }
-    if let Some(p) = number(body, "repeat_penalty")? {
-        if !(p.is_finite() && p > 0.0 && p <= 10.0) {
-            return Err(ApiError::invalid(
-                "invalid_value",
-                format!("repeat_penalty must be above 0 and at most 10 (got {p})."),
-            ));
-        }
+    if let Some(p) = number_where(
+        body,
+        "repeat_penalty",
+        |p| p > 0.0 && p <= 10.0,
+        "above 0 and at most 10",
+    )? {
         c.repeat_penalty = p as f32;
     }
-    if let Some(n) = integer(body, "repeat_last_n")? {
-        if !(0..=1_000_000).contains(&n) {
-            return Err(ApiError::invalid(
-                "invalid_value",
-                format!("repeat_last_n must be between 0 and 1000000 (got {n})."),
-            ));
-        }
+    if let Some(n) = integer_in(body, "repeat_last_n", 0, 1_000_000)? {
         c.repeat_last_n = n as usize;
     }
     Ok(c)

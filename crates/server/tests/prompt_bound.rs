@@ -6,24 +6,9 @@
 //! few tokens: long runs of spaces, newlines, repeated characters, special
 //! token markers, multi-byte UTF-8, code.
 
-use std::path::PathBuf;
-
+use hearth_models::packaged::model_path;
 use hearth_server::max_token_bytes;
 use hearth_tokenizer::Tokenizer;
-
-fn model_path(file: &str) -> PathBuf {
-    let dir = match std::env::var_os("HEARTH_HOME") {
-        Some(h) if !h.is_empty() => PathBuf::from(h).join("models"),
-        _ => PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/hearth/models"),
-    };
-    let p = dir.join(file);
-    assert!(
-        p.is_file(),
-        "{} missing: run `python3 scripts/fetch_models.py all`",
-        p.display()
-    );
-    p
-}
 
 fn texts() -> Vec<String> {
     let mut out = vec![

@@ -383,23 +383,9 @@ pub fn run(args: Args) -> Result<()> {
         plan.metadata.extend(keys);
     }
     let total = plan.data_bytes();
-    let s = &shape;
     eprintln!(
-        "{}: {} layers, dim {}, {} heads / {} kv heads of {}, ffn {}, vocab {}{}; \
-         {} tensors, {:.1}M parameters, {:.1} MB of tensor data, seed {}",
-        s.arch.gguf_name(),
-        s.n_layers,
-        s.dim,
-        s.n_heads,
-        s.n_kv_heads,
-        s.head_dim,
-        s.ffn_dim,
-        s.vocab_size,
-        if matches!(s.arch, Architecture::MuseGlimmer | Architecture::Gemma3) {
-            format!(", window {}", s.window)
-        } else {
-            String::new()
-        },
+        "{}; {} tensors, {:.1}M parameters, {:.1} MB of tensor data, seed {}",
+        shape.summary(),
         plan.tensors.len(),
         plan.n_parameters() as f64 / 1e6,
         mb(total),
