@@ -136,10 +136,7 @@ pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {
             let mut st = gm.new_state(depth + o.n_prompt + 1)?;
             let mut xs = Vec::new();
             for rep in 0..=o.reps {
-                st.reset();
-                if depth > 0 {
-                    gm.fill_random_context(&mut st, depth, rep as u32 + 1)?;
-                }
+                refill(&gm, &mut st, depth, rep)?;
                 let toks = tokens(o.n_prompt);
                 let t0 = Instant::now();
                 gm.forward(&mut st, &toks, Logits::Last)?;
@@ -166,10 +163,7 @@ pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {
             st.use_graph = o.graphs;
             let mut xs = Vec::new();
             for rep in 0..=o.reps {
-                st.reset();
-                if depth > 0 {
-                    gm.fill_random_context(&mut st, depth, rep as u32 + 1)?;
-                }
+                refill(&gm, &mut st, depth, rep)?;
                 let toks = tokens(o.n_gen);
                 let t0 = Instant::now();
                 for &t in &toks {
@@ -231,6 +225,16 @@ pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {
                 );
             }
         }
+    }
+    Ok(())
+}
+
+/// Starts repetition `rep` of a measurement at `depth`: an empty state, then
+/// `depth` positions of random KV (a different fill per repetition).
+fn refill(gm: &GpuModel, st: &mut GpuState, depth: usize, rep: usize) -> Result<()> {
+    st.reset();
+    if depth > 0 {
+        gm.fill_random_context(st, depth, rep as u32 + 1)?;
     }
     Ok(())
 }

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use hearth_chat::prompter::Prompter;
 use hearth_engine::prompt::{ImageRows, Prompt};
+use hearth_models::Backend;
 use hearth_models::{Logits, Model};
 use hearth_tokenizer::Tokenizer;
 use hearth_vision::prompt::{ImageInput, MEDIA_MARKER};

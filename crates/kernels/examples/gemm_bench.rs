@@ -3,7 +3,7 @@ use hearth_kernels::cpu::gemm::{gemm, BMatrix};
 use hearth_kernels::cpu::interleaved::{matmul_packed, PackedMatrix};
 use hearth_kernels::cpu::simd::active;
 use hearth_kernels::pool::ThreadPool;
-use hearth_kernels::{quantize, QMatrix, RowOrder};
+use hearth_kernels::{quantize_to_vec, QMatrix, RowOrder};
 use std::time::Instant;
 
 fn main() {
@@ -26,8 +26,7 @@ fn main() {
         GgmlType::Q4_K,
         GgmlType::Q6_K,
     ] {
-        let mut bytes = vec![0u8; ty.bytes_for((n * k) as u64).unwrap() as usize];
-        quantize(ty, &w, &mut bytes).unwrap();
+        let bytes = quantize_to_vec(ty, &w).unwrap();
         let q = QMatrix {
             ty,
             rows: n,

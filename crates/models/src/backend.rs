@@ -10,6 +10,7 @@ use crate::config::ModelConfig;
 use crate::forward::{Input, Logits};
 use crate::state::State;
 use crate::weights::{Model, ModelError};
+use hearth_kernels::RowOrder;
 
 /// Per-session state of a backend: the position and the KV caches behind it.
 pub trait BackendState: Send {
@@ -155,7 +156,7 @@ impl Backend for Model {
         taps: &[usize],
         hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>, ModelError> {
-        Model::forward_tapped(self, state, tokens, want, taps, hidden)
+        self.forward_ordered(state, tokens, want, taps, hidden, RowOrder::Batched)
     }
 
     #[inline]
@@ -167,7 +168,7 @@ impl Backend for Model {
         taps: &[usize],
         hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>, ModelError> {
-        Model::forward_input(self, state, input, want, taps, hidden)
+        self.forward_input_ordered(state, input, want, taps, hidden, RowOrder::Batched)
     }
 
     fn name(&self) -> &'static str {
@@ -183,7 +184,10 @@ impl Backend for Model {
         taps: &[usize],
         hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>, ModelError> {
-        Model::forward_verify(self, state, tokens, want, taps, hidden)
+        // Batch-invariant rows: the K+1 rows equal K+1 single-token decode
+        // steps bit for bit, so greedy speculative output is plain greedy
+        // output ([`RowOrder::Invariant`]).
+        self.forward_ordered(state, tokens, want, taps, hidden, RowOrder::Invariant)
     }
 }
 

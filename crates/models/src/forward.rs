@@ -113,41 +113,16 @@ impl Model {
         tokens: &[u32],
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
-        self.forward_tapped(state, tokens, want, &[], &mut Vec::new())
-    }
-
-    /// A speculative verify pass: [`Model::forward_tapped`] with
-    /// batch-invariant numerics, so the K+1 rows equal K+1 single-token
-    /// decode steps bit for bit (greedy speculative output is then exactly
-    /// plain greedy output; see [`RowOrder::Invariant`]).
-    pub fn forward_verify(
-        &self,
-        state: &mut State,
-        tokens: &[u32],
-        want: Logits,
-        taps: &[usize],
-        hidden: &mut Vec<f32>,
-    ) -> Result<Vec<f32>, ModelError> {
-        self.forward_ordered(state, tokens, want, taps, hidden, RowOrder::Invariant)
+        self.forward_ordered(state, tokens, want, &[], &mut Vec::new(), RowOrder::Batched)
     }
 
     /// [`Model::forward`] that also records, for every token, the residual
     /// stream entering each layer in `taps` (ascending; `n_layers` means the
-    /// last layer's output, 0 the embedding output). Rows are appended to
-    /// `hidden` as [T, taps.len() * dim], taps concatenated in the given order
-    /// (DFlash's target hidden states, docs/spec/dflash.md §3).
-    pub fn forward_tapped(
-        &self,
-        state: &mut State,
-        tokens: &[u32],
-        want: Logits,
-        taps: &[usize],
-        hidden: &mut Vec<f32>,
-    ) -> Result<Vec<f32>, ModelError> {
-        self.forward_ordered(state, tokens, want, taps, hidden, RowOrder::Batched)
-    }
-
-    /// [`Model::forward_tapped`] with multi-token rows computed in `order`.
+    /// last layer's output, 0 the embedding output), appended to `hidden` as
+    /// [T, taps.len() * dim], taps concatenated in the given order (DFlash's
+    /// target hidden states, docs/spec/dflash.md §3), with multi-token rows
+    /// computed in `order` (the [`Backend`](crate::Backend) methods
+    /// `forward_tapped` and `forward_verify` are its two orders).
     pub fn forward_ordered(
         &self,
         state: &mut State,
@@ -161,19 +136,7 @@ impl Model {
         self.forward_input_ordered(state, input, want, taps, hidden, order)
     }
 
-    /// [`Model::forward_tapped`] over tokens or embedding rows ([`Input`]).
-    pub fn forward_input(
-        &self,
-        state: &mut State,
-        input: Input,
-        want: Logits,
-        taps: &[usize],
-        hidden: &mut Vec<f32>,
-    ) -> Result<Vec<f32>, ModelError> {
-        self.forward_input_ordered(state, input, want, taps, hidden, RowOrder::Batched)
-    }
-
-    /// [`Model::forward_input`] with multi-token rows computed in `order`.
+    /// [`Model::forward_ordered`] over tokens or embedding rows ([`Input`]).
     pub fn forward_input_ordered(
         &self,
         state: &mut State,

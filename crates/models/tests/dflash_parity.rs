@@ -32,6 +32,7 @@ mod common;
 use common::muse_synth::{fixture, gguf, root};
 use common::{argmax, floats, ids};
 use hearth_models::dflash::DflashModel;
+use hearth_models::Backend;
 use hearth_models::{Logits, Model, State};
 
 const LOGIT_TOL: f32 = 0.1;

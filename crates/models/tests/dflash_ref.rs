@@ -20,6 +20,7 @@ use common::reference::{assert_within_1e3_of_largest, numpy_reference};
 use hearth_models::dflash::DflashModel;
 use hearth_models::synth::{write_gguf_file, SynthPlan, SynthShape};
 use hearth_models::synth_dflash::{dflash_plan, Dflash2Shape, DflashShape};
+use hearth_models::Backend;
 use hearth_models::{Architecture, Logits, Model, Numerics};
 
 fn check(window: Option<usize>, dflash2: bool, tag: &str) {

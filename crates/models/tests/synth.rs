@@ -12,6 +12,7 @@ use hearth_gguf::{GgmlType, GgufFile};
 use hearth_models::synth::{
     q4_k_m_more_bits, tensor_bytes, write_gguf, SynthOptions, SynthPlan, SynthShape,
 };
+use hearth_models::Backend;
 use hearth_models::{Architecture, Logits, Model};
 
 fn synth_bytes(shape: &SynthShape, seed: u64, chunk_bytes: usize) -> Vec<u8> {

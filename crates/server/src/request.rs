@@ -287,6 +287,17 @@ fn number_where(
     }
 }
 
+/// A number in `(lo, hi]`, else 400 `{field} must be {rule}`.
+fn number_above(
+    body: &Map<String, Value>,
+    field: &str,
+    lo: f64,
+    hi: f64,
+    rule: &str,
+) -> Result<Option<f64>, ApiError> {
+    number_where(body, field, |x| x > lo && x <= hi, rule)
+}
+
 /// An integer in `lo..=hi`, else 400 naming the range.
 fn integer_in(
     body: &Map<String, Value>,
@@ -312,12 +323,7 @@ fn sampling(body: &Map<String, Value>) -> Result<SamplerConfig, ApiError> {
     if let Some(t) = number_in(body, "temperature", 0.0, 2.0)? {
         c.temperature = t as f32;
     }
-    if let Some(p) = number_where(
-        body,
-        "top_p",
-        |p| p > 0.0 && p <= 1.0,
-        "between 0 (exclusive) and 1",
-    )? {
+    if let Some(p) = number_above(body, "top_p", 0.0, 1.0, "between 0 (exclusive) and 1")? {
         c.top_p = p as f32;
     }
     if let Some(k) = integer_in(body, "top_k", 0, 2147483647)? {
@@ -336,12 +342,7 @@ fn sampling(body: &Map<String, Value>) -> Result<SamplerConfig, ApiError> {
     if let Some(p) = number_in(body, "frequency_penalty", -2.0, 2.0)? {
         c.frequency_penalty = p as f32;
     }
-    if let Some(p) = number_where(
-        body,
-        "repeat_penalty",
-        |p| p > 0.0 && p <= 10.0,
-        "above 0 and at most 10",
-    )? {
+    if let Some(p) = number_above(body, "repeat_penalty", 0.0, 10.0, "above 0 and at most 10")? {
         c.repeat_penalty = p as f32;
     }
     if let Some(n) = integer_in(body, "repeat_last_n", 0, 1_000_000)? {

@@ -30,42 +30,40 @@ fn preprocessing_matches_llama_cpp_pillow_and_cpython() {
             s["height"].as_u64().unwrap() as u32,
         );
         let img = pattern(w, h);
-        let l = mm.preprocess(&img, Rules::LLAMA_CPP);
-        let want = (
-            s["llama_cpp"]["pre_w"].as_u64().unwrap(),
-            s["llama_cpp"]["pre_h"].as_u64().unwrap(),
-        );
-        assert_eq!(
-            (l.image.width as u64, l.image.height as u64),
-            want,
-            "{w}x{h}: llama.cpp's size"
-        );
-        assert_eq!(
-            sha256_hex(&l.image.data),
-            s["llama_cpp"]["sha256"],
-            "{w}x{h}: llama.cpp's (= Pillow's) pixels"
-        );
-        let r = mm.preprocess(&img, Rules::REFERENCE);
-        let want = (
-            s["reference"]["nph"].as_u64().unwrap(),
-            s["reference"]["npw"].as_u64().unwrap(),
-        );
-        assert_eq!(
-            (r.grid.nph as u64, r.grid.npw as u64),
-            want,
-            "{w}x{h}: the reference's grid (CPython)"
-        );
-        assert_eq!(
-            sha256_hex(&r.image.data),
-            s["reference"]["sha256"],
-            "{w}x{h}: Pillow's pixels on the reference grid"
-        );
-        assert_eq!(
-            s["tie"].as_bool().unwrap(),
-            l.grid != r.grid,
-            "{w}x{h}: tie"
-        );
-        ties += usize::from(l.grid != r.grid);
+        // (what, rules, the fixture's two size fields, what is compared to them)
+        let checks = [
+            (
+                "llama.cpp's (= Pillow's)",
+                Rules::LLAMA_CPP,
+                "llama_cpp",
+                ["pre_w", "pre_h"],
+            ),
+            (
+                "the reference's (CPython grid, Pillow pixels)",
+                Rules::REFERENCE,
+                "reference",
+                ["nph", "npw"],
+            ),
+        ];
+        let mut grids = Vec::new();
+        for (what, rules, key, [a, b]) in checks {
+            let p = mm.preprocess(&img, rules);
+            grids.push(p.grid);
+            let got = match key {
+                "llama_cpp" => (p.image.width as u64, p.image.height as u64),
+                _ => (p.grid.nph as u64, p.grid.npw as u64),
+            };
+            let want = (s[key][a].as_u64().unwrap(), s[key][b].as_u64().unwrap());
+            assert_eq!(got, want, "{w}x{h}: {what} size");
+            assert_eq!(
+                sha256_hex(&p.image.data),
+                s[key]["sha256"],
+                "{w}x{h}: {what} pixels"
+            );
+        }
+        let tie = grids[0] != grids[1];
+        assert_eq!(s["tie"].as_bool().unwrap(), tie, "{w}x{h}: tie");
+        ties += usize::from(tie);
     }
     assert!(ties >= 2, "the sizes include ties (225x225, 29x29, ...)");
 }

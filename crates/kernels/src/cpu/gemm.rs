@@ -457,7 +457,7 @@ unsafe fn micro_avx2(t: &Tile) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::quantize;
+    use crate::quant::quantize_to_vec;
     use hearth_gguf::GgmlType;
     use rand::{Rng, SeedableRng};
 
@@ -544,8 +544,7 @@ mod tests {
         ] {
             let (m, n, k) = (11, 37, 512);
             let w = rand_vec(&mut rng, n * k);
-            let mut bytes = vec![0u8; ty.bytes_for((n * k) as u64).unwrap() as usize];
-            quantize(ty, &w, &mut bytes).unwrap();
+            let bytes = quantize_to_vec(ty, &w).unwrap();
             let q = QMatrix {
                 ty,
                 rows: n,

@@ -128,6 +128,20 @@ fn check_destination(
     Ok(())
 }
 
+/// [`quantize`] into a new buffer of exactly the encoded size.
+pub fn quantize_to_vec(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, QuantError> {
+    let n = ty
+        .bytes_for(src.len() as u64)
+        .ok_or(QuantError::PartialBlockValues {
+            ty,
+            n_values: src.len(),
+            block_size: ty.block_size(),
+        })? as usize;
+    let mut dst = vec![0u8; n];
+    quantize(ty, src, &mut dst)?;
+    Ok(dst)
+}
+
 /// Quantizes `src` (a whole number of `ty` blocks of values) into `dst`, which must hold
 /// exactly the encoded bytes (GGUF layout).
 pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
