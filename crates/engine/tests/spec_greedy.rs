@@ -1,7 +1,7 @@
 //! Greedy speculative decoding is lossless: for every drafter, the generated
 //! tokens equal plain greedy decoding of the target (the independent
 //! reference: one token per forward pass, no drafts, no rollback), on
-//! coding prompts (8 of the 20 below for the 1.5b target, 3 in exact f32:
+//! coding prompts (5 of the 20 below for the 1.5b target, 3 in exact f32:
 //! every prompt checks the same property, and the suite has a time budget),
 //! plus gemma3 prompts just under its 512-token sliding window so generation
 //! crosses it and rejected drafts are rolled back in a ring that has wrapped.
@@ -239,12 +239,12 @@ fn encode_all(target_file: &str) -> Vec<Vec<u32>> {
     PROMPTS.iter().map(|p| tok.encode(p, true, false)).collect()
 }
 
-/// The shipped numerics, every drafter on 8 prompts: qwen2.5-coder-0.5b
+/// The shipped numerics, every drafter on 5 prompts: qwen2.5-coder-0.5b
 /// drafting for qwen2.5-coder-1.5b, n-gram lookup and a synthetic DFlash
 /// draft, K = 4 (verify passes of 5 rows run batch-invariant).
 #[test]
 fn qwen_1_5b_greedy_spec_equals_plain_greedy() {
-    let prompts = &encode_all(QWEN_15)[..8];
+    let prompts = &encode_all(QWEN_15)[..5];
     assert!(prompts.iter().all(|p| p.len() + 24 < 256));
     check(
         QWEN_15,
