@@ -607,6 +607,22 @@ fn harmony_builtin_recipients_and_truncation() {
         (o.calls.len(), o.content.as_deref(), o.finish),
         (0, Some("{\"a\": 1"), FinishReason::Length)
     );
+    // `<|call|>` is an end-of-generation token, so the text never shows it:
+    // a whole body at end of generation is the call (llama.cpp's rule); a
+    // body that is not JSON stays content.
+    let text = "<|channel|>commentary to=functions.add <|constrain|>json<|message|>{\"a\": 1}";
+    let o = parsed("harmony", Some(&tools), text, FinishHint::Stop);
+    assert_eq!((o.calls.len(), o.finish), (1, FinishReason::ToolCalls));
+    let o = parsed(
+        "harmony",
+        Some(&tools),
+        &text.replace('}', ""),
+        FinishHint::Stop,
+    );
+    assert_eq!(
+        (o.calls.len(), o.content.as_deref()),
+        (0, Some("{\"a\": 1"))
+    );
     // Unframed text is content.
     let o = parsed("harmony", None, "just text", FinishHint::Stop);
     assert_eq!(o.content.as_deref(), Some("just text"));

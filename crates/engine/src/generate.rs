@@ -43,6 +43,7 @@ pub fn run_turn<B: Backend>(
         ignore_eos: params.ignore_eos,
         n_draft,
         render_special: false,
+        logprobs: None,
     };
     let mut turn = Turn::new(tokenizer, prompt.to_vec(), 0, sampler.clone(), turn_params);
     while turn.finished().is_none() {
@@ -113,6 +114,10 @@ pub fn generate_speculative<B: Backend>(
         TurnError::ImagesWithDrafter => SpecError::Model(hearth_models::ModelError::Unsupported {
             backend: "speculative",
             what: "images".into(),
+        }),
+        TurnError::Constraint(e) => SpecError::Model(hearth_models::ModelError::Unsupported {
+            backend: "speculative",
+            what: format!("constrained output ({e})"),
         }),
     })?;
     let spec_stats = stats.spec.clone().unwrap_or_default();

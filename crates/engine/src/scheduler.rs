@@ -23,7 +23,7 @@ use crate::sampler::{Sampler, SamplerConfig};
 use crate::session::{Acquire, Lease, SessionError, SessionStore};
 use crate::spec::factory::MakeDrafter;
 use crate::spec::SpecStats;
-use crate::turn::{FinishReason, Flow, Turn, TurnParams, TurnStats};
+use crate::turn::{FinishReason, Flow, TokenConstraint, TokenLogprob, Turn, TurnParams, TurnStats};
 
 /// Prompt tokens prefilled per step while other requests are active (bounds
 /// how long one long prompt stalls everyone else's decoding).
@@ -46,6 +46,10 @@ pub struct Job {
     /// Already clamped to the context room.
     pub max_tokens: usize,
     pub stop: Vec<String>,
+    /// Structured output: the grammar the tokens must follow.
+    pub constraint: Option<Box<dyn TokenConstraint>>,
+    /// Report each token's logprob and this many alternatives.
+    pub logprobs: Option<usize>,
     pub events: Box<dyn EventSink>,
 }
 
@@ -57,6 +61,9 @@ pub enum Event {
     },
     /// Visible text (stop strings held back and cut).
     Text(String),
+    /// Logprobs of the tokens generated since the last such event (only when
+    /// the job asked for them), sent after the step's text.
+    Logprobs(Vec<TokenLogprob>),
     Done(Summary),
     Failed(SchedulerError),
 }
@@ -204,6 +211,8 @@ struct Scheduler<'a, B: Backend> {
 /// One admitted request: its session and its turn.
 struct Active<'t, S> {
     events: Box<dyn EventSink>,
+    /// Logprob entries already sent.
+    logprobs_sent: usize,
     lease: Lease<S>,
     resume_reason: &'static str,
     turn: Turn<'t>,
@@ -333,12 +342,19 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                         // `<tool_call>`, Harmony's `<|channel|>`) are control tokens the
                         // output parser must see. End-of-generation tokens never reach it.
                         render_special: true,
+                        logprobs: job.logprobs,
                     };
+                    let mut turn =
+                        Turn::new(self.tokenizer, job.prompt, resume.reused, sampler, params);
+                    if let Some(c) = job.constraint {
+                        turn = turn.constrained(c);
+                    }
                     active.push(Active {
                         events: job.events,
+                        logprobs_sent: 0,
                         lease,
                         resume_reason: resume.reason.as_str(),
-                        turn: Turn::new(self.tokenizer, job.prompt, resume.reused, sampler, params),
+                        turn,
                     });
                 }
             }
@@ -394,6 +410,12 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             .step(self.model, &mut session.state, drafter, slice, &mut sink)
             .map_err(|e| e.to_string())?;
         session.push_fed(&out.fed);
+        let logprobs = &a.turn.stats().logprobs;
+        if logprobs.len() > a.logprobs_sent {
+            a.events
+                .send(Event::Logprobs(logprobs[a.logprobs_sent..].to_vec()));
+            a.logprobs_sent = logprobs.len();
+        }
         Ok(out.finished.is_some())
     }
 
@@ -442,7 +464,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 .merge(&s.spec.clone().unwrap_or_default());
         }
         eprintln!(
-            "llm_turn_stats session_id={} reason={} prompt_tokens={} reused_prompt_tokens={} prefilled_prompt_tokens={} completion_tokens={} prefill_ms={:.0} decode_tok_s={:.1} finish={}",
+            "llm_turn_stats session_id={} reason={} prompt_tokens={} reused_prompt_tokens={} prefilled_prompt_tokens={} completion_tokens={} prefill_ms={:.0} decode_tok_s={:.1} constraint_ms={:.1} finish={}",
             a.lease.id.as_deref().unwrap_or("<scratch>"),
             a.resume_reason,
             s.prompt_tokens,
@@ -451,6 +473,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             s.sampled,
             s.prefill_time.as_secs_f64() * 1e3,
             decoded as f64 / s.decode_time.as_secs_f64().max(1e-9),
+            s.constraint_time.as_secs_f64() * 1e3,
             finish
         );
         if let Some(event) = last {

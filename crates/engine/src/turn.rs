@@ -69,6 +69,57 @@ pub struct TurnParams {
     /// Render special tokens in the text (tool-call and channel markers the
     /// server's output parser must see).
     pub render_special: bool,
+    /// Record each generated token's log-probability and this many
+    /// alternatives (`Some(0)`: the token's own only). Logprobs are of the
+    /// model's distribution (log-softmax of the raw logits, before penalties,
+    /// temperature and filters), as vLLM reports them.
+    pub logprobs: Option<usize>,
+}
+
+/// A rule on which tokens may come next (a grammar: JSON schema, tool-call
+/// syntax). A turn with one decodes one token per step (no speculation):
+/// before sampling it forbids tokens, after sampling it is told the token.
+pub trait TokenConstraint: Send {
+    /// Sets the logit of every token the rule forbids now to −∞.
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String>;
+    /// Advances the rule by the sampled token.
+    fn commit(&mut self, token: u32) -> Result<(), String>;
+}
+
+/// One generated token's log-probability, with the most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// The `top` most likely tokens at this step (highest first).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Log-softmax of `logits` at `token`, and the `n` best alternatives.
+pub fn token_logprob(logits: &[f32], token: u32, n: usize) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    let log_z = max as f64 + sum.ln();
+    let lp = |i: usize| (logits[i] as f64 - log_z) as f32;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n);
+    if n > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let k = n.min(idx.len());
+        let by_logit = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
+        idx.select_nth_unstable_by(k - 1, by_logit);
+        idx.truncate(k);
+        idx.sort_by(by_logit);
+        top = idx.into_iter().map(|i| (i, lp(i as usize))).collect();
+    }
+    TokenLogprob {
+        token,
+        logprob: lp(token as usize),
+        top,
+    }
 }
 
 /// What a turn did, for logs, usage and `--stats-json`.
@@ -88,6 +139,10 @@ pub struct TurnStats {
     pub finish: Option<FinishReason>,
     /// Acceptance statistics, when the turn speculated.
     pub spec: Option<SpecStats>,
+    /// Per generated token (end-of-generation included), when asked for.
+    pub logprobs: Vec<TokenLogprob>,
+    /// Time spent in the token constraint (masks and commits).
+    pub constraint_time: Duration,
 }
 
 impl TurnStats {
@@ -109,6 +164,8 @@ pub enum TurnError {
     Spec(#[from] SpecError),
     #[error("speculative decoding does not take images (the drafter sees token ids only); run without a drafter")]
     ImagesWithDrafter,
+    #[error("output constraint: {0}")]
+    Constraint(String),
 }
 
 /// Holds back text that might be the start of a stop string, and finds stops.
@@ -190,6 +247,7 @@ pub struct Turn<'t> {
     logits: Option<Vec<f32>>,
     /// Speculation: the token sampled by the target and not yet fed.
     pending: Option<u32>,
+    constraint: Option<Box<dyn TokenConstraint + 't>>,
     stats: TurnStats,
 }
 
@@ -221,7 +279,21 @@ impl<'t> Turn<'t> {
             sampler,
             logits: None,
             pending: None,
+            constraint: None,
         }
+    }
+
+    /// Generates under `constraint` (one token per step: a drafter given to
+    /// [`Turn::step`] is not used).
+    pub fn constrained(mut self, constraint: Box<dyn TokenConstraint + 't>) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// Whether [`Turn::step`] would speculate with a drafter (no constraint,
+    /// no logprobs, `n_draft > 0`).
+    pub fn speculates(&self) -> bool {
+        self.params.n_draft > 0 && self.constraint.is_none() && self.params.logprobs.is_none()
     }
 
     /// Whether the prompt is still being prefilled.
@@ -266,7 +338,7 @@ impl<'t> Turn<'t> {
         } else {
             let t = Instant::now();
             let out = match drafter {
-                Some(d) if self.params.n_draft > 0 => self.spec_cycle(model, state, d, sink)?,
+                Some(d) if self.speculates() => self.spec_cycle(model, state, d, sink)?,
                 _ => self.decode(model, state, sink)?,
             };
             self.stats.decode_time += t.elapsed();
@@ -344,6 +416,36 @@ impl<'t> Turn<'t> {
         (self.stats.sampled >= self.params.max_tokens).then_some(FinishReason::Length)
     }
 
+    /// Samples the next token from the last logits under the constraint (and
+    /// tells the constraint), recording its logprob when asked.
+    fn sample_next(&mut self) -> Result<u32, TurnError> {
+        let logits = self.logits.as_ref().expect("decode after prefill");
+        let next = match self.constraint.as_mut() {
+            None => self.sampler.sample(logits),
+            Some(c) => {
+                let t = Instant::now();
+                let mut masked = logits.clone();
+                c.mask(&mut masked).map_err(TurnError::Constraint)?;
+                self.stats.constraint_time += t.elapsed();
+                if masked.iter().all(|l| *l == f32::NEG_INFINITY) {
+                    return Err(TurnError::Constraint(
+                        "no token is allowed next (the grammar cannot continue)".into(),
+                    ));
+                }
+                let next = self.sampler.sample(&masked);
+                let t = Instant::now();
+                c.commit(next).map_err(TurnError::Constraint)?;
+                self.stats.constraint_time += t.elapsed();
+                next
+            }
+        };
+        self.sampler.accept(next);
+        if let Some(n) = self.params.logprobs {
+            self.stats.logprobs.push(token_logprob(logits, next, n));
+        }
+        Ok(next)
+    }
+
     /// Samples from the last logits, emits the token and feeds it.
     fn decode<B: Backend>(
         &mut self,
@@ -351,9 +453,7 @@ impl<'t> Turn<'t> {
         state: &mut B::State,
         sink: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<StepOut, TurnError> {
-        let logits = self.logits.as_ref().expect("decode after prefill");
-        let next = self.sampler.sample(logits);
-        self.sampler.accept(next);
+        let next = self.sample_next()?;
         if let Some(f) = self.emit(next, sink) {
             return Ok(StepOut {
                 fed: vec![],
@@ -478,6 +578,23 @@ impl<'t> Turn<'t> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logprobs_are_the_log_softmax_of_the_raw_logits() {
+        let logits = [1.0f32, 3.0, -2.0, 3.0, 0.5];
+        let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
+        let want = |i: usize| ((logits[i] as f64).exp() / z).ln() as f32;
+        let lp = token_logprob(&logits, 4, 3);
+        assert_eq!(lp.token, 4);
+        assert!((lp.logprob - want(4)).abs() < 1e-6);
+        // Highest first, ties by lower id.
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, vec![1, 3, 0]);
+        for (id, l) in lp.top {
+            assert!((l - want(id as usize)).abs() < 1e-6);
+        }
+        assert!(token_logprob(&logits, 2, 0).top.is_empty());
+    }
 
     #[test]
     fn stop_strings_are_held_back_and_cut() {

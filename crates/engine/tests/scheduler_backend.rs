@@ -44,6 +44,8 @@ fn job(session: Option<&str>, prompt: Vec<u32>, max_tokens: usize) -> (Job, mpsc
         sampling: SamplerConfig::greedy(),
         max_tokens,
         stop: Vec::new(),
+        constraint: None,
+        logprobs: None,
         events: Box::new(Sink(tx)),
     };
     (job, rx)
@@ -57,6 +59,7 @@ fn collect(rx: mpsc::Receiver<Event>) -> Turn {
             Event::Text(t) => text.push_str(&t),
             Event::Done(s) => return (cached, text, s.completion_tokens),
             Event::Failed(e) => panic!("request failed: {e:?}"),
+            Event::Logprobs(_) => panic!("logprobs were not asked for"),
         }
     }
     panic!("the engine dropped a request");

@@ -19,7 +19,9 @@ use hearth_chat::parser::{ChatEvent, FinishHint, OutputParser};
 use hearth_chat::prompter::PromptError;
 use hearth_engine::prompt::Prompt;
 use hearth_engine::scheduler::{Event, Job, Summary};
-use hearth_engine::turn::FinishReason;
+use hearth_engine::turn::{FinishReason, TokenConstraint, TokenLogprob};
+use hearth_grammar::ToolCallGrammar;
+use hearth_tokenizer::Tokenizer;
 use hearth_vision::prompt::MEDIA_MARKER;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
@@ -28,7 +30,7 @@ use crate::engine::ChannelSink;
 use crate::error::ApiError;
 use crate::images;
 use crate::metrics::Metrics;
-use crate::request::{parse_chat, parse_completion, parse_object, ChatRequest, Common};
+use crate::request::{parse_chat, parse_completion, parse_object, ChatRequest, Common, Structured};
 use crate::routes::{check_context, check_prompt_bytes, header_session, read_body, AppState};
 
 /// `POST /apply-template` (llama-server's endpoint): the prompt text a chat
@@ -54,11 +56,12 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (req, ids) = prepare(&app, &headers, body, |prep, obj, session| {
+    let (req, ids, constraint) = prepare(&app, &headers, body, |prep, obj, session| {
         let req = parse_chat(obj, &prep.model_id, session)?;
+        let constraint = output_constraint(prep, &req)?;
         if images::has_images(&req.messages) {
             // Rendered around the images below, after they are decoded.
-            return Ok((req, None));
+            return Ok((req, None, constraint));
         }
         let p = &prep.prompter;
         let text = p
@@ -68,7 +71,7 @@ pub async fn chat_completions(
         let ids = p
             .chat_ids(&req.messages, req.tools.as_ref(), &req.kwargs)
             .map_err(prompt_error)?;
-        Ok((req, Some(ids)))
+        Ok((req, Some(ids), constraint))
     })
     .await?;
     let prompt = match ids {
@@ -91,8 +94,9 @@ pub async fn chat_completions(
         // Muse Glimmer's reasoning is returned only on request (§3.1); other
         // formats' reasoning always is.
         reasoning: req.return_reasoning || app.prompter.output != OutputFormat::MuseGlimmer,
+        tokenizer: app.tokenizer.clone(),
     };
-    let rx = submit(&app, &req.common, prompt).await?;
+    let rx = submit(&app, &req.common, prompt, constraint).await?;
     if req.common.stream {
         Ok(sse(chat_stream(
             reply,
@@ -126,8 +130,9 @@ pub async fn completions(
         created: unix_now(),
         model: app.model_id.clone(),
         reasoning: false,
+        tokenizer: app.tokenizer.clone(),
     };
-    let rx = submit(&app, &req.common, ids.into()).await?;
+    let rx = submit(&app, &req.common, ids.into(), None).await?;
     if req.common.stream {
         Ok(sse(completion_stream(reply, rx, req.common.include_usage)))
     } else {
@@ -212,12 +217,66 @@ fn prompt_error(e: PromptError) -> ApiError {
     }
 }
 
+/// The grammar a chat request's output must follow (`tool_choice`,
+/// `response_format`, strict tools), compiled for this model; errors are the
+/// client's (400, naming the field).
+fn output_constraint(
+    app: &AppState,
+    req: &ChatRequest,
+) -> Result<Option<Box<dyn TokenConstraint>>, ApiError> {
+    let format = app.prompter.output;
+    let bad = |field: &str, e: hearth_grammar::GrammarError| {
+        ApiError::invalid("invalid_value", format!("{field}: {e}"))
+    };
+    let grammar = match &req.structured {
+        Structured::Free => return Ok(None),
+        Structured::JsonObject => app
+            .grammars()?
+            .json_object(format)
+            .map_err(|e| bad("response_format", e))?,
+        Structured::JsonSchema(schema) => app
+            .grammars()?
+            .json_schema(format, schema)
+            .map_err(|e| bad("response_format.json_schema.schema", e))?,
+        Structured::Calls { .. } | Structured::StrictCalls => {
+            let tools =
+                hearth_chat::parser::ToolSet::from_json(req.tools.as_ref().unwrap_or(&Value::Null))
+                    .map_err(|e| ApiError::invalid_request(e.to_string()))?;
+            let (only, lazy) = match &req.structured {
+                Structured::Calls { only } => (only.as_deref(), false),
+                _ => (None, true),
+            };
+            let strict = req
+                .strict
+                .iter()
+                .map(|(k, v)| (k.as_str(), *v || !lazy))
+                .collect();
+            app.grammars()?
+                .tool_calls(&ToolCallGrammar {
+                    format,
+                    tools: &tools,
+                    strict,
+                    only,
+                    lazy,
+                    parallel: req.parallel_tool_calls,
+                })
+                .map_err(|e| bad("tools", e))?
+        }
+    };
+    let c = app
+        .grammars()?
+        .constraint(&grammar)
+        .map_err(|e| bad("response_format", e))?;
+    Ok(Some(c))
+}
+
 /// Context check, submission, and admission: everything that can fail before
 /// the first response byte.
 async fn submit(
     app: &AppState,
     common: &Common,
     prompt: Prompt,
+    constraint: Option<Box<dyn TokenConstraint>>,
 ) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::invalid_request(
@@ -232,6 +291,8 @@ async fn submit(
         sampling: common.sampling,
         max_tokens,
         stop: common.stop.clone(),
+        constraint,
+        logprobs: common.logprobs,
         events: Box::new(ChannelSink(tx)),
     })?;
     match rx.recv().await {
@@ -286,6 +347,54 @@ struct Reply {
     model: String,
     /// Send `reasoning_content`.
     reasoning: bool,
+    tokenizer: Arc<Tokenizer>,
+}
+
+/// A token's text and bytes, as OpenAI's logprobs report them.
+fn token_entry(t: &Tokenizer, id: u32, logprob: f32) -> Value {
+    let bytes = t.token_to_piece(id);
+    json!({"token": String::from_utf8_lossy(bytes), "logprob": logprob, "bytes": bytes})
+}
+
+impl Reply {
+    /// Chat `logprobs.content` entries (end-of-generation tokens left out:
+    /// they are not part of the message).
+    fn chat_logprobs(&self, lps: &[TokenLogprob]) -> Vec<Value> {
+        let t = &*self.tokenizer;
+        lps.iter()
+            .filter(|lp| !t.is_eog(lp.token))
+            .map(|lp| {
+                let mut e = token_entry(t, lp.token, lp.logprob);
+                e["top_logprobs"] = lp
+                    .top
+                    .iter()
+                    .map(|&(id, l)| token_entry(t, id, l))
+                    .collect();
+                e
+            })
+            .collect()
+    }
+
+    /// Legacy completions `logprobs`: tokens, token_logprobs, top_logprobs.
+    fn completion_logprobs(&self, lps: &[TokenLogprob]) -> Value {
+        let t = &*self.tokenizer;
+        let lps: Vec<&TokenLogprob> = lps.iter().filter(|lp| !t.is_eog(lp.token)).collect();
+        let text = |id: u32| String::from_utf8_lossy(t.token_to_piece(id)).into_owned();
+        let mut offset = 0;
+        let mut offsets = Vec::new();
+        for lp in &lps {
+            offsets.push(offset);
+            offset += text(lp.token).len();
+        }
+        json!({
+            "tokens": lps.iter().map(|lp| text(lp.token)).collect::<Vec<_>>(),
+            "token_logprobs": lps.iter().map(|lp| lp.logprob).collect::<Vec<_>>(),
+            "top_logprobs": lps.iter().map(|lp| {
+                lp.top.iter().map(|&(id, l)| (text(id), json!(l))).collect::<Map<String, Value>>()
+            }).collect::<Vec<_>>(),
+            "text_offset": offsets,
+        })
+    }
 }
 
 impl Reply {
@@ -462,6 +571,17 @@ fn chat_stream(
                     (None, include_usage),
                 ))
             }
+            Some(Event::Logprobs(lps)) => {
+                let content = reply.chat_logprobs(&lps);
+                match content.is_empty() {
+                    true => Vec::new(),
+                    false => {
+                        let mut c = reply.chunk(json!({}), None);
+                        c["choices"][0]["logprobs"] = json!({ "content": content });
+                        vec![c.to_string()]
+                    }
+                }
+            }
             Some(Event::Admitted { .. }) => Vec::new(),
             None => {
                 let e = ApiError::server("the engine dropped the request");
@@ -482,9 +602,11 @@ async fn chat_whole(
     mut rx: mpsc::UnboundedReceiver<Event>,
 ) -> Result<Response, ApiError> {
     let mut events = Vec::new();
+    let mut logprobs = None::<Vec<TokenLogprob>>;
     let summary = loop {
         match rx.recv().await {
             Some(Event::Text(t)) => events.extend(parser.feed(&t)),
+            Some(Event::Logprobs(l)) => logprobs.get_or_insert_with(Vec::new).extend(l),
             Some(Event::Done(s)) => break s,
             Some(Event::Failed(e)) => return Err(e.into()),
             Some(Event::Admitted { .. }) => {}
@@ -527,9 +649,10 @@ async fn chat_whole(
     if !calls.is_empty() {
         message.insert("tool_calls".into(), Value::Array(calls));
     }
+    let logprobs = logprobs.map(|l| json!({"content": reply.chat_logprobs(&l)}));
     Ok(Json(json!({
         "id": reply.id, "object": "chat.completion", "created": reply.created, "model": reply.model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
         "usage": usage(&summary)
     }))
     .into_response())
@@ -544,6 +667,11 @@ fn completion_stream(
         let (reply, mut rx) = st?;
         let out = match rx.recv().await {
             Some(Event::Text(t)) => vec![reply.text_chunk(&t, None).to_string()],
+            Some(Event::Logprobs(l)) => {
+                let mut c = reply.text_chunk("", None);
+                c["choices"][0]["logprobs"] = reply.completion_logprobs(&l);
+                vec![c.to_string()]
+            }
             Some(Event::Done(s)) => {
                 let mut out = vec![reply
                     .text_chunk("", Some(completion_finish(s.finish)))
@@ -578,9 +706,11 @@ async fn completion_whole(
     mut rx: mpsc::UnboundedReceiver<Event>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut logprobs = None::<Vec<TokenLogprob>>;
     let summary = loop {
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Logprobs(l)) => logprobs.get_or_insert_with(Vec::new).extend(l),
             Some(Event::Done(s)) => break s,
             Some(Event::Failed(e)) => return Err(e.into()),
             Some(Event::Admitted { .. }) => {}
@@ -589,7 +719,8 @@ async fn completion_whole(
     };
     Ok(Json(json!({
         "id": reply.id, "object": "text_completion", "created": reply.created, "model": reply.model,
-        "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": completion_finish(summary.finish)}],
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs.map(|l| reply.completion_logprobs(&l)),
+                     "finish_reason": completion_finish(summary.finish)}],
         "usage": usage(&summary)
     }))
     .into_response())

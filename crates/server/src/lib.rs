@@ -179,8 +179,14 @@ pub fn run_on<B: Backend + 'static>(
         eprintln!("hearth serve: speculative decoding with {kind} (up to {n_draft} draft tokens per verify pass)");
     }
     let capacity = store.capacity();
-    let (scheduler, engine_thread) =
-        scheduler::spawn(backend, tokenizer, store, metrics.engine.clone(), drafters);
+    let n_vocab = model.config.vocab_size;
+    let (scheduler, engine_thread) = scheduler::spawn(
+        backend,
+        tokenizer.clone(),
+        store,
+        metrics.engine.clone(),
+        drafters,
+    );
     let engine = engine::EngineHandle(scheduler);
     eprintln!(
         "hearth serve: model '{}' loaded in {:.1} s ({}); context {} tokens; up to {capacity} sessions x {:.1} MiB KV",
@@ -228,6 +234,9 @@ pub fn run_on<B: Backend + 'static>(
             max_body_bytes: opts.max_body_bytes,
             body_timeout: opts.timeouts.body,
             strict_context: opts.strict_context,
+            tokenizer: tokenizer.clone(),
+            n_vocab,
+            grammars: std::sync::OnceLock::new(),
         });
         let host = if local.is_ipv6() {
             format!("[{}]", local.ip())

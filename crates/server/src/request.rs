@@ -17,6 +17,25 @@ pub struct Common {
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
     pub session_id: Option<String>,
+    /// Report each token's logprob and this many alternatives.
+    pub logprobs: Option<usize>,
+}
+
+/// What the output must follow (`tool_choice`, `response_format`, strict tools).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Structured {
+    /// Free text (and tool calls as the model writes them).
+    Free,
+    /// `response_format: json_object`.
+    JsonObject,
+    /// `response_format: json_schema` (the schema).
+    JsonSchema(Value),
+    /// `tool_choice: required` (`only: None`) or a named function: the
+    /// output is tool calls.
+    Calls { only: Option<String> },
+    /// `tool_choice: auto` with `strict` tools: free text, but a call the
+    /// model opens follows the tools' schemas.
+    StrictCalls,
 }
 
 #[derive(Clone, Debug)]
@@ -29,6 +48,12 @@ pub struct ChatRequest {
     pub kwargs: Map<String, Value>,
     /// `chat_template_kwargs.return_reasoning`.
     pub return_reasoning: bool,
+    pub structured: Structured,
+    /// Per tool name: `function.strict` (tools without it are constrained
+    /// only under `tool_choice` required/named).
+    pub strict: std::collections::HashMap<String, bool>,
+    /// `parallel_tool_calls` (default true).
+    pub parallel_tool_calls: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -37,7 +62,7 @@ pub struct CompletionRequest {
     pub prompt: String,
 }
 
-const HONORED: &str = "This server honors temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n, seed, max_tokens/max_completion_tokens, stop, and tools for the configured tool-call format.";
+const HONORED: &str = "This server honors temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty, repeat_penalty, repeat_last_n, seed, max_tokens/max_completion_tokens, stop, logprobs/top_logprobs, response_format, tool_choice, and tools for the configured tool-call format.";
 
 /// Parses the body as a JSON object (400 on anything else).
 pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
@@ -79,21 +104,9 @@ pub fn parse_chat(
     let ranges = sampling(body)?;
     let max_tokens = max_tokens(body)?;
     choices(body)?;
-    let mut unsupported = common_unsupported(body);
-    match body.get("tool_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "auto" || s == "none" => {}
-        Some(_) => unsupported.push("tool_choice (only 'none' or 'auto')"),
-    }
-    if body.get("parallel_tool_calls") == Some(&Value::Bool(false)) {
-        unsupported.push("parallel_tool_calls=false");
-    }
-    if let Some(rf) = body.get("response_format").filter(|v| !v.is_null()) {
-        if rf.get("type").and_then(Value::as_str) != Some("text") {
-            unsupported.push("response_format (only 'text')");
-        }
-    }
+    let unsupported = common_unsupported(body);
     reject_unsupported(&unsupported)?;
+    let logprobs = chat_logprobs(body)?;
     let session_id = session_id(body, header_session)?;
 
     let tool_choice_none = body.get("tool_choice").and_then(Value::as_str) == Some("none");
@@ -103,6 +116,17 @@ pub fn parse_chat(
         Some(t) => {
             crate::validate::tools(t)?;
             (!tool_choice_none).then(|| t.clone())
+        }
+    };
+    let strict = strict_flags(tools.as_ref());
+    let structured = structured(body, tools.as_ref(), &strict)?;
+    let parallel_tool_calls = match body.get("parallel_tool_calls") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ApiError::invalid_request(
+                "'parallel_tool_calls' must be a boolean.",
+            ))
         }
     };
     let mut kwargs = match body.get("chat_template_kwargs") {
@@ -152,12 +176,158 @@ pub fn parse_chat(
             max_tokens,
             stop: stop(body)?,
             session_id,
+            logprobs,
         },
         messages,
         tools,
         kwargs,
         return_reasoning,
+        structured,
+        strict,
+        parallel_tool_calls,
     })
+}
+
+/// `function.strict` of each tool.
+fn strict_flags(tools: Option<&Value>) -> std::collections::HashMap<String, bool> {
+    let mut out = std::collections::HashMap::new();
+    for t in tools.and_then(Value::as_array).into_iter().flatten() {
+        let f = &t["function"];
+        if let Some(name) = f["name"].as_str() {
+            out.insert(name.to_string(), f["strict"].as_bool().unwrap_or(false));
+        }
+    }
+    out
+}
+
+/// `tool_choice` and `response_format` (checked shapes; the grammar itself
+/// compiles later, with the model's vocabulary).
+fn structured(
+    body: &Map<String, Value>,
+    tools: Option<&Value>,
+    strict: &std::collections::HashMap<String, bool>,
+) -> Result<Structured, ApiError> {
+    let bad = |m: String| ApiError::invalid("invalid_value", m);
+    let calls = match body.get("tool_choice") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s == "auto" || s == "none" => None,
+        Some(Value::String(s)) if s == "required" => Some(None),
+        Some(Value::Object(o)) => {
+            if o.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(bad(
+                    "tool_choice.type: must be \"function\" (or tool_choice one of \"none\", \"auto\", \"required\")".into(),
+                ));
+            }
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("tool_choice.function.name: missing (a string naming one of `tools`)".into()))?;
+            if !strict.contains_key(name) {
+                return Err(bad(format!(
+                    "tool_choice.function.name: no tool named {name:?} in `tools`"
+                )));
+            }
+            Some(Some(name.to_string()))
+        }
+        Some(other) => {
+            return Err(bad(format!(
+                "tool_choice: expected \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {other}"
+            )))
+        }
+    };
+    if calls.is_some() && tools.is_none() {
+        return Err(bad(
+            "tool_choice: tool calls are required but `tools` is empty".into(),
+        ));
+    }
+    let format = match body.get("response_format") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(rf)) => {
+            match rf.get("type").and_then(Value::as_str) {
+                Some("text") => None,
+                Some("json_object") => Some(Structured::JsonObject),
+                Some("json_schema") => {
+                    let js = rf.get("json_schema").ok_or_else(|| {
+                    bad("response_format.json_schema: missing (an object with `name` and `schema`)".into())
+                })?;
+                    let schema = match js.get("schema") {
+                        Some(s @ (Value::Object(_) | Value::Bool(_))) => s.clone(),
+                        None | Some(Value::Null) => {
+                            return Err(bad("response_format.json_schema.schema: missing".into()))
+                        }
+                        Some(_) => {
+                            return Err(bad(
+                                "response_format.json_schema.schema: must be a JSON Schema object"
+                                    .into(),
+                            ))
+                        }
+                    };
+                    Some(Structured::JsonSchema(schema))
+                }
+                _ => return Err(bad(
+                    "response_format.type: must be \"text\", \"json_object\" or \"json_schema\""
+                        .into(),
+                )),
+            }
+        }
+        Some(_) => return Err(bad("response_format: must be an object".into())),
+    };
+    Ok(match (calls, format) {
+        (Some(_), Some(_)) => {
+            return Err(bad(
+                "tool_choice requires tool calls and response_format requires a JSON answer: ask for one of them".into(),
+            ))
+        }
+        (Some(only), None) => Structured::Calls { only },
+        (None, Some(f)) => f,
+        (None, None) if strict.values().any(|&s| s) => Structured::StrictCalls,
+        (None, None) => Structured::Free,
+    })
+}
+
+/// Chat `logprobs` (bool) and `top_logprobs` (0..=20).
+fn chat_logprobs(body: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    let on = match body.get("logprobs") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::invalid_request("'logprobs' must be a boolean.")),
+    };
+    let top = match integer(body, "top_logprobs")? {
+        None => None,
+        Some(n) if (0..=20).contains(&n) => Some(n as usize),
+        Some(n) => {
+            return Err(ApiError::invalid(
+                "invalid_value",
+                format!("top_logprobs must be an integer in [0, 20] (got {n})."),
+            ))
+        }
+    };
+    match (on, top) {
+        (false, Some(_)) => Err(ApiError::invalid(
+            "invalid_value",
+            "top_logprobs needs logprobs: true.",
+        )),
+        (false, None) => Ok(None),
+        (true, t) => Ok(Some(t.unwrap_or(0))),
+    }
+}
+
+/// Legacy completions `logprobs` (0..=5 alternatives).
+fn completion_logprobs(body: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    match body.get("logprobs") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(_)) => Err(ApiError::invalid_request(
+            "'logprobs' of /v1/completions is an integer in [0, 5].",
+        )),
+        _ => match integer(body, "logprobs")? {
+            Some(n) if (0..=5).contains(&n) => Ok(Some(n as usize)),
+            n => Err(ApiError::invalid(
+                "invalid_value",
+                format!("logprobs must be an integer in [0, 5] (got {n:?})."),
+            )),
+        },
+    }
 }
 
 pub fn parse_completion(
@@ -203,6 +373,7 @@ pub fn parse_completion(
         unsupported.push("suffix");
     }
     reject_unsupported(&unsupported)?;
+    let logprobs = completion_logprobs(body)?;
     let session_id = session_id(body, header_session)?;
     Ok(CompletionRequest {
         common: Common {
@@ -212,6 +383,7 @@ pub fn parse_completion(
             max_tokens,
             stop: stop(body)?,
             session_id,
+            logprobs,
         },
         prompt,
     })
@@ -395,14 +567,6 @@ fn common_unsupported(body: &Map<String, Value>) -> Vec<&'static str> {
         Some(Value::Object(m)) if !m.is_empty() => out.push("logit_bias"),
         _ => {}
     }
-    match body.get("logprobs") {
-        Some(Value::Bool(true)) => out.push("logprobs"),
-        Some(Value::Number(_)) => out.push("logprobs"),
-        _ => {}
-    }
-    if body.get("top_logprobs").is_some_and(|v| !v.is_null()) {
-        out.push("top_logprobs");
-    }
     out
 }
 
@@ -572,8 +736,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            e.message
-                .starts_with("Unsupported parameter(s): n>1, logprobs."),
+            e.message.starts_with("Unsupported parameter(s): n>1."),
             "{}",
             e.message
         );
@@ -586,6 +749,78 @@ mod tests {
         assert_eq!(e.code, Some("invalid_session_id"));
         let e = parse_chat(&obj(json!({"model": "m"})), "m", None).unwrap_err();
         assert!(e.message.contains("messages"));
+    }
+
+    #[test]
+    fn structured_output_and_logprobs_are_parsed_with_named_errors() {
+        let tools = json!([{"type": "function", "function": {"name": "f", "strict": true,
+                            "parameters": {"type": "object"}}},
+                           {"type": "function", "function": {"name": "g", "parameters": {"type": "object"}}}]);
+        let chat = |extra: Value| {
+            let mut b = obj(json!({"messages": [{"role": "user", "content": "hi"}]}));
+            for (k, v) in extra.as_object().unwrap() {
+                b.insert(k.clone(), v.clone());
+            }
+            parse_chat(&b, "m", None)
+        };
+        let r = chat(
+            json!({"tools": tools, "tool_choice": "required", "logprobs": true, "top_logprobs": 3}),
+        )
+        .unwrap();
+        assert_eq!(r.structured, Structured::Calls { only: None });
+        assert_eq!(r.common.logprobs, Some(3));
+        assert_eq!(r.strict.get("f"), Some(&true));
+        assert_eq!(r.strict.get("g"), Some(&false));
+        let r = chat(json!({"tools": tools})).unwrap();
+        assert_eq!(r.structured, Structured::StrictCalls);
+        let r = chat(
+            json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+        )
+        .unwrap();
+        assert_eq!(
+            r.structured,
+            Structured::Calls {
+                only: Some("g".into())
+            }
+        );
+        let r = chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}})).unwrap();
+        assert_eq!(
+            r.structured,
+            Structured::JsonSchema(json!({"type": "object"}))
+        );
+        let e = chat(
+            json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "h"}}}),
+        )
+        .unwrap_err();
+        assert!(
+            e.message
+                .starts_with("tool_choice.function.name: no tool named \"h\""),
+            "{}",
+            e.message
+        );
+        let e = chat(json!({"tool_choice": "required"})).unwrap_err();
+        assert!(e.message.contains("`tools` is empty"), "{}", e.message);
+        let e =
+            chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}))
+                .unwrap_err();
+        assert_eq!(e.message, "response_format.json_schema.schema: missing");
+        let e = chat(json!({"response_format": {"type": "yaml"}})).unwrap_err();
+        assert!(
+            e.message.starts_with("response_format.type"),
+            "{}",
+            e.message
+        );
+        let e = chat(json!({"top_logprobs": 2})).unwrap_err();
+        assert_eq!(e.message, "top_logprobs needs logprobs: true.");
+        let e = chat(json!({"logprobs": true, "top_logprobs": 21})).unwrap_err();
+        assert!(
+            e.message.starts_with("top_logprobs must be"),
+            "{}",
+            e.message
+        );
+        let r = parse_completion(&obj(json!({"prompt": "p", "logprobs": 2})), "m", None).unwrap();
+        assert_eq!(r.common.logprobs, Some(2));
+        assert!(parse_completion(&obj(json!({"prompt": "p", "logprobs": 9})), "m", None).is_err());
     }
 
     #[test]

@@ -40,6 +40,30 @@ pub struct AppState {
     pub body_timeout: Duration,
     /// Reject `prompt + max_tokens > context` instead of clamping max_tokens.
     pub strict_context: bool,
+    pub tokenizer: Arc<hearth_tokenizer::Tokenizer>,
+    /// The model's logits width.
+    pub n_vocab: usize,
+    /// Structured output's view of the vocabulary, built on first use.
+    pub grammars: std::sync::OnceLock<Result<hearth_grammar::Grammars, String>>,
+}
+
+impl AppState {
+    /// The grammar compiler for this model (built once, on first use).
+    pub fn grammars(&self) -> Result<&hearth_grammar::Grammars, ApiError> {
+        self.grammars
+            .get_or_init(|| {
+                let t = std::time::Instant::now();
+                let g = hearth_grammar::Grammars::new(self.tokenizer.clone(), self.n_vocab)
+                    .map_err(|e| e.to_string());
+                eprintln!(
+                    "structured output: vocabulary prepared in {:.0} ms",
+                    t.elapsed().as_secs_f64() * 1e3
+                );
+                g
+            })
+            .as_ref()
+            .map_err(|e| ApiError::server(format!("structured output is unavailable: {e}")))
+    }
 }
 
 pub fn router(app: Arc<AppState>) -> Router {

@@ -47,6 +47,9 @@ pub(crate) struct Ctx {
     /// text start a new message body (joined with "\n\n", as the reference joins).
     emitted: [bool; 2],
     new_body: [bool; 2],
+    /// Set at [`OutputParser::finish`]: generation ended on an
+    /// end-of-generation token (which the text does not show), not cut off.
+    pub ended_by_stop: bool,
 }
 
 impl Ctx {
@@ -281,6 +284,7 @@ impl<M: Machine> Driver<M> {
                 next_index: 0,
                 emitted: [false; 2],
                 new_body: [false; 2],
+                ended_by_stop: false,
             },
             queue: Vec::new(),
             queueing: false,
@@ -338,6 +342,7 @@ impl<M: Machine> OutputParser for Driver<M> {
             return events;
         }
         self.finished = true;
+        self.cx.ended_by_stop = hint == FinishHint::Stop;
         self.machine.finish(&mut self.cx);
         // Machines settle their markup at the end; this only guards against
         // losing text if one did not.

@@ -259,8 +259,12 @@ impl Machine for HarmonyParser {
 
     fn finish(&mut self, cx: &mut Ctx) {
         self.run(cx, true);
-        // A call body without its `<|call|>` was cut off: never confirmed, and
-        // its text is content.
+        // `<|call|>` ends generation, so the text never shows it: a call body
+        // at an end-of-generation token is complete (llama.cpp's rule). One
+        // cut off by the token budget was never confirmed; its text is content.
+        if cx.ended_by_stop && matches!(self.state, State::Call { .. }) {
+            self.end_body(cx);
+        }
         if let State::Call { body, .. } = std::mem::replace(&mut self.state, State::Header) {
             cx.end_markup(&body);
         }

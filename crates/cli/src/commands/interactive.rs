@@ -146,6 +146,7 @@ impl<B: Backend + 'static> Chat<'_, B> {
             ignore_eos: args.ignore_eos,
             n_draft,
             render_special: true,
+            logprobs: None,
         };
         let mut turn = Turn::new(
             self.tokenizer,

@@ -19,6 +19,7 @@ use hearth_engine::sampler::{Sampler, SamplerConfig};
 use hearth_engine::spec::factory::{DrafterFactory, MakeDrafter, SpecConfig};
 use hearth_engine::spec::SpecStats;
 use hearth_engine::turn::{FinishReason, Flow, Turn, TurnParams, TurnStats};
+use hearth_grammar::{Grammars, OutputGrammar};
 use hearth_models::{Backend, LayerKind, Model};
 use hearth_tokenizer::Tokenizer;
 use hearth_vision::prompt::MEDIA_MARKER;
@@ -132,8 +133,47 @@ pub struct Args {
     /// differ (grid ties, position-table resampling).
     #[arg(long, value_enum, default_value_t = ImageRules::Reference)]
     pub image_rules: ImageRules,
+    /// Constrain the answer to JSON valid under this JSON Schema (file);
+    /// generation ends when the JSON is complete.
+    #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
+    pub json_schema: Option<PathBuf>,
+    /// Constrain the output to a grammar in llguidance's Lark syntax (file;
+    /// `%json {schema}` items allowed). In chat mode the grammar covers the
+    /// whole reply, the format's own framing included.
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<PathBuf>,
     #[command(flatten)]
     pub spec: SpecArgs,
+}
+
+/// The output constraint from --json-schema / --grammar.
+fn output_grammar(
+    args: &Args,
+    tokenizer: &Arc<Tokenizer>,
+    n_vocab: usize,
+    format: hearth_chat::parser::OutputFormat,
+) -> Result<Option<(Grammars, OutputGrammar)>> {
+    if args.json_schema.is_none() && args.grammar.is_none() {
+        return Ok(None);
+    }
+    let grammars = Grammars::new(tokenizer.clone(), n_vocab)?;
+    let g = if let Some(p) = &args.json_schema {
+        let text = std::fs::read_to_string(p)
+            .with_context(|| format!("reading --json-schema {}", p.display()))?;
+        let schema: Value = serde_json::from_str(&text)
+            .with_context(|| format!("--json-schema {}: not JSON", p.display()))?;
+        grammars
+            .json_schema(format, &schema)
+            .with_context(|| format!("--json-schema {}", p.display()))?
+    } else {
+        let p = args.grammar.as_ref().expect("checked above");
+        let text = std::fs::read_to_string(p)
+            .with_context(|| format!("reading --grammar {}", p.display()))?;
+        grammars
+            .lark(&text)
+            .with_context(|| format!("--grammar {} (llguidance Lark syntax)", p.display()))?
+    };
+    Ok(Some((grammars, g)))
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -178,10 +218,18 @@ pub fn run(args: Args) -> Result<()> {
         .transpose()?;
     let images = super::images::read_images(&args.image)?;
     let Some(text) = text else {
+        if args.json_schema.is_some() || args.grammar.is_some() {
+            bail!("--json-schema and --grammar constrain one answer: give a prompt (-p TEXT, -f FILE or stdin)");
+        }
         // No prompt on a terminal: an interactive chat.
         return interactive(&args, &model, &tokenizer, &prompter, &spec);
     };
     let chat = !args.raw && prompter.has_chat_format();
+    let format = match chat {
+        true => prompter.output,
+        false => hearth_chat::parser::OutputFormat::Plain,
+    };
+    let grammar = output_grammar(&args, &tokenizer, model.config().vocab_size, format)?;
     let mut image_stats = Vec::new();
     let text = match &vision {
         Some(_) if !images.is_empty() => super::images::with_markers(&text, images.len())?,
@@ -257,6 +305,7 @@ pub fn run(args: Args) -> Result<()> {
             .then(|| prompter.parser(None, "call_".into()))
             .transpose()?,
         n_draft: 0,
+        grammar,
     };
     #[cfg(feature = "cuda")]
     if args.device == Device::Cuda {
@@ -379,6 +428,8 @@ struct Job<'a> {
     parser: Option<Box<dyn OutputParser + Send>>,
     /// K, once the drafters are built (0: no speculation).
     n_draft: usize,
+    /// --json-schema / --grammar.
+    grammar: Option<(Grammars, OutputGrammar)>,
 }
 
 impl Job<'_> {
@@ -405,9 +456,13 @@ impl Job<'_> {
             ignore_eos: args.ignore_eos,
             n_draft,
             render_special: self.parser.is_some(),
+            logprobs: None,
         };
         let ids = std::mem::take(&mut self.ids);
         let mut turn = Turn::new(self.tokenizer, ids, 0, Sampler::new(sampling)?, params);
+        if let Some((grammars, g)) = &self.grammar {
+            turn = turn.constrained(grammars.constraint(g)?);
+        }
         let mut out = Output::new(self.parser.take(), args.hide_reasoning);
         while turn.finished().is_none() {
             turn.step(
@@ -454,6 +509,8 @@ impl Job<'_> {
                 "finish_reason": finish,
                 "kv_bytes": kv_bytes,
                 "spec": args.spec.spec.as_str(),
+                "constraint_ms": stats.constraint_time.as_secs_f64() * 1e3,
+                "decode_ms": stats.decode_time.as_secs_f64() * 1e3,
             });
             if !self.image_stats.is_empty() {
                 json["images"] = Value::Array(self.image_stats.clone());
