@@ -117,7 +117,9 @@ def setup_module(module=None):
     global SERVER, TMP
     ensure_pi()
     TMP = tempfile.mkdtemp(prefix="hearth-pi-")
-    SERVER = Server("--api-key", API_KEY, ctx=CTX, api_key=API_KEY, log_dir=TMP)
+    # --strict-tools: every call Pi's tools allow follows the tool's schema
+    # (Pi sends its tools and tool_choice as it always does).
+    SERVER = Server("--api-key", API_KEY, "--strict-tools", ctx=CTX, api_key=API_KEY, log_dir=TMP)
     write_pi_config(Path(TMP) / "home" / ".pi" / "agent")
     log(f"server at {SERVER.base}; Pi home {TMP}/home")
 
@@ -154,6 +156,7 @@ def run_pi_agent():
     work = Path(TMP) / "work"
     work.mkdir()
     before = chat_requests(SERVER.metrics())
+    warnings_before = SERVER.metrics().get(("hearth_tool_call_parse_warnings_total", ""), 0)
     t0 = time.monotonic()
     proc = subprocess.Popen(pi_command("--no-session", "--mode", "json", "-p", TASK),
                             cwd=work, env=pi_env(home, home / ".pi" / "agent"),
@@ -203,8 +206,14 @@ def run_pi_agent():
     wall = time.monotonic() - t0
     after = chat_requests(SERVER.metrics())
     delta = {s: after.get(s, 0) - before.get(s, 0) for s in after if after.get(s, 0) != before.get(s, 0)}
+    warnings = SERVER.metrics().get(("hearth_tool_call_parse_warnings_total", ""), 0) - warnings_before
     return dict(rc=proc.returncode, events=events, bad_lines=bad_lines, stderr="".join(stderr_parts),
-                turns=turns, runaway=runaway, timed_out=expired.is_set(), wall=wall, requests=delta, work=work)
+                turns=turns, runaway=runaway, timed_out=expired.is_set(), wall=wall, requests=delta, work=work,
+                parse_warnings=int(warnings))
+
+
+def tool_calls(run):
+    return [c for m in assistant_messages(run) for c in m["content"] if c["type"] == "toolCall"]
 
 
 def pi_run():
@@ -256,6 +265,16 @@ def test_server_answered_every_pi_request():
         assert u["input"] + u["cacheRead"] == int(s["prompt_tokens"]), (u, s)
         assert u["cacheRead"] == int(s["reused_prompt_tokens"]), (u, s)
         assert u["output"] == int(s["completion_tokens"]), (u, s)
+
+
+def test_every_tool_call_parsed():
+    """Calls the model began but the parser could not read are counted by the
+    server (parse warnings); with --strict-tools there must be none."""
+    run = pi_run()
+    calls = tool_calls(run)
+    log(f"Pi tool calls: {len(calls)} parsed, {run['parse_warnings']} malformed "
+        f"({len(calls)}/{len(calls) + run['parse_warnings']} parsed, --strict-tools)")
+    assert run["parse_warnings"] == 0, f"{run['parse_warnings']} tool calls did not parse"
 
 
 def report():

@@ -423,6 +423,7 @@ impl<'t> Turn<'t> {
         let next = match self.constraint.as_mut() {
             None => self.sampler.sample(logits),
             Some(c) => {
+                // The constraint's whole cost per token: the copy, the mask, the commit.
                 let t = Instant::now();
                 let mut masked = logits.clone();
                 c.mask(&mut masked).map_err(TurnError::Constraint)?;

@@ -228,7 +228,11 @@ fn output_constraint(
     let bad = |field: &str, e: hearth_grammar::GrammarError| {
         ApiError::invalid("invalid_value", format!("{field}: {e}"))
     };
-    let grammar = match &req.structured {
+    let structured = match &req.structured {
+        Structured::Free if app.strict_tools && req.tools.is_some() => &Structured::StrictCalls,
+        s => s,
+    };
+    let grammar = match structured {
         Structured::Free => return Ok(None),
         Structured::JsonObject => app
             .grammars()?
@@ -242,14 +246,14 @@ fn output_constraint(
             let tools =
                 hearth_chat::parser::ToolSet::from_json(req.tools.as_ref().unwrap_or(&Value::Null))
                     .map_err(|e| ApiError::invalid_request(e.to_string()))?;
-            let (only, lazy) = match &req.structured {
+            let (only, lazy) = match structured {
                 Structured::Calls { only } => (only.as_deref(), false),
                 _ => (None, true),
             };
             let strict = req
                 .strict
                 .iter()
-                .map(|(k, v)| (k.as_str(), *v || !lazy))
+                .map(|(k, v)| (k.as_str(), *v || !lazy || app.strict_tools))
                 .collect();
             app.grammars()?
                 .tool_calls(&ToolCallGrammar {

@@ -62,6 +62,8 @@ pub struct ServerOptions {
     pub tool_parser: String,
     pub max_body_bytes: usize,
     pub strict_context: bool,
+    /// Every tool is `strict` (`--strict-tools`).
+    pub strict_tools: bool,
     /// The model's multimodal projector (`--mmproj`): image parts accepted.
     pub mmproj: Option<PathBuf>,
     /// The vision tower's rules where the model's reference and llama.cpp differ.
@@ -234,6 +236,7 @@ pub fn run_on<B: Backend + 'static>(
             max_body_bytes: opts.max_body_bytes,
             body_timeout: opts.timeouts.body,
             strict_context: opts.strict_context,
+            strict_tools: opts.strict_tools,
             tokenizer: tokenizer.clone(),
             n_vocab,
             grammars: std::sync::OnceLock::new(),

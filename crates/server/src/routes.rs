@@ -40,6 +40,8 @@ pub struct AppState {
     pub body_timeout: Duration,
     /// Reject `prompt + max_tokens > context` instead of clamping max_tokens.
     pub strict_context: bool,
+    /// `--strict-tools`: every tool call follows its schema.
+    pub strict_tools: bool,
     pub tokenizer: Arc<hearth_tokenizer::Tokenizer>,
     /// The model's logits width.
     pub n_vocab: usize,

@@ -76,6 +76,11 @@ pub struct Args {
     /// Reject prompt + max_tokens over the context (400) instead of clamping max_tokens.
     #[arg(long)]
     pub strict_context: bool,
+    /// Constrain every tool call to its tool's schema, as if each tool said
+    /// `"strict": true` (the model still chooses whether to call): a small
+    /// model's calls then always parse.
+    #[arg(long)]
+    pub strict_tools: bool,
     /// Worker threads [default: all cores].
     #[arg(short, long)]
     pub threads: Option<usize>,
@@ -129,6 +134,7 @@ pub fn run(args: Args) -> Result<()> {
         tool_parser: args.tool_parser,
         max_body_bytes: args.max_body_mib.saturating_mul(1024 * 1024),
         strict_context: args.strict_context,
+        strict_tools: args.strict_tools,
         mmproj: args.mmproj.clone(),
         image_rules: args.image_rules.rules(),
     };
