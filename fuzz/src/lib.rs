@@ -353,3 +353,155 @@ pub fn check_request(data: &[u8]) {
         }
     }
 }
+
+/// A bounded fuzz smoke that runs without libFuzzer (`cargo test --lib
+/// --no-default-features` here; scripts/test.sh runs it): each target's
+/// committed seeds, then mutations of them (bit flips, byte edits, inserted
+/// markers, splices of two seeds) from a fixed-seed generator until the
+/// target's time budget (HEARTH_FUZZ_SMOKE_SECONDS, default 5) is spent. Not
+/// coverage-guided: libFuzzer runs (scripts/fuzz-smoke.sh) go deeper. A
+/// failing input is written to target/fuzz-smoke-failures/ and named in the
+/// panic, to replay with `cargo fuzz run -s none TARGET FILE`.
+#[cfg(test)]
+mod smoke {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::path::PathBuf;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    const MARKERS: &[&[u8]] = &[
+        b"<tool_call>", b"</tool_call>", b"{\"name\": \"", b"\"arguments\": {", b"<function=", b"<parameter=",
+        b"</parameter>", b"<atem:function_calls>", b"<atem:invoke name=\"", b"<atem:parameter name=\"",
+        b"</atem:invoke>", b"<|message|>", b" to=", b"<|channel|>", b"<|start|>assistant", b"<|eom|>",
+        b"<think>", b"</think>", b"\"", b"{", b"}", b"[", b"]", b"\n", b"\\u", b"{{", b"}}", b"{%", b"%}",
+    ];
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+    }
+
+    fn mutate(rng: &mut Rng, seeds: &[Vec<u8>], mut d: Vec<u8>) -> Vec<u8> {
+        for _ in 0..1 + rng.below(4) {
+            let at = rng.below(d.len() + 1);
+            match rng.below(7) {
+                0 if !d.is_empty() => {
+                    let i = rng.below(d.len());
+                    d[i] ^= 1 << rng.below(8);
+                }
+                1 if !d.is_empty() => {
+                    let i = rng.below(d.len());
+                    d[i] = rng.next() as u8;
+                }
+                2 => {
+                    let m = MARKERS[rng.below(MARKERS.len())];
+                    d.splice(at..at, m.iter().copied());
+                }
+                3 if at < d.len() => {
+                    let end = (at + 1 + rng.below(16)).min(d.len());
+                    d.drain(at..end);
+                }
+                4 if at < d.len() => {
+                    let end = (at + 1 + rng.below(32)).min(d.len());
+                    let piece = d[at..end].to_vec();
+                    d.splice(at..at, piece);
+                }
+                5 => {
+                    let other = &seeds[rng.below(seeds.len())];
+                    let from = rng.below(other.len() + 1);
+                    d.truncate(at);
+                    d.extend_from_slice(&other[from..]);
+                }
+                _ => d.insert(at, rng.next() as u8),
+            }
+        }
+        d
+    }
+
+    fn run(target: &str, check: fn(&[u8])) {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("seeds").join(target);
+        let mut seeds: Vec<Vec<u8>> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+            .collect();
+        seeds.sort();
+        assert!(!seeds.is_empty(), "no seeds in {}", dir.display());
+        let budget: f64 = std::env::var("HEARTH_FUZZ_SMOKE_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(5.0);
+        let deadline = Instant::now() + Duration::from_secs_f64(budget);
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ target.len() as u64);
+        let mut execs = 0u64;
+        let mut i = 0usize;
+        loop {
+            let input = if i < seeds.len() {
+                seeds[i].clone()
+            } else if Instant::now() >= deadline {
+                break;
+            } else {
+                let base = seeds[rng.below(seeds.len())].clone();
+                mutate(&mut rng, &seeds, base)
+            };
+            i += 1;
+            if catch_unwind(AssertUnwindSafe(|| check(&input))).is_err() {
+                let out = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                    .join("../target/fuzz-smoke-failures")
+                    .join(target);
+                std::fs::create_dir_all(&out).unwrap();
+                let file = out.join(format!("crash-{execs}"));
+                std::fs::write(&file, &input).unwrap();
+                panic!("{target}: input {} failed (saved to {})", execs, file.display());
+            }
+            execs += 1;
+        }
+        eprintln!("fuzz smoke {target}: {execs} executions ({} seeds), no failure", seeds.len());
+    }
+
+    #[test]
+    fn gguf_reader() {
+        run("gguf_reader", check_gguf);
+    }
+    #[test]
+    fn chat_template() {
+        run("chat_template", check_template);
+    }
+    #[test]
+    fn server_request() {
+        run("server_request", check_request);
+    }
+    #[test]
+    fn parse_hermes() {
+        run("parse_hermes", |d| check_parser(OutputFormat::Hermes, d));
+    }
+    #[test]
+    fn parse_qwen3_xml() {
+        run("parse_qwen3_xml", |d| check_parser(OutputFormat::Qwen3Xml, d));
+    }
+    #[test]
+    fn parse_atem() {
+        run("parse_atem", |d| check_parser(OutputFormat::Atem, d));
+    }
+    #[test]
+    fn parse_muse_glimmer() {
+        run("parse_muse_glimmer", |d| check_parser(OutputFormat::MuseGlimmer, d));
+    }
+    #[test]
+    fn parse_harmony() {
+        run("parse_harmony", |d| check_parser(OutputFormat::Harmony, d));
+    }
+    #[test]
+    fn parse_plain() {
+        run("parse_plain", |d| check_parser(OutputFormat::Plain, d));
+    }
+}
