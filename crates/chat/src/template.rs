@@ -433,8 +433,15 @@ fn alias_reasoning(message: Map<String, Json>) -> Map<String, Json> {
     out
 }
 
+/// Most template instructions one render may execute: a template comes from
+/// the model file, and one that loops without end (found by fuzzing:
+/// nested `range` loops) must fail rather than hang the server. Real chat
+/// templates use a few thousand per message.
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+
 fn new_environment() -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_keep_trailing_newline(false);

@@ -180,3 +180,26 @@ fn from_gguf_reads_the_fixture_templates() {
         );
     }
 }
+
+/// A template that would run for hours stops with an error instead
+/// (minijinja's fuel; found by fuzzing chat_template), and one that recurses
+/// without end hits the recursion limit.
+#[test]
+fn runaway_templates_fail_quickly() {
+    use hearth_chat::template::ChatTemplate;
+    let msgs = serde_json::json!([{"role": "user", "content": "hi"}]);
+    for (src, want) in [
+        ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "fuel"),
+        ("{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}", "recursion"),
+        ("{{ 'x' * 300000000 }}", "too large"),
+    ] {
+        let t0 = std::time::Instant::now();
+        let e = ChatTemplate::from_source(src, "<s>", "</s>")
+            .unwrap()
+            .render(&msgs, None, true, &Default::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{src}: {e}");
+        assert!(t0.elapsed().as_secs() < 30, "{src}: {:?}", t0.elapsed());
+    }
+}
