@@ -55,6 +55,11 @@ cargo_tests() {
 }
 part "cargo test --workspace --release" cargo_tests "$@"
 
+# Every fuzz target's seeds and mutations of them, 5 s each, without libFuzzer
+# (fuzz/src/lib.rs `smoke`; scripts/fuzz-smoke.sh runs the libFuzzer targets).
+part "fuzz smoke (9 targets, seeds + mutations)" \
+  cargo test --release --lib --no-default-features --manifest-path fuzz/Cargo.toml --target-dir target -q
+
 # The CUDA kernels compile for Hopper (sm_90) with NVRTC from the pip wheel (no GPU needed).
 nvrtc() {
   local lib
