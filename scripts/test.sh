@@ -79,6 +79,7 @@ export HEARTH_BIN="$target_dir/release/hearth"
 part "cli: interactive chat through a pseudo-terminal" python3 tests/cli/test_interactive.py
 part "server: openai SDK against hearth serve" python3 tests/server/test_server.py
 part "server: images (--mmproj) with the openai SDK" python3 tests/server/test_vision.py
+part "server: sessions saved to disk, ring checkpoints" python3 tests/server/test_sessions.py
 part "server: structured output (JSON schema, tool_choice, Pydantic parse, logprobs)" \
   python3 tests/server/test_structured.py
 part "server: security (Host, Origin, content type, API key, time limits, validation)" \

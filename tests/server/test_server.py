@@ -232,6 +232,33 @@ def test_disconnect_mid_stream_then_normal_request():
     assert m[1][1] in ("stop", "length")
 
 
+def test_disconnect_during_a_long_prefill_stops_within_one_chunk():
+    """A client that leaves while its long prompt is being prefilled costs at
+    most the 512-token chunk in progress (issue 18), counted in /metrics."""
+    client = SERVER.client()
+    words = " ".join(f"item{i}" for i in range(450))
+    ask = [{"role": "user", "content": f"Summarize this list: {words}"}]
+    before = SERVER.metrics().get(("hearth_cancelled_prefill_tokens_total", ""), 0)
+    stream = client.chat.completions.create(model="qwen-test", messages=ask, max_tokens=5, temperature=0, stream=True,
+                                            extra_body={"session_id": "long-drop"})
+    next(iter(stream))  # the role chunk: admitted, prefill running
+    time.sleep(1.0)
+    stream.close()
+    deadline = time.monotonic() + 120
+    m = None
+    while time.monotonic() < deadline and not m:
+        m = re.search(r"llm_turn_stats session_id=long-drop .*prompt_tokens=(\d+) reused_prompt_tokens=\d+ "
+                      r"prefilled_prompt_tokens=(\d+) .*finish=(\w+)", SERVER.logs())
+        time.sleep(0.5)
+    assert m, "the cancelled turn was never logged"
+    prompt, prefilled, finish = int(m.group(1)), int(m.group(2)), m.group(3)
+    assert finish == "cancelled" and prompt > 1100, m.group(0)
+    # The chunk in progress when the client left, and at most one more.
+    assert prefilled <= 1024, m.group(0)
+    after = SERVER.metrics()[("hearth_cancelled_prefill_tokens_total", "")]
+    assert after - before == prompt - prefilled, (before, after, prompt, prefilled)
+
+
 def test_validation_errors_do_not_disturb_a_running_session():
     client = SERVER.client()
     background = {}

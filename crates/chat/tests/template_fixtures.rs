@@ -189,8 +189,14 @@ fn runaway_templates_fail_quickly() {
     use hearth_chat::template::ChatTemplate;
     let msgs = serde_json::json!([{"role": "user", "content": "hi"}]);
     for (src, want) in [
-        ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "fuel"),
-        ("{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}", "recursion"),
+        (
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "fuel",
+        ),
+        (
+            "{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}",
+            "recursion",
+        ),
         ("{{ 'x' * 300000000 }}", "too large"),
     ] {
         let t0 = std::time::Instant::now();

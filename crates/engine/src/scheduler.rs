@@ -20,7 +20,7 @@ use hearth_tokenizer::Tokenizer;
 
 use crate::prompt::Prompt;
 use crate::sampler::{Sampler, SamplerConfig};
-use crate::session::{Acquire, Lease, SessionError, SessionStore};
+use crate::session::{Acquire, Lease, SessionError, SessionStore, StoreError};
 use crate::spec::factory::MakeDrafter;
 use crate::spec::SpecStats;
 use crate::turn::{FinishReason, Flow, TokenConstraint, TokenLogprob, Turn, TurnParams, TurnStats};
@@ -28,6 +28,10 @@ use crate::turn::{FinishReason, Flow, TokenConstraint, TokenLogprob, Turn, TurnP
 /// Prompt tokens prefilled per step while other requests are active (bounds
 /// how long one long prompt stalls everyone else's decoding).
 const PREFILL_SLICE: usize = 128;
+/// Prompt tokens per step when the request runs alone: the forward pass's own
+/// chunk (so the numerics are those of one whole-prompt pass), and the most
+/// a client that disconnects during its prefill still costs.
+const SOLO_PREFILL_SLICE: usize = hearth_models::MAX_CHUNK;
 
 /// Where a request's events go (the server's channel to its HTTP response).
 pub trait EventSink: Send {
@@ -110,6 +114,10 @@ pub struct SchedulerStats {
     pub active_generations: AtomicU64,
     pub session_evictions: AtomicU64,
     pub session_capacity: AtomicU64,
+    /// Requests stopped because their client went away, and the prompt
+    /// tokens that were therefore never prefilled.
+    pub cancelled_requests: AtomicU64,
+    pub cancelled_prefill_tokens: AtomicU64,
     /// Speculative decoding: (drafter, K) when on, and the acceptance
     /// statistics of finished requests.
     pub spec_config: Mutex<Option<(String, usize)>>,
@@ -118,11 +126,17 @@ pub struct SchedulerStats {
 
 /// Runs once a reset or close is applied: true when the session existed.
 type Done = Box<dyn FnOnce(bool) + Send>;
+/// A saved session: its resident ids and state bytes.
+pub type SavedSession = (Vec<u32>, Vec<u8>);
+type SaveDone = Box<dyn FnOnce(Result<SavedSession, StoreError>) + Send>;
+type RestoreDone = Box<dyn FnOnce(Result<usize, StoreError>) + Send>;
 
 enum Command {
     Submit(Job),
     Reset(String, Done),
     Close(String, Done),
+    Save(String, SaveDone),
+    Restore(String, SavedSession, RestoreDone),
     Shutdown,
 }
 
@@ -162,6 +176,29 @@ impl SchedulerHandle {
     ) -> Result<(), SchedulerError> {
         self.tx
             .send(Command::Close(id, Box::new(done)))
+            .map_err(|_| stopped())
+    }
+
+    /// Session `id`'s ids and state (idle sessions only), to `done`.
+    pub fn save(
+        &self,
+        id: String,
+        done: impl FnOnce(Result<SavedSession, StoreError>) + Send + 'static,
+    ) -> Result<(), SchedulerError> {
+        self.tx
+            .send(Command::Save(id, Box::new(done)))
+            .map_err(|_| stopped())
+    }
+
+    /// Creates or replaces session `id` from a saved one.
+    pub fn restore(
+        &self,
+        id: String,
+        saved: SavedSession,
+        done: impl FnOnce(Result<usize, StoreError>) + Send + 'static,
+    ) -> Result<(), SchedulerError> {
+        self.tx
+            .send(Command::Restore(id, saved, Box::new(done)))
             .map_err(|_| stopped())
     }
 
@@ -250,6 +287,10 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                     Command::Submit(job) => waiting.push(job),
                     Command::Reset(id, done) => done(self.store.reset(&id)),
                     Command::Close(id, done) => done(self.store.close(&id)),
+                    Command::Save(id, done) => done(self.store.save(&id)),
+                    Command::Restore(id, (ids, bytes), done) => {
+                        done(self.store.restore(self.model, &id, ids, &bytes))
+                    }
                     Command::Shutdown => shutdown = true,
                 }
             }
@@ -274,7 +315,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             let slice = if active.len() > 1 {
                 PREFILL_SLICE
             } else {
-                usize::MAX
+                SOLO_PREFILL_SLICE
             };
             let mut i = 0;
             while i < active.len() {
@@ -405,11 +446,16 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             }
         };
         let drafter = session.drafter.as_mut().map(|d| &mut **d as _);
+        let was_prefilling = a.turn.prefilling();
         let out = a
             .turn
             .step(self.model, &mut session.state, drafter, slice, &mut sink)
             .map_err(|e| e.to_string())?;
         session.push_fed(&out.fed);
+        if was_prefilling && !a.turn.prefilling() {
+            // Where the next prompt most likely diverges (sliding-window rings).
+            session.checkpoint();
+        }
         let logprobs = &a.turn.stats().logprobs;
         if logprobs.len() > a.logprobs_sent {
             a.events
@@ -441,9 +487,16 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             ),
             (None, None) => unreachable!("finish of a running turn"),
         };
-        let prefilled = s.prompt_tokens - s.reused_tokens;
+        let prefilled = a.turn.prompt_fed() - s.reused_tokens;
         let decoded = s.sampled.saturating_sub(1) as u64;
         let m = &self.stats;
+        if s.finish == Some(FinishReason::Cancelled) {
+            m.cancelled_requests.fetch_add(1, Ordering::Relaxed);
+            m.cancelled_prefill_tokens.fetch_add(
+                (s.prompt_tokens - a.turn.prompt_fed()) as u64,
+                Ordering::Relaxed,
+            );
+        }
         m.prompt_tokens
             .fetch_add(s.prompt_tokens as u64, Ordering::Relaxed);
         m.completion_tokens

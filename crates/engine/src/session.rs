@@ -29,6 +29,9 @@ pub enum ResumeReason {
     Equal,
     /// Nothing in common: full reset.
     Mismatch,
+    /// The rings had moved past their slack, but a checkpoint taken after an
+    /// earlier prompt brought the state back to its position.
+    Checkpoint,
     /// A common prefix existed but the cache could not roll back to it (a
     /// sliding-window ring had overwritten entries): full reset.
     RollbackFailed,
@@ -42,6 +45,7 @@ impl ResumeReason {
             ResumeReason::CommonPrefix => "common_prefix",
             ResumeReason::Equal => "equal",
             ResumeReason::Mismatch => "mismatch",
+            ResumeReason::Checkpoint => "checkpoint",
             ResumeReason::RollbackFailed => "rollback_failed",
         }
     }
@@ -67,8 +71,14 @@ pub struct Session<S> {
     /// The images of the last prepared prompt; those starting before
     /// `resident.len()` are (partly) in the state.
     images: Vec<ImageSpan>,
+    /// Ring checkpoints (position, state's checkpoint), oldest first; each
+    /// valid while the ids before its position are unchanged.
+    checkpoints: Vec<(usize, Box<dyn std::any::Any + Send>)>,
     last_used: u64,
 }
+
+/// Ring checkpoints kept per session (the last prompts' ends).
+pub const MAX_CHECKPOINTS: usize = 3;
 
 impl<S: BackendState> Session<S> {
     pub fn new(state: S) -> Session<S> {
@@ -79,8 +89,61 @@ impl<S: BackendState> Session<S> {
             drafter: None,
             resident: Vec::new(),
             images: Vec::new(),
+            checkpoints: Vec::new(),
             last_used: 0,
         }
+    }
+
+    /// Takes a ring checkpoint at the current position (the end of a
+    /// prompt's prefill: where a later prompt most often diverges, e.g. at a
+    /// re-rendered assistant message). Nothing for states without rings.
+    pub fn checkpoint(&mut self) {
+        let pos = self.state.pos();
+        if pos == 0 || self.checkpoints.iter().any(|(p, _)| *p == pos) {
+            return;
+        }
+        if let Some(cp) = self.state.checkpoint() {
+            self.checkpoints.push((pos, cp));
+            if self.checkpoints.len() > MAX_CHECKPOINTS {
+                self.checkpoints.remove(0);
+            }
+        }
+    }
+
+    /// Positions of the checkpoints held.
+    pub fn checkpoint_positions(&self) -> Vec<usize> {
+        self.checkpoints.iter().map(|(p, _)| *p).collect()
+    }
+
+    /// The resident ids and the state as bytes (a session file's payload).
+    pub fn save(&self) -> Result<(Vec<u32>, Vec<u8>), String> {
+        if !self.images.is_empty() && self.images.iter().any(|i| i.start < self.resident.len()) {
+            return Err("sessions holding images cannot be saved yet".into());
+        }
+        let bytes = self.state.save().map_err(|e| e.to_string())?;
+        Ok((self.resident.clone(), bytes))
+    }
+
+    /// Replaces the session with a saved one; the number of tokens restored.
+    pub fn restore(&mut self, ids: Vec<u32>, bytes: &[u8]) -> Result<usize, String> {
+        if self.drafter.is_some() {
+            return Err("sessions cannot be restored while speculative decoding is on".into());
+        }
+        self.reset();
+        if let Err(e) = self.state.load(bytes) {
+            self.reset();
+            return Err(e.to_string());
+        }
+        if self.state.pos() != ids.len() {
+            self.reset();
+            return Err(format!(
+                "the session file lists {} tokens but its state holds {} positions",
+                ids.len(),
+                self.state.pos()
+            ));
+        }
+        self.resident = ids;
+        Ok(self.resident.len())
     }
 
     pub fn resident(&self) -> &[u32] {
@@ -92,6 +155,7 @@ impl<S: BackendState> Session<S> {
         self.state.reset();
         self.resident.clear();
         self.images.clear();
+        self.checkpoints.clear();
         if let Some(d) = self.drafter.as_mut() {
             d.reset();
         }
@@ -139,13 +203,10 @@ impl<S: BackendState> Session<S> {
         }
         if keep < self.resident.len() {
             if self.state.rollback(keep).is_err() {
-                self.reset();
-                return Resume {
-                    reused: 0,
-                    reason: ResumeReason::RollbackFailed,
-                };
+                return self.resume_at_checkpoint(keep);
             }
             self.resident.truncate(keep);
+            self.checkpoints.retain(|(p, _)| *p <= keep);
             if let Some(d) = self.drafter.as_mut() {
                 d.rollback(keep);
             }
@@ -153,6 +214,32 @@ impl<S: BackendState> Session<S> {
         Resume {
             reused: keep,
             reason,
+        }
+    }
+
+    /// A rollback to `keep` failed (the rings moved on): the latest checkpoint
+    /// at or before `keep` brings the state back, else everything resets.
+    fn resume_at_checkpoint(&mut self, keep: usize) -> Resume {
+        let at = self
+            .checkpoints
+            .iter()
+            .rposition(|(p, _)| *p <= keep && *p > 0)
+            .filter(|_| self.drafter.is_none());
+        if let Some(i) = at {
+            let pos = self.checkpoints[i].0;
+            if self.state.restore(&*self.checkpoints[i].1) {
+                self.checkpoints.truncate(i + 1);
+                self.resident.truncate(pos);
+                return Resume {
+                    reused: pos,
+                    reason: ResumeReason::Checkpoint,
+                };
+            }
+        }
+        self.reset();
+        Resume {
+            reused: 0,
+            reason: ResumeReason::RollbackFailed,
         }
     }
 
@@ -176,6 +263,17 @@ pub enum SessionError {
     /// The backend could not allocate a session state (e.g. out of GPU memory).
     #[error("allocating a session state: {0}")]
     Allocation(String),
+}
+
+/// Why a session could not be saved or restored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error("no such session")]
+    NotFound,
+    #[error("the session is generating; try again when it is idle")]
+    Busy,
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// A session checked out of the store for one generation.
@@ -354,6 +452,42 @@ impl<S: BackendState> SessionStore<S> {
             return false;
         }
         true
+    }
+
+    /// Session `id`'s resident ids and state bytes (idle sessions only).
+    pub fn save(&self, id: &str) -> Result<(Vec<u32>, Vec<u8>), StoreError> {
+        let key = Some(id.to_string());
+        if self.busy.contains(&key) {
+            return Err(StoreError::Busy);
+        }
+        let s = self.idle.get(&key).ok_or(StoreError::NotFound)?;
+        s.save().map_err(StoreError::Invalid)
+    }
+
+    /// Creates or replaces session `id` from saved ids and state bytes (it
+    /// may evict the least recently used idle session); the tokens restored.
+    pub fn restore<B: Backend<State = S>>(
+        &mut self,
+        model: &B,
+        id: &str,
+        ids: Vec<u32>,
+        bytes: &[u8],
+    ) -> Result<usize, StoreError> {
+        let key = Some(id.to_string());
+        if self.busy.contains(&key) {
+            return Err(StoreError::Busy);
+        }
+        let mut session = match self.idle.remove(&key) {
+            Some(s) => s,
+            None => self
+                .allocate(model)
+                .map_err(|e| StoreError::Invalid(e.to_string()))?,
+        };
+        let out = session.restore(ids, bytes);
+        self.clock += 1;
+        session.last_used = self.clock;
+        self.idle.insert(key, session);
+        out.map_err(StoreError::Invalid)
     }
 
     /// A fresh state: a new allocation while under capacity, else the state of

@@ -296,6 +296,11 @@ impl<'t> Turn<'t> {
         self.params.n_draft > 0 && self.constraint.is_none() && self.params.logprobs.is_none()
     }
 
+    /// Prompt tokens in the state so far (reused and prefilled).
+    pub fn prompt_fed(&self) -> usize {
+        self.next
+    }
+
     /// Whether the prompt is still being prefilled.
     pub fn prefilling(&self) -> bool {
         self.logits.is_none()

@@ -25,6 +25,29 @@ pub trait BackendState: Send {
     fn reset(&mut self);
     /// Bytes held by the KV caches.
     fn kv_bytes(&self) -> usize;
+    /// The state as bytes, for a session file ([`BackendState::load`]).
+    fn save(&self) -> Result<Vec<u8>, ModelError> {
+        Err(ModelError::Unsupported {
+            backend: "this",
+            what: "saving session states".into(),
+        })
+    }
+    /// Replaces the state with a saved one of the same shape.
+    fn load(&mut self, _data: &[u8]) -> Result<(), ModelError> {
+        Err(ModelError::Unsupported {
+            backend: "this",
+            what: "restoring session states".into(),
+        })
+    }
+    /// A checkpoint of the sliding-window rings at the current position
+    /// (`None`: nothing to keep, or the backend cannot).
+    fn checkpoint(&self) -> Option<Box<dyn std::any::Any + Send>> {
+        None
+    }
+    /// Back to a checkpoint's position; false when it is not this backend's.
+    fn restore(&mut self, _checkpoint: &(dyn std::any::Any + Send)) -> bool {
+        false
+    }
 }
 
 /// A loaded model on some device, computing forward passes for states it made.
@@ -122,6 +145,28 @@ impl BackendState for State {
 
     fn kv_bytes(&self) -> usize {
         State::kv_bytes(self)
+    }
+
+    fn save(&self) -> Result<Vec<u8>, ModelError> {
+        Ok(State::save(self))
+    }
+
+    fn load(&mut self, data: &[u8]) -> Result<(), ModelError> {
+        State::load(self, data).map_err(ModelError::SavedState)
+    }
+
+    fn checkpoint(&self) -> Option<Box<dyn std::any::Any + Send>> {
+        State::checkpoint(self).map(|c| Box::new(c) as _)
+    }
+
+    fn restore(&mut self, checkpoint: &(dyn std::any::Any + Send)) -> bool {
+        match checkpoint.downcast_ref::<crate::state::Checkpoint>() {
+            Some(c) => {
+                State::restore(self, c);
+                true
+            }
+            None => false,
+        }
     }
 }
 

@@ -69,4 +69,114 @@ impl State {
         self.pos = 0;
         self.caches.iter_mut().for_each(LayerKvCache::reset);
     }
+
+    /// The layers' shapes, which a saved state must match.
+    fn shape(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&(self.max_ctx as u64).to_le_bytes());
+        out.extend_from_slice(&(self.caches.len() as u64).to_le_bytes());
+        for c in &self.caches {
+            let window = match c.layout {
+                CacheLayout::Flat => 0u64,
+                CacheLayout::Ring { window } => window as u64 + 1,
+            };
+            for v in [
+                window,
+                c.dtype.bytes() as u64,
+                c.n_kv_heads as u64,
+                c.head_dim as u64,
+                c.slots as u64,
+            ] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Everything the positions `0..pos` need, as bytes ([`State::load`]).
+    pub fn save(&self) -> Vec<u8> {
+        let shape = self.shape();
+        let mut out = Vec::with_capacity(shape.len() + 16);
+        out.extend_from_slice(&(shape.len() as u64).to_le_bytes());
+        out.extend_from_slice(&shape);
+        out.extend_from_slice(&(self.pos as u64).to_le_bytes());
+        for c in &self.caches {
+            c.save(self.pos, &mut out);
+        }
+        out
+    }
+
+    /// Replaces this state with a saved one of the same shape (the same
+    /// model, context and cache types); an error names what differs.
+    pub fn load(&mut self, data: &[u8]) -> Result<(), String> {
+        let word = |at: usize| -> Result<usize, String> {
+            data.get(at..at + 8)
+                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+                .ok_or_else(|| "the saved state is truncated".to_string())
+        };
+        let n = word(0)?;
+        let shape = data
+            .get(8..8 + n)
+            .ok_or_else(|| "the saved state is truncated".to_string())?;
+        if shape != self.shape() {
+            return Err("the saved state has other cache shapes (another model, context size or cache type)".into());
+        }
+        let pos = word(8 + n)?;
+        if pos > self.max_ctx {
+            return Err(format!(
+                "the saved state holds {pos} positions, over the context of {}",
+                self.max_ctx
+            ));
+        }
+        let mut at = 16 + n;
+        for c in &mut self.caches {
+            at += c
+                .load(pos, &data[at..])
+                .ok_or_else(|| "the saved state is truncated".to_string())?;
+        }
+        if at != data.len() {
+            return Err("the saved state has trailing bytes".into());
+        }
+        self.pos = pos;
+        Ok(())
+    }
+
+    /// A copy of the sliding-window rings at the current position (`None`
+    /// when there are none): with it, [`State::restore`] can come back to
+    /// this position after the rings moved on past their slack.
+    pub fn checkpoint(&self) -> Option<Checkpoint> {
+        let rings: Vec<(usize, LayerKvCache)> = self
+            .caches
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| matches!(c.layout, CacheLayout::Ring { .. }))
+            .map(|(i, c)| (i, c.clone()))
+            .collect();
+        (!rings.is_empty()).then_some(Checkpoint {
+            pos: self.pos,
+            rings,
+        })
+    }
+
+    /// Back to a checkpoint's position: flat caches roll back, rings are
+    /// copied back. The positions before the checkpoint must hold what they
+    /// held when it was taken (the caller's bookkeeping).
+    pub fn restore(&mut self, cp: &Checkpoint) {
+        for (i, ring) in &cp.rings {
+            self.caches[*i].clone_from(ring);
+        }
+        self.pos = cp.pos;
+    }
+}
+
+/// Sliding-window rings saved at a position ([`State::checkpoint`]).
+pub struct Checkpoint {
+    pub pos: usize,
+    rings: Vec<(usize, LayerKvCache)>,
+}
+
+impl Checkpoint {
+    pub fn bytes(&self) -> usize {
+        self.rings.iter().map(|(_, c)| c.bytes()).sum()
+    }
 }

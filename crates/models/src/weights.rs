@@ -47,6 +47,9 @@ pub enum ModelError {
     RolledBackTooFar { pos: usize },
     #[error("empty token list")]
     Empty,
+    /// A saved session state that does not fit this model or is damaged.
+    #[error("{0}")]
+    SavedState(String),
     /// A backend cannot do what was asked (e.g. hidden-state taps on the GPU).
     #[error("the {backend} backend does not support {what}")]
     Unsupported { backend: &'static str, what: String },

@@ -42,6 +42,36 @@ impl EngineHandle {
         Ok(self.0.submit(job)?)
     }
 
+    /// Session `id`'s ids and state (idle only).
+    pub async fn save(
+        &self,
+        id: String,
+    ) -> Result<
+        Result<hearth_engine::scheduler::SavedSession, hearth_engine::session::StoreError>,
+        ApiError,
+    > {
+        let (tx, rx) = oneshot::channel();
+        self.0.save(id, move |r| {
+            let _ = tx.send(r);
+        })?;
+        rx.await
+            .map_err(|_| ApiError::server("session save did not complete"))
+    }
+
+    /// Creates or replaces session `id` from a saved one.
+    pub async fn restore(
+        &self,
+        id: String,
+        saved: hearth_engine::scheduler::SavedSession,
+    ) -> Result<Result<usize, hearth_engine::session::StoreError>, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        self.0.restore(id, saved, move |r| {
+            let _ = tx.send(r);
+        })?;
+        rx.await
+            .map_err(|_| ApiError::server("session restore did not complete"))
+    }
+
     /// Resets session `id`; false when there is no such session.
     pub async fn reset(&self, id: String) -> Result<bool, ApiError> {
         let (tx, rx) = oneshot::channel();

@@ -14,7 +14,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(
+    pub(crate) fn new(
         status: StatusCode,
         kind: &'static str,
         code: Option<&'static str>,

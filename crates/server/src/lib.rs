@@ -20,6 +20,7 @@ pub mod images;
 pub mod metrics;
 pub mod request;
 pub mod routes;
+pub mod session_file;
 pub mod validate;
 
 use std::net::SocketAddr;
@@ -64,6 +65,8 @@ pub struct ServerOptions {
     pub strict_context: bool,
     /// Every tool is `strict` (`--strict-tools`).
     pub strict_tools: bool,
+    /// Where `/v1/sessions/{id}/save` writes and `/restore` reads (`--session-dir`).
+    pub session_dir: Option<PathBuf>,
     /// The model's multimodal projector (`--mmproj`): image parts accepted.
     pub mmproj: Option<PathBuf>,
     /// The vision tower's rules where the model's reference and llama.cpp differ.
@@ -182,6 +185,12 @@ pub fn run_on<B: Backend + 'static>(
     }
     let capacity = store.capacity();
     let n_vocab = model.config.vocab_size;
+    let head = model.file().data_offset() as usize;
+    let model_fingerprint = session_file::fingerprint(&model.file().raw_bytes()[..head]);
+    if let Some(dir) = &opts.session_dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| ServerError::Config(format!("--session-dir {}: {e}", dir.display())))?;
+    }
     let (scheduler, engine_thread) = scheduler::spawn(
         backend,
         tokenizer.clone(),
@@ -237,6 +246,8 @@ pub fn run_on<B: Backend + 'static>(
             body_timeout: opts.timeouts.body,
             strict_context: opts.strict_context,
             strict_tools: opts.strict_tools,
+            session_dir: opts.session_dir.clone(),
+            model_fingerprint,
             tokenizer: tokenizer.clone(),
             n_vocab,
             grammars: std::sync::OnceLock::new(),

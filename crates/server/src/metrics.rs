@@ -127,6 +127,16 @@ impl Metrics {
             get(&self.engine.session_evictions),
         );
         counter(
+            "hearth_cancelled_requests_total",
+            "Requests stopped because the client went away.",
+            get(&self.engine.cancelled_requests),
+        );
+        counter(
+            "hearth_cancelled_prefill_tokens_total",
+            "Prompt tokens never prefilled because the client went away during the prefill (it stops within one 512-token chunk).",
+            get(&self.engine.cancelled_prefill_tokens),
+        );
+        counter(
             "hearth_tool_call_parse_warnings_total",
             "Model output that began like a tool call but was malformed or cut off; returned as content.",
             get(&self.tool_call_parse_warnings),

@@ -42,6 +42,10 @@ pub struct AppState {
     pub strict_context: bool,
     /// `--strict-tools`: every tool call follows its schema.
     pub strict_tools: bool,
+    /// `--session-dir`: where sessions are saved and restored.
+    pub session_dir: Option<std::path::PathBuf>,
+    /// Session files carry it; a file from another model is refused.
+    pub model_fingerprint: [u8; 32],
     pub tokenizer: Arc<hearth_tokenizer::Tokenizer>,
     /// The model's logits width.
     pub n_vocab: usize,
@@ -77,6 +81,8 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/apply-template", post(chat::apply_template))
         .route("/v1/sessions/{id}/reset", post(reset_session))
         .route("/v1/sessions/{id}", axum::routing::delete(close_session))
+        .route("/v1/sessions/{id}/save", post(save_session))
+        .route("/v1/sessions/{id}/restore", post(restore_session))
         .route("/metrics", get(metrics))
         .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
         .layer(middleware::from_fn_with_state(app.clone(), guard))
@@ -146,6 +152,95 @@ async fn close_session(
         return Err(ApiError::session_not_found(&id));
     }
     Ok(Json(json!({"closed": true, "session_id": id})))
+}
+
+/// The file of session `id` under `--session-dir`.
+fn session_path(app: &AppState, id: &str) -> Result<std::path::PathBuf, ApiError> {
+    validate_session_id(id)?;
+    let dir = app.session_dir.as_ref().ok_or_else(|| {
+        ApiError::invalid_request(
+            "Saving sessions is off: start the server with --session-dir DIR.",
+        )
+    })?;
+    Ok(dir.join(format!("{id}.hsession")))
+}
+
+fn store_error(id: &str, e: hearth_engine::session::StoreError) -> ApiError {
+    use hearth_engine::session::StoreError;
+    match e {
+        StoreError::NotFound => ApiError::session_not_found(id),
+        StoreError::Busy => ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "invalid_request_error",
+            Some("session_busy"),
+            format!("Session '{id}' is generating; save or restore it when it is idle."),
+        ),
+        StoreError::Invalid(m) => ApiError::invalid_request(format!("Session '{id}': {m}")),
+    }
+}
+
+/// `POST /v1/sessions/{id}/save`: writes the session's tokens and KV state
+/// to `--session-dir` (llama-server's slot save).
+async fn save_session(
+    State(app): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let path = session_path(&app, &id)?;
+    let (ids, state) = app
+        .engine
+        .save(id.clone())
+        .await?
+        .map_err(|e| store_error(&id, e))?;
+    let app2 = app.clone();
+    let (n, bytes) = tokio::task::spawn_blocking(move || {
+        let file = crate::session_file::encode(&app2.model_fingerprint, &ids, &state);
+        let tmp = path.with_extension("hsession.tmp");
+        std::fs::write(&tmp, &file).and_then(|_| std::fs::rename(&tmp, &path))?;
+        Ok::<_, std::io::Error>((ids.len(), file.len()))
+    })
+    .await
+    .map_err(|e| ApiError::server(format!("saving the session: {e}")))?
+    .map_err(|e| ApiError::server(format!("writing the session file: {e}")))?;
+    Ok(Json(
+        json!({"saved": true, "session_id": id, "tokens": n, "bytes": bytes}),
+    ))
+}
+
+/// `POST /v1/sessions/{id}/restore`: the session saved under that id comes
+/// back (created, or replacing what it held); its next request reuses it.
+async fn restore_session(
+    State(app): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let path = session_path(&app, &id)?;
+    let app2 = app.clone();
+    let saved = tokio::task::spawn_blocking(move || match std::fs::read(&path) {
+        Ok(data) => crate::session_file::decode(&app2.model_fingerprint, &data).map_err(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(None),
+        Err(e) => Err(Some(format!("reading the session file: {e}"))),
+    })
+    .await
+    .map_err(|e| ApiError::server(format!("restoring the session: {e}")))?;
+    let saved = match saved {
+        Ok(s) => s,
+        Err(None) => {
+            return Err(ApiError::new(
+                axum::http::StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("session_file_not_found"),
+                format!("No saved session '{id}' in --session-dir."),
+            ));
+        }
+        Err(Some(m)) => return Err(ApiError::invalid_request(format!("Session '{id}': {m}"))),
+    };
+    let n = app
+        .engine
+        .restore(id.clone(), saved)
+        .await?
+        .map_err(|e| store_error(&id, e))?;
+    Ok(Json(
+        json!({"restored": true, "session_id": id, "tokens": n}),
+    ))
 }
 
 /// A JSON route's whole body: `Content-Type: application/json` (415

@@ -81,6 +81,11 @@ pub struct Args {
     /// model's calls then always parse.
     #[arg(long)]
     pub strict_tools: bool,
+    /// Directory for saved sessions: `POST /v1/sessions/{id}/save` writes
+    /// `DIR/{id}.hsession` (tokens + KV state, tied to this model) and
+    /// `/restore` reads it back. Off unless given.
+    #[arg(long, value_name = "DIR")]
+    pub session_dir: Option<std::path::PathBuf>,
     /// Worker threads [default: all cores].
     #[arg(short, long)]
     pub threads: Option<usize>,
@@ -135,6 +140,7 @@ pub fn run(args: Args) -> Result<()> {
         max_body_bytes: args.max_body_mib.saturating_mul(1024 * 1024),
         strict_context: args.strict_context,
         strict_tools: args.strict_tools,
+        session_dir: args.session_dir.clone(),
         mmproj: args.mmproj.clone(),
         image_rules: args.image_rules.rules(),
     };

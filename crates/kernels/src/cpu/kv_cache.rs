@@ -77,6 +77,7 @@ impl KvElem for f32 {
 }
 
 /// Cached K and V values in their storage type.
+#[derive(Clone)]
 pub enum KvData {
     F16 { k: Vec<f16>, v: Vec<f16> },
     Bf16 { k: Vec<bf16>, v: Vec<bf16> },
@@ -93,6 +94,7 @@ pub enum CacheLayout {
 }
 
 /// K and V of one layer: `[n_kv_heads, slots, head_dim]` each, in `dtype`.
+#[derive(Clone)]
 pub struct LayerKvCache {
     pub layout: CacheLayout,
     pub dtype: KvDtype,
@@ -212,6 +214,109 @@ impl LayerKvCache {
     pub fn reset(&mut self) {
         self.oldest_intact = 0;
     }
+
+    /// The entries positions `0..pos` need, as little-endian bytes: a flat
+    /// cache's first `pos` rows per head, a ring's every slot (with the
+    /// lowest intact position first). [`LayerKvCache::load`] reads it back
+    /// into a cache of the same shape.
+    pub fn save(&self, pos: usize, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(self.oldest_intact as u64).to_le_bytes());
+        let rows = match self.layout {
+            CacheLayout::Flat => pos.min(self.slots),
+            CacheLayout::Ring { .. } => self.slots,
+        };
+        fn put<E: Copy>(
+            out: &mut Vec<u8>,
+            x: &[E],
+            c: &LayerKvCache,
+            rows: usize,
+            le: fn(E) -> Vec<u8>,
+        ) {
+            for h in 0..c.n_kv_heads {
+                let at = h * c.slots * c.head_dim;
+                for &e in &x[at..at + rows * c.head_dim] {
+                    out.extend_from_slice(&le(e));
+                }
+            }
+        }
+        match &self.data {
+            KvData::F16 { k, v } => {
+                for x in [k, v] {
+                    put(out, x, self, rows, |e| e.to_bits().to_le_bytes().to_vec());
+                }
+            }
+            KvData::Bf16 { k, v } => {
+                for x in [k, v] {
+                    put(out, x, self, rows, |e| e.to_bits().to_le_bytes().to_vec());
+                }
+            }
+            KvData::F32 { k, v } => {
+                for x in [k, v] {
+                    put(out, x, self, rows, |e| e.to_bits().to_le_bytes().to_vec());
+                }
+            }
+        }
+    }
+
+    /// Reads what [`LayerKvCache::save`] wrote for `pos`; returns the bytes
+    /// consumed, or `None` when `data` is too short.
+    pub fn load(&mut self, pos: usize, data: &[u8]) -> Option<usize> {
+        let oldest = u64::from_le_bytes(data.get(..8)?.try_into().ok()?) as usize;
+        let rows = match self.layout {
+            CacheLayout::Flat => pos.min(self.slots),
+            CacheLayout::Ring { .. } => self.slots,
+        };
+        let (n_kv, slots, hd) = (self.n_kv_heads, self.slots, self.head_dim);
+        let per = self.dtype.bytes();
+        let need = 8 + 2 * n_kv * rows * hd * per;
+        if data.len() < need {
+            return None;
+        }
+        let mut at = 8;
+        fn get<E: Copy>(
+            x: &mut [E],
+            data: &[u8],
+            at: &mut usize,
+            dims: (usize, usize, usize, usize),
+            per: usize,
+            from: fn(&[u8]) -> E,
+        ) {
+            let (n_kv, slots, hd, rows) = dims;
+            for h in 0..n_kv {
+                let base = h * slots * hd;
+                for e in &mut x[base..base + rows * hd] {
+                    *e = from(&data[*at..*at + per]);
+                    *at += per;
+                }
+            }
+        }
+        let dims = (n_kv, slots, hd, rows);
+        match &mut self.data {
+            KvData::F16 { k, v } => {
+                for x in [k, v] {
+                    get(x, data, &mut at, dims, per, |b| {
+                        f16::from_bits(u16::from_le_bytes([b[0], b[1]]))
+                    });
+                }
+            }
+            KvData::Bf16 { k, v } => {
+                for x in [k, v] {
+                    get(x, data, &mut at, dims, per, |b| {
+                        bf16::from_bits(u16::from_le_bytes([b[0], b[1]]))
+                    });
+                }
+            }
+            KvData::F32 { k, v } => {
+                for x in [k, v] {
+                    get(x, data, &mut at, dims, per, |b| {
+                        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+                    });
+                }
+            }
+        }
+        self.oldest_intact = oldest;
+        Some(at)
+    }
 }
 
 /// Rounds K or V rows to the cache precision (in place), so the chunk's own
@@ -228,6 +333,44 @@ mod tests {
         match &c.data {
             KvData::F32 { k, .. } => k[c.row_offset(0, p)],
             _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn save_and_load_round_trip_what_the_positions_need() {
+        // A flat cache of 6 slots holding 5 positions; a ring of 6 slots
+        // (window 4) that has seen 9.
+        for (layout, pos) in [(CacheLayout::Flat, 5), (CacheLayout::Ring { window: 4 }, 9)] {
+            for dtype in [KvDtype::F16, KvDtype::Bf16, KvDtype::F32] {
+                let mut c = LayerKvCache::new(layout, dtype, 2, 3, 6);
+                let k: Vec<f32> = (0..pos * 6).map(|x| x as f32 * 0.25 - 3.0).collect();
+                let v: Vec<f32> = k.iter().map(|x| -x).collect();
+                c.write(0, &k, &v);
+                let mut bytes = Vec::new();
+                c.save(pos, &mut bytes);
+                let mut d = LayerKvCache::new(layout, dtype, 2, 3, 6);
+                assert!(d.load(pos, &bytes[..bytes.len() - 1]).is_none());
+                assert_eq!(d.load(pos, &bytes), Some(bytes.len()));
+                let get = |x: &LayerKvCache, o: usize| match &x.data {
+                    KvData::F16 { k, v } => (k[o].to_f32(), v[o].to_f32()),
+                    KvData::Bf16 { k, v } => (k[o].to_f32(), v[o].to_f32()),
+                    KvData::F32 { k, v } => (k[o], v[o]),
+                };
+                let first = pos.saturating_sub(6);
+                for h in 0..2 {
+                    for p in first..pos {
+                        let o = c.row_offset(h, p);
+                        assert_eq!(
+                            get(&c, o),
+                            get(&d, o),
+                            "{layout:?} {dtype:?} head {h} pos {p}"
+                        );
+                    }
+                }
+                for q in 0..pos {
+                    assert_eq!(c.can_serve(q), d.can_serve(q));
+                }
+            }
         }
     }
 
