@@ -104,6 +104,33 @@ def test_without_a_session_dir_saving_is_off():
         plain.stop()
 
 
+def test_a_new_session_starts_from_another_sessions_prefix():
+    """The shared prefix cache: a new named session whose prompt begins like
+    another's copies that KV instead of prefilling it, and continues exactly
+    as a session that computed the prefix itself; anonymous requests never
+    take part."""
+    system = {"role": "system", "content": "You are a careful coding agent. " + " ".join(
+        f"Rule {i}: keep functions short, name things clearly, and test edge case {i}." for i in range(20))}
+    task_a = [system, {"role": "user", "content": "Write a Python function that reverses a string."}]
+    task_b = [system, {"role": "user", "content": "Write a Python function that adds two numbers."}]
+    before = QWEN.metrics().get(("hearth_shared_prefix_tokens_total", ""), 0)
+    _, ua = chat(QWEN, "agent-a", task_a, max_tokens=8)
+    b, ub = chat(QWEN, "agent-b", task_b, max_tokens=8)
+    shared = ub.prompt_tokens_details.cached_tokens
+    assert shared > 200, ub
+    assert QWEN.metrics()[("hearth_shared_prefix_tokens_total", "")] - before == shared
+    assert re.search(r"llm_turn_stats session_id=agent-b reason=shared_prefix ", QWEN.logs())
+    # The reference computed the prefix itself (task A, then task B in the
+    # same session: it rolls back to the same prefix).
+    chat(QWEN, "agent-ref", task_a, max_tokens=8)
+    ref, ur = chat(QWEN, "agent-ref", task_b, max_tokens=8)
+    assert ur.prompt_tokens_details.cached_tokens == shared, (ur, ub)
+    assert b == ref, (b, ref)
+    # Anonymous: nothing reused, nothing given.
+    r = QWEN.client().chat.completions.create(model=MODEL_ID, messages=task_b, max_tokens=2, temperature=0)
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+
+
 def test_checkpoint_brings_a_ring_back_past_its_slack():
     gemma = Server(ctx=2048, model=model_path("gemma3-270m"))
     try:

@@ -118,6 +118,8 @@ pub struct SchedulerStats {
     /// tokens that were therefore never prefilled.
     pub cancelled_requests: AtomicU64,
     pub cancelled_prefill_tokens: AtomicU64,
+    /// Prompt tokens a new turn copied from another session's KV.
+    pub shared_prefix_tokens: AtomicU64,
     /// Speculative decoding: (drafter, K) when on, and the acceptance
     /// statistics of finished requests.
     pub spec_config: Mutex<Option<(String, usize)>>,
@@ -370,7 +372,17 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                             continue;
                         }
                     };
-                    let resume = lease.session.prepare_prompt(&job.prompt);
+                    let shared = match lease.id {
+                        Some(_) => self.store.share_prefix(&mut lease.session, &job.prompt),
+                        None => None,
+                    };
+                    let mut resume = lease.session.prepare_prompt(&job.prompt);
+                    if let Some(n) = shared {
+                        self.stats
+                            .shared_prefix_tokens
+                            .fetch_add(n as u64, Ordering::Relaxed);
+                        resume.reason = crate::session::ResumeReason::SharedPrefix;
+                    }
                     job.events.send(Event::Admitted {
                         cached_tokens: resume.reused,
                     });

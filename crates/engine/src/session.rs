@@ -32,6 +32,8 @@ pub enum ResumeReason {
     /// The rings had moved past their slack, but a checkpoint taken after an
     /// earlier prompt brought the state back to its position.
     Checkpoint,
+    /// The prompt's prefix was copied from another session's state.
+    SharedPrefix,
     /// A common prefix existed but the cache could not roll back to it (a
     /// sliding-window ring had overwritten entries): full reset.
     RollbackFailed,
@@ -46,6 +48,7 @@ impl ResumeReason {
             ResumeReason::Equal => "equal",
             ResumeReason::Mismatch => "mismatch",
             ResumeReason::Checkpoint => "checkpoint",
+            ResumeReason::SharedPrefix => "shared_prefix",
             ResumeReason::RollbackFailed => "rollback_failed",
         }
     }
@@ -320,7 +323,12 @@ pub struct SessionStore<S> {
     pub evictions: u64,
     /// Extra ring slots per sliding-window cache (speculative rollback).
     ring_slack: usize,
+    /// Named sessions may start from another named session's prefix.
+    pub prefix_sharing: bool,
 }
+
+/// Fewest prompt tokens worth copying from another session.
+pub const MIN_SHARED_PREFIX: usize = 64;
 
 impl<S: BackendState> SessionStore<S> {
     /// `max_sessions` counts every state, the scratch one included;
@@ -342,6 +350,7 @@ impl<S: BackendState> SessionStore<S> {
             clock: 0,
             evictions: 0,
             ring_slack: 0,
+            prefix_sharing: true,
         }
     }
 
@@ -452,6 +461,41 @@ impl<S: BackendState> SessionStore<S> {
             return false;
         }
         true
+    }
+
+    /// The shared prefix cache: when another named idle session holds a
+    /// longer prefix of `prompt` than `session` does (by at least
+    /// [`MIN_SHARED_PREFIX`] tokens), `session` becomes a copy of it rolled
+    /// back to that prefix; returns the tokens shared. Only named sessions
+    /// give and take (anonymous requests never reuse KV: their prompts stay
+    /// private); prompts with images and sessions with drafters are left alone.
+    pub fn share_prefix(&self, session: &mut Session<S>, prompt: &Prompt) -> Option<usize> {
+        if !self.prefix_sharing || session.drafter.is_some() || !prompt.images.is_empty() {
+            return None;
+        }
+        let limit = prompt.len().checked_sub(1)?;
+        let own = match session.resident.is_empty() {
+            true => 0,
+            false => prompt.common_prefix(&session.resident, &session.images),
+        };
+        let (donor, n) = self
+            .idle
+            .iter()
+            .filter(|(k, d)| k.is_some() && d.images.is_empty() && d.drafter.is_none())
+            .map(|(_, d)| (d, common_prefix(&d.resident, &prompt.ids).min(limit)))
+            .max_by_key(|(_, n)| *n)?;
+        if n < own.saturating_add(MIN_SHARED_PREFIX) || !session.state.copy_from(&donor.state) {
+            return None;
+        }
+        session.resident = donor.resident.clone();
+        session.images.clear();
+        session.checkpoints.clear();
+        if session.state.rollback(n).is_err() {
+            session.reset();
+            return None;
+        }
+        session.resident.truncate(n);
+        Some(n)
     }
 
     /// Session `id`'s resident ids and state bytes (idle sessions only).

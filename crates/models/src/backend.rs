@@ -39,6 +39,14 @@ pub trait BackendState: Send {
             what: "restoring session states".into(),
         })
     }
+    /// Becomes a copy of `other` (a state of the same shape): a new session
+    /// starts from another's prefix. False when the backend cannot.
+    fn copy_from(&mut self, _other: &Self) -> bool
+    where
+        Self: Sized,
+    {
+        false
+    }
     /// A checkpoint of the sliding-window rings at the current position
     /// (`None`: nothing to keep, or the backend cannot).
     fn checkpoint(&self) -> Option<Box<dyn std::any::Any + Send>> {
@@ -157,6 +165,15 @@ impl BackendState for State {
 
     fn checkpoint(&self) -> Option<Box<dyn std::any::Any + Send>> {
         State::checkpoint(self).map(|c| Box::new(c) as _)
+    }
+
+    fn copy_from(&mut self, other: &Self) -> bool {
+        if self.max_ctx != other.max_ctx || self.caches.len() != other.caches.len() {
+            return false;
+        }
+        self.caches.clone_from(&other.caches);
+        self.pos = other.pos;
+        true
     }
 
     fn restore(&mut self, checkpoint: &(dyn std::any::Any + Send)) -> bool {

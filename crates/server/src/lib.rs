@@ -67,6 +67,8 @@ pub struct ServerOptions {
     pub strict_tools: bool,
     /// Where `/v1/sessions/{id}/save` writes and `/restore` reads (`--session-dir`).
     pub session_dir: Option<PathBuf>,
+    /// `--no-prefix-sharing`: a new session never starts from another's KV.
+    pub no_prefix_sharing: bool,
     /// The model's multimodal projector (`--mmproj`): image parts accepted.
     pub mmproj: Option<PathBuf>,
     /// The vision tower's rules where the model's reference and llama.cpp differ.
@@ -172,6 +174,7 @@ pub fn run_on<B: Backend + 'static>(
         opts.max_ctx,
     );
     let mut store = store;
+    store.prefix_sharing = !opts.no_prefix_sharing;
     let metrics = Arc::new(Metrics::default());
     if let Some(d) = &drafters {
         let (kind, n_draft) = (d.kind().as_str(), d.n_draft());

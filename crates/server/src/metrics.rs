@@ -127,6 +127,11 @@ impl Metrics {
             get(&self.engine.session_evictions),
         );
         counter(
+            "hearth_shared_prefix_tokens_total",
+            "Prompt tokens copied from another session's KV (the shared prefix cache) instead of prefilled.",
+            get(&self.engine.shared_prefix_tokens),
+        );
+        counter(
             "hearth_cancelled_requests_total",
             "Requests stopped because the client went away.",
             get(&self.engine.cancelled_requests),

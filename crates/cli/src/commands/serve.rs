@@ -86,6 +86,12 @@ pub struct Args {
     /// `/restore` reads it back. Off unless given.
     #[arg(long, value_name = "DIR")]
     pub session_dir: Option<std::path::PathBuf>,
+    /// Never start a session from another session's KV. By default a named
+    /// session whose prompt begins like another named session's (an agent's
+    /// system prompt and tools) copies that prefix instead of prefilling it;
+    /// anonymous requests never share either way.
+    #[arg(long)]
+    pub no_prefix_sharing: bool,
     /// Worker threads [default: all cores].
     #[arg(short, long)]
     pub threads: Option<usize>,
@@ -141,6 +147,7 @@ pub fn run(args: Args) -> Result<()> {
         strict_context: args.strict_context,
         strict_tools: args.strict_tools,
         session_dir: args.session_dir.clone(),
+        no_prefix_sharing: args.no_prefix_sharing,
         mmproj: args.mmproj.clone(),
         image_rules: args.image_rules.rules(),
     };
