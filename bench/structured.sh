@@ -10,6 +10,7 @@
 #
 #   bench/structured.sh            # both
 #   N=40 bench/structured.sh       # fewer requests
+#   N=0 bench/structured.sh        # the overhead only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p hearth
@@ -17,8 +18,10 @@ bin=target/release/hearth
 model=$(python3 scripts/fetch_models.py qwen2.5-coder-0.5b | tail -n 1)
 n=${N:-200}
 
-echo "== validity: $n json_schema requests =="
-(cd tests/server && HEARTH_BIN="$PWD/../../$bin" HEARTH_STRUCTURED_REQUESTS=$n python3 test_structured.py)
+if [[ $n != 0 ]]; then
+    echo "== validity: $n json_schema requests =="
+    (cd tests/server && HEARTH_BIN="$PWD/../../$bin" HEARTH_STRUCTURED_REQUESTS=$n python3 test_structured.py)
+fi
 
 echo "== overhead: hearth run, T=0, 128 tokens =="
 schema=$(mktemp --suffix .json)
