@@ -55,17 +55,12 @@ cargo_tests() {
 }
 part "cargo test --workspace --release" cargo_tests "$@"
 
-# Every fuzz target's seeds and mutations of them, 5 s each, without libFuzzer
-# (fuzz/src/lib.rs `smoke`; scripts/fuzz-smoke.sh runs the libFuzzer targets).
-part "fuzz smoke (9 targets, seeds + mutations)" \
-  cargo test --release --lib --no-default-features --manifest-path fuzz/Cargo.toml --target-dir target -q
-
 # The CUDA kernels compile for Hopper (sm_90) with NVRTC from the pip wheel (no GPU needed).
 nvrtc() {
   local lib
   lib=$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))')
   LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test --release -p hearth-cuda --lib -- --ignored nvrtc_compiles_kernels_for_sm90
+    cargo test --workspace --release --lib -- --ignored nvrtc_compiles_kernels_for_sm90
 }
 part "CUDA kernels compile for sm_90 (NVRTC)" nvrtc
 

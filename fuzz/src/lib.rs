@@ -354,8 +354,9 @@ pub fn check_request(data: &[u8]) {
     }
 }
 
-/// A bounded fuzz smoke that runs without libFuzzer (`cargo test --lib
-/// --no-default-features` here; scripts/test.sh runs it): each target's
+/// A bounded fuzz smoke that runs without libFuzzer (crates/server/tests/
+/// fuzz_smoke.rs includes this file, so the workspace's `cargo test` runs it;
+/// or `cargo test --lib --no-default-features` here): each target's
 /// committed seeds, then mutations of them (bit flips, byte edits, inserted
 /// markers, splices of two seeds) from a fixed-seed generator until the
 /// target's time budget (HEARTH_FUZZ_SMOKE_SECONDS, default 5) is spent. Not
@@ -428,8 +429,17 @@ mod smoke {
         d
     }
 
+    /// This crate's directory, whichever crate includes this file.
+    fn fuzz_dir() -> PathBuf {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        match root.join("seeds").is_dir() {
+            true => root,
+            false => root.join("../../fuzz"),
+        }
+    }
+
     fn run(target: &str, check: fn(&[u8])) {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("seeds").join(target);
+        let dir = fuzz_dir().join("seeds").join(target);
         let mut seeds: Vec<Vec<u8>> = std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
             .map(|e| std::fs::read(e.unwrap().path()).unwrap())
@@ -455,9 +465,7 @@ mod smoke {
             };
             i += 1;
             if catch_unwind(AssertUnwindSafe(|| check(&input))).is_err() {
-                let out = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                    .join("../target/fuzz-smoke-failures")
-                    .join(target);
+                let out = fuzz_dir().join("../target/fuzz-smoke-failures").join(target);
                 std::fs::create_dir_all(&out).unwrap();
                 let file = out.join(format!("crash-{execs}"));
                 std::fs::write(&file, &input).unwrap();

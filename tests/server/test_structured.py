@@ -5,7 +5,7 @@ the official openai SDK, checked by an independent validator (`jsonschema`):
 - `response_format: json_schema` on 10 schemas (nested objects, enums, arrays
   with bounds, required fields, numbers, booleans, patterns): every answer
   parses and validates. HEARTH_STRUCTURED_REQUESTS sets how many requests
-  (default 20: per schema one greedy and one sampled at T=0.8 with a seed;
+  (default 10: one greedy request per schema; then per schema sampled ones at T=0.8 with seeds;
   `bench/structured.sh` runs 200 and records the result);
 - `json_object`, a streamed `json_schema` answer, and
   `client.beta.chat.completions.parse` with a Pydantic model;
@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 from common import MODEL_ID, Server, http, run_tests
 
 SERVER = None
-N_REQUESTS = int(os.environ.get("HEARTH_STRUCTURED_REQUESTS", "20"))
+N_REQUESTS = int(os.environ.get("HEARTH_STRUCTURED_REQUESTS", "10"))
 REPORT = {}
 
 SCHEMAS = [
