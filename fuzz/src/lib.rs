@@ -3,8 +3,8 @@
 //! a unit test or a debugger.
 
 use hearth_chat::parser::{
-    merge_events, parser_with, streamed_arguments, ChatEvent, FinishHint, FinishReason, OutputFormat, ParserOptions,
-    UnknownToolPolicy,
+    merge_events, parser_with, streamed_arguments, ChatEvent, FinishHint, FinishReason,
+    OutputFormat, ParserOptions, UnknownToolPolicy,
 };
 use serde_json::{json, Value};
 
@@ -372,10 +372,35 @@ mod smoke {
     use super::*;
 
     const MARKERS: &[&[u8]] = &[
-        b"<tool_call>", b"</tool_call>", b"{\"name\": \"", b"\"arguments\": {", b"<function=", b"<parameter=",
-        b"</parameter>", b"<atem:function_calls>", b"<atem:invoke name=\"", b"<atem:parameter name=\"",
-        b"</atem:invoke>", b"<|message|>", b" to=", b"<|channel|>", b"<|start|>assistant", b"<|eom|>",
-        b"<think>", b"</think>", b"\"", b"{", b"}", b"[", b"]", b"\n", b"\\u", b"{{", b"}}", b"{%", b"%}",
+        b"<tool_call>",
+        b"</tool_call>",
+        b"{\"name\": \"",
+        b"\"arguments\": {",
+        b"<function=",
+        b"<parameter=",
+        b"</parameter>",
+        b"<atem:function_calls>",
+        b"<atem:invoke name=\"",
+        b"<atem:parameter name=\"",
+        b"</atem:invoke>",
+        b"<|message|>",
+        b" to=",
+        b"<|channel|>",
+        b"<|start|>assistant",
+        b"<|eom|>",
+        b"<think>",
+        b"</think>",
+        b"\"",
+        b"{",
+        b"}",
+        b"[",
+        b"]",
+        b"\n",
+        b"\\u",
+        b"{{",
+        b"}}",
+        b"{%",
+        b"%}",
     ];
 
     struct Rng(u64);
@@ -465,15 +490,24 @@ mod smoke {
             };
             i += 1;
             if catch_unwind(AssertUnwindSafe(|| check(&input))).is_err() {
-                let out = fuzz_dir().join("../target/fuzz-smoke-failures").join(target);
+                let out = fuzz_dir()
+                    .join("../target/fuzz-smoke-failures")
+                    .join(target);
                 std::fs::create_dir_all(&out).unwrap();
                 let file = out.join(format!("crash-{execs}"));
                 std::fs::write(&file, &input).unwrap();
-                panic!("{target}: input {} failed (saved to {})", execs, file.display());
+                panic!(
+                    "{target}: input {} failed (saved to {})",
+                    execs,
+                    file.display()
+                );
             }
             execs += 1;
         }
-        eprintln!("fuzz smoke {target}: {execs} executions ({} seeds), no failure", seeds.len());
+        eprintln!(
+            "fuzz smoke {target}: {execs} executions ({} seeds), no failure",
+            seeds.len()
+        );
     }
 
     #[test]
@@ -494,7 +528,9 @@ mod smoke {
     }
     #[test]
     fn parse_qwen3_xml() {
-        run("parse_qwen3_xml", |d| check_parser(OutputFormat::Qwen3Xml, d));
+        run("parse_qwen3_xml", |d| {
+            check_parser(OutputFormat::Qwen3Xml, d)
+        });
     }
     #[test]
     fn parse_atem() {
@@ -502,7 +538,9 @@ mod smoke {
     }
     #[test]
     fn parse_muse_glimmer() {
-        run("parse_muse_glimmer", |d| check_parser(OutputFormat::MuseGlimmer, d));
+        run("parse_muse_glimmer", |d| {
+            check_parser(OutputFormat::MuseGlimmer, d)
+        });
     }
     #[test]
     fn parse_harmony() {
