@@ -108,7 +108,7 @@ def test_a_new_session_starts_from_another_sessions_prefix():
     """The shared prefix cache: a new named session whose prompt begins like
     another's copies that KV instead of prefilling it, and continues exactly
     as a session that computed the prefix itself; anonymous requests never
-    take part."""
+    take part, and sessions share only within their cache_salt."""
     system = {"role": "system", "content": "You are a careful coding agent. " + " ".join(
         f"Rule {i}: keep functions short, name things clearly, and test edge case {i}." for i in range(20))}
     task_a = [system, {"role": "user", "content": "Write a Python function that reverses a string."}]
@@ -129,6 +129,17 @@ def test_a_new_session_starts_from_another_sessions_prefix():
     # Anonymous: nothing reused, nothing given.
     r = QWEN.client().chat.completions.create(model=MODEL_ID, messages=task_b, max_tokens=2, temperature=0)
     assert r.usage.prompt_tokens_details.cached_tokens == 0
+
+    # cache_salt (vLLM's field) separates tenants: another salt shares nothing,
+    # the same salt shares.
+    def salted(session, salt):
+        r = QWEN.client().chat.completions.create(
+            model=MODEL_ID, messages=task_b, max_tokens=2, temperature=0,
+            extra_body={"session_id": session, "cache_salt": salt})
+        return r.usage.prompt_tokens_details.cached_tokens
+    assert salted("tenant-x-1", "tenant-x") == 0
+    assert salted("tenant-y-1", "tenant-y") == 0
+    assert salted("tenant-x-2", "tenant-x") > 200
 
 
 def test_checkpoint_brings_a_ring_back_past_its_slack():

@@ -54,6 +54,8 @@ pub struct Job {
     pub constraint: Option<Box<dyn TokenConstraint>>,
     /// Report each token's logprob and this many alternatives.
     pub logprobs: Option<usize>,
+    /// Prefix sharing happens only between sessions of the same salt.
+    pub cache_salt: Option<String>,
     pub events: Box<dyn EventSink>,
 }
 
@@ -373,9 +375,14 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                         }
                     };
                     let shared = match lease.id {
-                        Some(_) => self.store.share_prefix(&mut lease.session, &job.prompt),
+                        Some(_) => self.store.share_prefix(
+                            &mut lease.session,
+                            &job.prompt,
+                            job.cache_salt.as_deref(),
+                        ),
                         None => None,
                     };
+                    lease.session.cache_salt = job.cache_salt.clone();
                     let mut resume = lease.session.prepare_prompt(&job.prompt);
                     if let Some(n) = shared {
                         self.stats

@@ -77,6 +77,9 @@ pub struct Session<S> {
     /// Ring checkpoints (position, state's checkpoint), oldest first; each
     /// valid while the ids before its position are unchanged.
     checkpoints: Vec<(usize, Box<dyn std::any::Any + Send>)>,
+    /// The `cache_salt` of the session's last request: prefixes are shared
+    /// only between sessions of the same salt.
+    pub cache_salt: Option<String>,
     last_used: u64,
 }
 
@@ -93,6 +96,7 @@ impl<S: BackendState> Session<S> {
             resident: Vec::new(),
             images: Vec::new(),
             checkpoints: Vec::new(),
+            cache_salt: None,
             last_used: 0,
         }
     }
@@ -466,10 +470,16 @@ impl<S: BackendState> SessionStore<S> {
     /// The shared prefix cache: when another named idle session holds a
     /// longer prefix of `prompt` than `session` does (by at least
     /// [`MIN_SHARED_PREFIX`] tokens), `session` becomes a copy of it rolled
-    /// back to that prefix; returns the tokens shared. Only named sessions
+    /// back to that prefix; returns the tokens shared. Only sessions of the
+    /// same `salt` (the requests' `cache_salt`) share. Only named sessions
     /// give and take (anonymous requests never reuse KV: their prompts stay
     /// private); prompts with images and sessions with drafters are left alone.
-    pub fn share_prefix(&self, session: &mut Session<S>, prompt: &Prompt) -> Option<usize> {
+    pub fn share_prefix(
+        &self,
+        session: &mut Session<S>,
+        prompt: &Prompt,
+        salt: Option<&str>,
+    ) -> Option<usize> {
         if !self.prefix_sharing || session.drafter.is_some() || !prompt.images.is_empty() {
             return None;
         }
@@ -481,7 +491,12 @@ impl<S: BackendState> SessionStore<S> {
         let (donor, n) = self
             .idle
             .iter()
-            .filter(|(k, d)| k.is_some() && d.images.is_empty() && d.drafter.is_none())
+            .filter(|(k, d)| {
+                k.is_some()
+                    && d.images.is_empty()
+                    && d.drafter.is_none()
+                    && d.cache_salt.as_deref() == salt
+            })
             .map(|(_, d)| (d, common_prefix(&d.resident, &prompt.ids).min(limit)))
             .max_by_key(|(_, n)| *n)?;
         if n < own.saturating_add(MIN_SHARED_PREFIX) || !session.state.copy_from(&donor.state) {

@@ -46,6 +46,7 @@ fn job(session: Option<&str>, prompt: Vec<u32>, max_tokens: usize) -> (Job, mpsc
         stop: Vec::new(),
         constraint: None,
         logprobs: None,
+        cache_salt: None,
         events: Box::new(Sink(tx)),
     };
     (job, rx)

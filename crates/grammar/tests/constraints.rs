@@ -203,9 +203,16 @@ fn lazy_calls_leave_text_free_until_the_model_opens_a_call() {
     for format in FORMATS {
         let grammar = calls(&g, format, None, true);
         let (one, _) = canonical(format);
-        // Any text, then a well-formed call.
+        // Any text, then a well-formed call (Harmony: after a reasoning
+        // message, as gpt-oss writes it).
         walk(&g, &t, &grammar, "I will look it up {not json}.").unwrap();
-        let text = format!("Let me check.\n{one}");
+        let before = match format {
+            OutputFormat::Harmony => {
+                "<|channel|>analysis<|message|>Let me check.<|end|><|start|>assistant"
+            }
+            _ => "Let me check.\n",
+        };
+        let text = format!("{before}{one}");
         walk(&g, &t, &grammar, &text).unwrap_or_else(|e| panic!("{format:?}: {e}"));
         assert_eq!(parse(format, &text).len(), 1, "{format:?}");
         // Once opened, the call follows the schema.

@@ -297,6 +297,7 @@ async fn submit(
         stop: common.stop.clone(),
         constraint,
         logprobs: common.logprobs,
+        cache_salt: common.cache_salt.clone(),
         events: Box::new(ChannelSink(tx)),
     })?;
     match rx.recv().await {

@@ -19,6 +19,9 @@ pub struct Common {
     pub session_id: Option<String>,
     /// Report each token's logprob and this many alternatives.
     pub logprobs: Option<usize>,
+    /// `cache_salt` (vLLM's field): sessions share prompt prefixes only with
+    /// sessions of the same salt.
+    pub cache_salt: Option<String>,
 }
 
 /// What the output must follow (`tool_choice`, `response_format`, strict tools).
@@ -177,6 +180,7 @@ pub fn parse_chat(
             stop: stop(body)?,
             session_id,
             logprobs,
+            cache_salt: cache_salt(body)?,
         },
         messages,
         tools,
@@ -286,6 +290,17 @@ fn structured(
     })
 }
 
+/// `cache_salt`: a non-empty string of at most 256 bytes.
+fn cache_salt(body: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+    match body.get("cache_salt") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::invalid_request(
+            "'cache_salt' must be a non-empty string of at most 256 bytes.",
+        )),
+    }
+}
+
 /// Chat `logprobs` (bool) and `top_logprobs` (0..=20).
 fn chat_logprobs(body: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
     let on = match body.get("logprobs") {
@@ -384,6 +399,7 @@ pub fn parse_completion(
             stop: stop(body)?,
             session_id,
             logprobs,
+            cache_salt: cache_salt(body)?,
         },
         prompt,
     })
