@@ -172,16 +172,7 @@ pub fn parse_chat(
     let messages =
         hearth_chat::template::decode_tool_call_arguments(&normalize_messages(messages)?);
     Ok(ChatRequest {
-        common: Common {
-            stream: stream(body)?,
-            include_usage: include_usage(body)?,
-            sampling: ranges,
-            max_tokens,
-            stop: stop(body)?,
-            session_id,
-            logprobs,
-            cache_salt: cache_salt(body)?,
-        },
+        common: Common::read(body, ranges, max_tokens, session_id, logprobs)?,
         messages,
         tools,
         kwargs,
@@ -391,18 +382,32 @@ pub fn parse_completion(
     let logprobs = completion_logprobs(body)?;
     let session_id = session_id(body, header_session)?;
     Ok(CompletionRequest {
-        common: Common {
+        common: Common::read(body, ranges, max_tokens, session_id, logprobs)?,
+        prompt,
+    })
+}
+
+impl Common {
+    /// The shared fields: the ones already checked in the spec's order, and
+    /// the rest read here.
+    fn read(
+        body: &Map<String, Value>,
+        sampling: SamplerConfig,
+        max_tokens: Option<usize>,
+        session_id: Option<String>,
+        logprobs: Option<usize>,
+    ) -> Result<Common, ApiError> {
+        Ok(Common {
             stream: stream(body)?,
             include_usage: include_usage(body)?,
-            sampling: ranges,
+            sampling,
             max_tokens,
             stop: stop(body)?,
             session_id,
             logprobs,
             cache_salt: cache_salt(body)?,
-        },
-        prompt,
-    })
+        })
+    }
 }
 
 fn check_model(body: &Map<String, Value>, served: &str) -> Result<(), ApiError> {
