@@ -311,7 +311,16 @@ impl Grammars {
             json_item(schema)
         );
         let g = OutputGrammar::Full(TopLevelGrammar::from_lark(lark));
-        self.constraint(&g)?;
+        // The error names the schema's problem; the Lark wrapper around it is
+        // ours, not the user's, so it is left out.
+        self.constraint(&g).map_err(|e| {
+            let first = e.0.lines().next().unwrap_or_default();
+            let msg = match first.split_once("): ") {
+                Some((at, rest)) if at.starts_with("at ") => rest,
+                _ => first,
+            };
+            GrammarError(msg.to_string())
+        })?;
         Ok(g)
     }
 

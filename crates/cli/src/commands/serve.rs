@@ -89,7 +89,8 @@ pub struct Args {
     /// Never start a session from another session's KV. By default a named
     /// session whose prompt begins like another named session's (an agent's
     /// system prompt and tools) copies that prefix instead of prefilling it;
-    /// anonymous requests never share either way.
+    /// requests share only within the same `cache_salt`; anonymous requests
+    /// never share either way.
     #[arg(long)]
     pub no_prefix_sharing: bool,
     /// Worker threads [default: all cores].
