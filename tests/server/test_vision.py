@@ -78,6 +78,9 @@ def main():
             n_image = square["n_tokens"]
             assert first.usage.prompt_tokens > n_image, first.usage
             assert first.usage.prompt_tokens_details.cached_tokens == 0, first.usage
+            u = first.usage.model_dump()
+            assert u["prompt_tokens_details"]["image_tokens"] == n_image, u
+            assert u["image_tokens_per_image"] == [n_image], u
             print(f"turn 1: {first.usage.prompt_tokens} prompt tokens ({n_image} image): {reply!r}")
 
             # The second turn repeats the image: its KV (and the encoded rows) are reused.

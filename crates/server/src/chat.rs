@@ -95,6 +95,7 @@ pub async fn chat_completions(
         // formats' reasoning always is.
         reasoning: req.return_reasoning || app.prompter.output != OutputFormat::MuseGlimmer,
         tokenizer: app.tokenizer.clone(),
+        image_tokens: prompt.images.iter().map(|s| s.image.n).collect(),
     };
     let rx = submit(&app, &req.common, prompt, constraint).await?;
     if req.common.stream {
@@ -131,6 +132,7 @@ pub async fn completions(
         model: app.model_id.clone(),
         reasoning: false,
         tokenizer: app.tokenizer.clone(),
+        image_tokens: Vec::new(),
     };
     let rx = submit(&app, &req.common, ids.into(), None).await?;
     if req.common.stream {
@@ -353,6 +355,8 @@ struct Reply {
     /// Send `reasoning_content`.
     reasoning: bool,
     tokenizer: Arc<Tokenizer>,
+    /// Prompt tokens of each image, in order (usage).
+    image_tokens: Vec<usize>,
 }
 
 /// A token's text and bytes, as OpenAI's logprobs report them.
@@ -414,14 +418,21 @@ impl Reply {
     }
 
     fn usage_chunk(&self, object: &str, s: &Summary) -> Value {
-        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [], "usage": usage(s)})
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [], "usage": usage(s, &self.image_tokens)})
     }
 }
 
-fn usage(s: &Summary) -> Value {
-    json!({"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+/// OpenAI's usage; with images, `prompt_tokens_details.image_tokens` (their
+/// sum) and, a hearth extension, `image_tokens_per_image`.
+fn usage(s: &Summary, image_tokens: &[usize]) -> Value {
+    let mut u = json!({"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
            "total_tokens": s.prompt_tokens + s.completion_tokens,
-           "prompt_tokens_details": {"cached_tokens": s.cached_tokens}})
+           "prompt_tokens_details": {"cached_tokens": s.cached_tokens}});
+    if !image_tokens.is_empty() {
+        u["prompt_tokens_details"]["image_tokens"] = json!(image_tokens.iter().sum::<usize>());
+        u["image_tokens_per_image"] = json!(image_tokens);
+    }
+    u
 }
 
 fn hint(f: FinishReason) -> FinishHint {
@@ -658,7 +669,7 @@ async fn chat_whole(
     Ok(Json(json!({
         "id": reply.id, "object": "chat.completion", "created": reply.created, "model": reply.model,
         "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
-        "usage": usage(&summary)
+        "usage": usage(&summary, &reply.image_tokens)
     }))
     .into_response())
 }
@@ -726,7 +737,7 @@ async fn completion_whole(
         "id": reply.id, "object": "text_completion", "created": reply.created, "model": reply.model,
         "choices": [{"index": 0, "text": text, "logprobs": logprobs.map(|l| reply.completion_logprobs(&l)),
                      "finish_reason": completion_finish(summary.finish)}],
-        "usage": usage(&summary)
+        "usage": usage(&summary, &reply.image_tokens)
     }))
     .into_response())
 }
