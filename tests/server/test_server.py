@@ -412,9 +412,44 @@ def test_speculative_servers_generate_what_the_plain_server_does():
         draft.unlink(missing_ok=True)
 
 
+def test_constrained_and_logprob_turns_keep_the_drafter_in_step():
+    """A turn that does not speculate (a JSON schema, logprobs) in a session
+    of a --spec dflash server still feeds its tokens to the drafter, so the
+    session's later speculative turns resume and match the plain server."""
+    draft = Path(os.environ.get("TMPDIR", "/tmp")) / f"hearth-dflash-step-{os.getpid()}.gguf"
+    subprocess.run([BIN, "synth", "--arch", "dflash", "--target", model_path(), "--block-size", "4",
+                    "-o", str(draft)], check=True, capture_output=True)
+    spec = Server("--spec", "dflash", "--draft-model", str(draft), "--block-length", "3", ctx=1024)
+    try:
+        schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"name": {"type": "string", "maxLength": 10}}, "required": ["name"]}}}
+
+        def turns(server, client, session):
+            def run(msgs, **kw):
+                r = client.chat.completions.create(model="qwen-test", messages=msgs, max_tokens=12, temperature=0,
+                                                   extra_body={"session_id": session}, **kw)
+                return r.choices[0].message.content
+            m = [{"role": "user", "content": "Give a JSON object with a name."}]
+            a = run(m, response_format=schema)
+            m += [{"role": "assistant", "content": a}, {"role": "user", "content": "Now say hello in French."}]
+            b = run(m, logprobs=True)
+            m += [{"role": "assistant", "content": b}, {"role": "user", "content": "And in German?"}]
+            return a, b, run(m)
+
+        want = turns(SERVER, SERVER.client(), "step-plain")
+        got = turns(spec, spec.client(), "step-spec")
+        assert got == want, (got, want)
+        reasons = re.findall(r"llm_turn_stats session_id=step-spec reason=(\w+)", spec.logs())
+        assert reasons == ["new", "exact_prefix", "exact_prefix"], reasons
+    finally:
+        spec.stop()
+        draft.unlink(missing_ok=True)
+
+
 def main():
     return run_tests(globals(), setup_module, teardown_module)
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
+

@@ -344,7 +344,10 @@ impl<'t> Turn<'t> {
             let t = Instant::now();
             let out = match drafter {
                 Some(d) if self.speculates() => self.spec_cycle(model, state, d, sink)?,
-                _ => self.decode(model, state, sink)?,
+                // A drafter that does not draft this turn (a constrained turn,
+                // logprobs) still sees every fed token, so it stays in step
+                // with the session for the turns after.
+                d => self.decode(model, state, d, sink)?,
             };
             self.stats.decode_time += t.elapsed();
             out
@@ -457,6 +460,7 @@ impl<'t> Turn<'t> {
         &mut self,
         model: &B,
         state: &mut B::State,
+        drafter: Option<&mut dyn Drafter>,
         sink: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<StepOut, TurnError> {
         let next = self.sample_next()?;
@@ -472,7 +476,17 @@ impl<'t> Turn<'t> {
                 finished: Some(FinishReason::Length),
             });
         }
-        self.logits = Some(model.forward(state, &[next], Logits::Last)?);
+        let logits = match drafter {
+            None => model.forward(state, &[next], Logits::Last)?,
+            Some(d) => {
+                let taps = d.taps().to_vec();
+                let mut hidden = Vec::new();
+                let l = model.forward_tapped(state, &[next], Logits::Last, &taps, &mut hidden)?;
+                d.commit(&[next], &hidden)?;
+                l
+            }
+        };
+        self.logits = Some(logits);
         Ok(StepOut {
             fed: vec![next],
             finished: None,
