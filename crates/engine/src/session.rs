@@ -124,7 +124,7 @@ impl<S: BackendState> Session<S> {
 
     /// The resident ids and the state as bytes (a session file's payload).
     pub fn save(&self) -> Result<(Vec<u32>, Vec<u8>), String> {
-        if !self.images.is_empty() && self.images.iter().any(|i| i.start < self.resident.len()) {
+        if self.images.iter().any(|i| i.start < self.resident.len()) {
             return Err("sessions holding images cannot be saved yet".into());
         }
         let bytes = self.state.save().map_err(|e| e.to_string())?;
