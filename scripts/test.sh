@@ -75,6 +75,8 @@ part "cli: interactive chat through a pseudo-terminal" python3 tests/cli/test_in
 part "server: openai SDK against hearth serve" python3 tests/server/test_server.py
 part "server: images (--mmproj) with the openai SDK" python3 tests/server/test_vision.py
 part "server: sessions saved to disk, ring checkpoints" python3 tests/server/test_sessions.py
+part "server: continuous batching (batch-invariant replies, passes shared, short request during a long prefill)" \
+  python3 tests/server/test_batching.py
 part "server: structured output (JSON schema, tool_choice, Pydantic parse, logprobs)" \
   python3 tests/server/test_structured.py
 part "server: security (Host, Origin, content type, API key, time limits, validation)" \

@@ -88,19 +88,26 @@ impl Prompt {
     /// kind, as llama.cpp's mtmd helper decodes text and image chunks in
     /// separate batches). Returns the input and where it ends.
     pub fn input(&self, at: usize, end: usize, dim: usize) -> (Input<'_>, usize) {
-        let end = end.min(self.ids.len());
+        let end = self.chunk_end(at, end);
         if let Some(s) = self.images.iter().find(|s| s.start <= at && at < s.end()) {
-            let end = end.min(s.end());
             let rows = &s.image.rows[(at - s.start) * dim..(end - s.start) * dim];
             return (Input::Rows(rows), end);
         }
-        let end = self
-            .images
+        (Input::Tokens(&self.ids[at..end]), end)
+    }
+
+    /// Where a pass starting at `at` and asked to end at `end` ends: at the
+    /// prompt's end or the next boundary between tokens and an image.
+    pub fn chunk_end(&self, at: usize, end: usize) -> usize {
+        let end = end.min(self.ids.len());
+        if let Some(s) = self.images.iter().find(|s| s.start <= at && at < s.end()) {
+            return end.min(s.end());
+        }
+        self.images
             .iter()
             .map(|s| s.start)
             .filter(|&st| st > at)
-            .fold(end, usize::min);
-        (Input::Tokens(&self.ids[at..end]), end)
+            .fold(end, usize::min)
     }
 
     /// Length of the longest common prefix with resident `ids` holding

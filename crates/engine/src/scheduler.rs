@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use hearth_models::{Backend, BackendState};
+use hearth_models::{Backend, BackendState, BatchItem};
 use hearth_tokenizer::Tokenizer;
 
 use crate::prompt::Prompt;
@@ -23,7 +23,10 @@ use crate::sampler::{Sampler, SamplerConfig};
 use crate::session::{Acquire, Lease, SessionError, SessionStore, StoreError};
 use crate::spec::factory::MakeDrafter;
 use crate::spec::SpecStats;
-use crate::turn::{FinishReason, Flow, TokenConstraint, TokenLogprob, Turn, TurnParams, TurnStats};
+use crate::turn::{
+    Begin, Feed, FinishReason, Flow, StepOut, TokenConstraint, TokenLogprob, Turn, TurnParams,
+    TurnStats,
+};
 
 /// Prompt tokens prefilled per step while other requests are active (bounds
 /// how long one long prompt stalls everyone else's decoding).
@@ -120,12 +123,27 @@ pub struct SchedulerStats {
     /// tokens that were therefore never prefilled.
     pub cancelled_requests: AtomicU64,
     pub cancelled_prefill_tokens: AtomicU64,
+    /// Batched forward passes, the sessions and the rows they carried.
+    pub forward_passes: AtomicU64,
+    pub forward_pass_sequences: AtomicU64,
+    pub forward_pass_rows: AtomicU64,
     /// Prompt tokens a new turn copied from another session's KV.
     pub shared_prefix_tokens: AtomicU64,
     /// Speculative decoding: (drafter, K) when on, and the acceptance
     /// statistics of finished requests.
     pub spec_config: Mutex<Option<(String, usize)>>,
     pub spec: Mutex<SpecStats>,
+}
+
+/// Streams a turn's text to its request; `Stop` once the consumer is gone.
+fn text_sink(events: &dyn EventSink) -> impl FnMut(&str) -> Flow + '_ {
+    move |t: &str| {
+        if events.send(Event::Text(t.to_string())) {
+            Flow::Continue
+        } else {
+            Flow::Stop
+        }
+    }
 }
 
 /// Runs once a reset or close is applied: true when the session existed.
@@ -212,15 +230,30 @@ impl SchedulerHandle {
     }
 }
 
-/// Starts the scheduler thread. With `drafters`, every session speculates
-/// (its rings need `drafters.n_draft()` slots of slack: see
-/// [`SessionStore::set_ring_slack`]).
+/// How the scheduler runs its sessions.
+#[derive(Clone, Default)]
+pub struct SchedulerConfig {
+    /// With drafters every session speculates (its rings need
+    /// `drafters.n_draft()` slots of slack: see
+    /// [`SessionStore::set_ring_slack`]). Speculating sessions step on
+    /// their own, outside the batched pass.
+    pub drafters: Option<Arc<dyn MakeDrafter>>,
+    /// Batch-invariant numerics: every session's output is what it would be
+    /// if it ran alone, whatever else runs. Decode tokens of several
+    /// sessions still share one pass (each row computed as a one-row pass
+    /// computes it); prefill chunks run in passes of their own. Off, a
+    /// step's decode tokens and prefill chunks all share one pass and a row
+    /// may round differently than it would alone.
+    pub batch_invariant: bool,
+}
+
+/// Starts the scheduler thread.
 pub fn spawn<B: Backend + 'static>(
     model: Arc<B>,
     tokenizer: Arc<Tokenizer>,
     store: SessionStore<B::State>,
     stats: Arc<SchedulerStats>,
-    drafters: Option<Arc<dyn MakeDrafter>>,
+    config: SchedulerConfig,
 ) -> (SchedulerHandle, JoinHandle<()>) {
     let (tx, rx) = mpsc::channel();
     let thread = std::thread::Builder::new()
@@ -231,7 +264,8 @@ pub fn spawn<B: Backend + 'static>(
                 tokenizer: &tokenizer,
                 store,
                 stats,
-                drafters,
+                drafters: config.drafters,
+                batch_invariant: config.batch_invariant,
                 rx,
             }
             .run()
@@ -246,6 +280,7 @@ struct Scheduler<'a, B: Backend> {
     store: SessionStore<B::State>,
     stats: Arc<SchedulerStats>,
     drafters: Option<Arc<dyn MakeDrafter>>,
+    batch_invariant: bool,
     rx: mpsc::Receiver<Command>,
 }
 
@@ -321,10 +356,10 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             } else {
                 SOLO_PREFILL_SLICE
             };
-            let mut i = 0;
-            while i < active.len() {
-                match self.step(&mut active[i], slice) {
-                    Ok(false) => i += 1,
+            let outcomes = self.round(&mut active, slice);
+            for (i, outcome) in outcomes.into_iter().enumerate().rev() {
+                match outcome {
+                    Ok(false) => {}
                     outcome => {
                         let a = active.swap_remove(i);
                         self.finish(a, outcome.err());
@@ -449,27 +484,142 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         drafter.set_sampling(sampling).map_err(|e| e.to_string())
     }
 
-    /// One step of a turn; `Ok(true)` when it has ended.
-    fn step(&self, a: &mut Active<'a, B::State>, slice: usize) -> Result<bool, String> {
-        if a.events.is_closed() {
-            a.turn.cancel();
-            return Ok(true);
-        }
-        let session = &mut a.lease.session;
-        let events = &a.events;
-        let mut sink = |t: &str| {
-            if events.send(Event::Text(t.to_string())) {
-                Flow::Continue
+    /// One step of every active turn; per turn, `Ok(true)` when it has
+    /// ended. Turns that speculate step on their own; the others' forward
+    /// passes are gathered into batched passes ([`Backend::forward_batch`]):
+    /// all of them in passes of up to [`hearth_models::MAX_CHUNK`] rows, or
+    /// with batch-invariant numerics, the decode tokens in one pass and
+    /// each prefill chunk in its own.
+    fn round(
+        &self,
+        active: &mut [Active<'a, B::State>],
+        slice: usize,
+    ) -> Vec<Result<bool, String>> {
+        let mut outcomes: Vec<Result<bool, String>> = Vec::with_capacity(active.len());
+        let mut feeds: Vec<Option<Feed>> = Vec::with_capacity(active.len());
+        for a in active.iter_mut() {
+            let mut feed = None;
+            let outcome = if a.events.is_closed() {
+                a.turn.cancel();
+                Ok(true)
+            } else if a.lease.session.drafter.is_some() {
+                self.solo_step(a, slice)
             } else {
-                Flow::Stop
+                let state = &a.lease.session.state;
+                let begun = a.turn.begin_step(
+                    state.pos(),
+                    state.max_ctx(),
+                    slice,
+                    &mut text_sink(&*a.events),
+                );
+                match begun {
+                    Ok(Begin::Feed(f)) => {
+                        feed = Some(f);
+                        Ok(false)
+                    }
+                    Ok(Begin::Done(out)) => Ok(self.after_step(a, out, false)),
+                    Err(e) => Err(e.to_string()),
+                }
+            };
+            outcomes.push(outcome);
+            feeds.push(feed);
+        }
+        for batch in self.batches(&feeds) {
+            let dim = self.model.config().dim;
+            let mut members: Vec<usize> = Vec::with_capacity(batch.len());
+            let mut items: Vec<BatchItem<'_, B::State>> = Vec::with_capacity(batch.len());
+            for (i, a) in active.iter_mut().enumerate() {
+                if let Some(feed) = feeds[i].as_ref().filter(|_| batch.contains(&i)) {
+                    let Active { turn, lease, .. } = a;
+                    items.push(BatchItem {
+                        state: &mut lease.session.state,
+                        input: turn.feed_input(feed, dim),
+                        want: feed.want,
+                    });
+                    members.push(i);
+                }
             }
+            let rows: usize = items.iter().map(|it| it.input.len(dim)).sum();
+            let results = self.model.forward_batch(&mut items, self.batch_invariant);
+            drop(items);
+            let m = &self.stats;
+            m.forward_passes.fetch_add(1, Ordering::Relaxed);
+            m.forward_pass_sequences
+                .fetch_add(members.len() as u64, Ordering::Relaxed);
+            m.forward_pass_rows
+                .fetch_add(rows as u64, Ordering::Relaxed);
+            for (i, result) in members.into_iter().zip(results) {
+                let feed = feeds[i].take().expect("a fed member");
+                let a = &mut active[i];
+                outcomes[i] = match result {
+                    Ok(logits) => {
+                        let was_prefilling = a.turn.prefilling();
+                        let out = a.turn.end_step(feed, logits, &mut text_sink(&*a.events));
+                        Ok(self.after_step(a, out, was_prefilling))
+                    }
+                    Err(e) => Err(e.to_string()),
+                };
+            }
+        }
+        outcomes
+    }
+
+    /// The passes a round's feeds go in (indices into `feeds`).
+    fn batches(&self, feeds: &[Option<Feed>]) -> Vec<Vec<usize>> {
+        let fed = || {
+            feeds
+                .iter()
+                .enumerate()
+                .filter_map(|(i, f)| Some((i, f.as_ref()?)))
         };
+        let mut batches: Vec<Vec<usize>> = Vec::new();
+        if self.batch_invariant {
+            let decode: Vec<usize> = fed()
+                .filter(|(_, f)| !f.is_prefill())
+                .map(|(i, _)| i)
+                .collect();
+            if !decode.is_empty() {
+                batches.push(decode);
+            }
+            batches.extend(fed().filter(|(_, f)| f.is_prefill()).map(|(i, _)| vec![i]));
+            return batches;
+        }
+        // Decode tokens first, then prefill chunks, packed into passes of at
+        // most MAX_CHUNK rows.
+        let mut order: Vec<(usize, &Feed)> = fed().collect();
+        order.sort_by_key(|(_, f)| f.is_prefill());
+        let mut rows = 0;
+        for (i, f) in order {
+            match batches.last_mut() {
+                Some(b) if rows + f.len() <= hearth_models::MAX_CHUNK => b.push(i),
+                _ => {
+                    batches.push(vec![i]);
+                    rows = 0;
+                }
+            }
+            rows += f.len();
+        }
+        batches
+    }
+
+    /// A whole step of a turn on its own (a speculating session's).
+    fn solo_step(&self, a: &mut Active<'a, B::State>, slice: usize) -> Result<bool, String> {
+        let session = &mut a.lease.session;
         let drafter = session.drafter.as_mut().map(|d| &mut **d as _);
         let was_prefilling = a.turn.prefilling();
+        let mut sink = text_sink(&*a.events);
         let out = a
             .turn
             .step(self.model, &mut session.state, drafter, slice, &mut sink)
             .map_err(|e| e.to_string())?;
+        drop(sink);
+        Ok(self.after_step(a, out, was_prefilling))
+    }
+
+    /// A step's bookkeeping: the session's ids, a checkpoint after the
+    /// prefill, the logprobs; true when the turn has ended.
+    fn after_step(&self, a: &mut Active<'a, B::State>, out: StepOut, was_prefilling: bool) -> bool {
+        let session = &mut a.lease.session;
         session.push_fed(&out.fed);
         if was_prefilling && !a.turn.prefilling() {
             // Where the next prompt most likely diverges (sliding-window rings).
@@ -481,7 +631,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 .send(Event::Logprobs(logprobs[a.logprobs_sent..].to_vec()));
             a.logprobs_sent = logprobs.len();
         }
-        Ok(out.finished.is_some())
+        out.finished.is_some()
     }
 
     fn finish(&mut self, mut a: Active<'a, B::State>, error: Option<String>) {

@@ -18,7 +18,7 @@
 
 use std::time::{Duration, Instant};
 
-use hearth_models::{Backend, BackendState, Logits};
+use hearth_models::{Backend, BackendState, Input, Logits};
 use hearth_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::prompt::Prompt;
@@ -229,6 +229,48 @@ pub struct StepOut {
     pub finished: Option<FinishReason>,
 }
 
+/// The forward pass of a step ([`Turn::begin_step`]).
+pub struct Feed {
+    what: Fed,
+    /// The logits the step needs back.
+    pub want: Logits,
+    began: Instant,
+}
+
+enum Fed {
+    /// Prompt positions `start..end`.
+    Prompt(usize, usize),
+    /// The token just sampled.
+    Token(u32),
+}
+
+impl Feed {
+    /// Whether this is a prefill chunk (not a decode token).
+    pub fn is_prefill(&self) -> bool {
+        matches!(self.what, Fed::Prompt(..))
+    }
+
+    /// Positions it takes.
+    pub fn len(&self) -> usize {
+        match self.what {
+            Fed::Prompt(start, end) => end - start,
+            Fed::Token(_) => 1,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// How [`Turn::begin_step`] left a step.
+pub enum Begin {
+    /// Run this pass, then [`Turn::end_step`].
+    Feed(Feed),
+    /// The step ended without a pass (the turn finished).
+    Done(StepOut),
+}
+
 /// One generation turn. `prompt[start..]` still has to be prefilled into the
 /// state the turn is stepped with (`prompt[..start]` is already there);
 /// `prompt` followed by the generated tokens is the context a drafter sees.
@@ -338,20 +380,136 @@ impl<'t> Turn<'t> {
         sink: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<StepOut, TurnError> {
         assert!(self.stats.finish.is_none(), "step of a finished turn");
-        let out = if self.logits.is_none() {
-            self.prefill(model, state, drafter, prefill_chunk)?
-        } else {
-            let t = Instant::now();
-            let out = match drafter {
-                Some(d) if self.speculates() => self.spec_cycle(model, state, d, sink)?,
-                // A drafter that does not draft this turn (a constrained turn,
-                // logprobs) still sees every fed token, so it stays in step
-                // with the session for the turns after.
-                d => self.decode(model, state, d, sink)?,
-            };
-            self.stats.decode_time += t.elapsed();
-            out
+        if drafter.is_some() && self.logits.is_none() && !self.prompt.images.is_empty() {
+            return Err(TurnError::ImagesWithDrafter);
+        }
+        let drafter = match drafter {
+            Some(d) if self.logits.is_some() && self.speculates() => {
+                let t = Instant::now();
+                let out = self.spec_cycle(model, state, d, sink)?;
+                self.stats.decode_time += t.elapsed();
+                return Ok(self.conclude(out, sink));
+            }
+            // A drafter that does not draft this turn (a constrained turn,
+            // logprobs) still sees every fed token, so it stays in step
+            // with the session for the turns after.
+            d => d,
         };
+        let feed = match self.begin_step(state.pos(), state.max_ctx(), prefill_chunk, sink)? {
+            Begin::Feed(f) => f,
+            Begin::Done(out) => return Ok(out),
+        };
+        let taps = drafter
+            .as_ref()
+            .map(|d| d.taps().to_vec())
+            .unwrap_or_default();
+        let mut hidden = Vec::new();
+        let input = self.feed_input(&feed, model.config().dim);
+        let logits = model.forward_input(state, input, feed.want, &taps, &mut hidden)?;
+        if let Some(d) = drafter {
+            d.commit(self.feed_ids(&feed), &hidden)?;
+        }
+        Ok(self.end_step(feed, logits, sink))
+    }
+
+    /// The first half of a step that is one forward pass (a prefill chunk or
+    /// one decode token; not a speculative cycle), for a driver that runs
+    /// the passes of several turns together: samples and emits the next
+    /// token (a decode step) and says what to feed, or how the step ended
+    /// without a pass. The driver runs [`Turn::feed_input`] at the state's
+    /// position (`pos`, of a context of `max_ctx`) with [`Feed::want`] and
+    /// hands the logits to [`Turn::end_step`].
+    pub fn begin_step(
+        &mut self,
+        pos: usize,
+        max_ctx: usize,
+        prefill_chunk: usize,
+        sink: &mut dyn FnMut(&str) -> Flow,
+    ) -> Result<Begin, TurnError> {
+        assert!(self.stats.finish.is_none(), "step of a finished turn");
+        let began = Instant::now();
+        if self.logits.is_none() {
+            let end = self.next.saturating_add(prefill_chunk.max(1));
+            // Where the chunk really ends (an image's rows go in their own pass).
+            let end = self.prompt.chunk_end(self.next, end);
+            let want = if end == self.prompt.len() {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            return Ok(Begin::Feed(Feed {
+                what: Fed::Prompt(self.next, end),
+                want,
+                began,
+            }));
+        }
+        let next = self.sample_next()?;
+        let finished = match self.emit(next, sink) {
+            Some(f) => Some(f),
+            None => (pos >= max_ctx).then_some(FinishReason::Length),
+        };
+        if let Some(f) = finished {
+            self.stats.decode_time += began.elapsed();
+            let out = StepOut {
+                fed: vec![],
+                finished: Some(f),
+            };
+            return Ok(Begin::Done(self.conclude(out, sink)));
+        }
+        Ok(Begin::Feed(Feed {
+            what: Fed::Token(next),
+            want: Logits::Last,
+            began,
+        }))
+    }
+
+    /// What `feed` runs through the model (for a model of width `dim`).
+    pub fn feed_input<'s>(&'s self, feed: &'s Feed, dim: usize) -> Input<'s> {
+        match &feed.what {
+            Fed::Prompt(start, end) => self.prompt.input(*start, *end, dim).0,
+            Fed::Token(t) => Input::Tokens(std::slice::from_ref(t)),
+        }
+    }
+
+    /// The ids `feed` puts in the state.
+    pub fn feed_ids<'s>(&'s self, feed: &'s Feed) -> &'s [u32] {
+        match &feed.what {
+            Fed::Prompt(start, end) => &self.prompt.ids[*start..*end],
+            Fed::Token(t) => std::slice::from_ref(t),
+        }
+    }
+
+    /// The second half of a step ([`Turn::begin_step`]): the pass's logits.
+    pub fn end_step(
+        &mut self,
+        feed: Feed,
+        logits: Vec<f32>,
+        sink: &mut dyn FnMut(&str) -> Flow,
+    ) -> StepOut {
+        let fed = self.feed_ids(&feed).to_vec();
+        let mut finished = None;
+        match feed.what {
+            Fed::Prompt(_, end) => {
+                self.next = end;
+                if feed.want == Logits::Last {
+                    self.logits = Some(logits);
+                    if self.params.max_tokens == 0 {
+                        finished = Some(FinishReason::Length);
+                    }
+                }
+                self.stats.prefill_time += feed.began.elapsed();
+            }
+            Fed::Token(_) => {
+                self.logits = Some(logits);
+                self.stats.decode_time += feed.began.elapsed();
+            }
+        }
+        self.conclude(StepOut { fed, finished }, sink)
+    }
+
+    /// Records how a step ended; a turn that ends other than by a stop
+    /// flushes the text it held back.
+    fn conclude(&mut self, out: StepOut, sink: &mut dyn FnMut(&str) -> Flow) -> StepOut {
         if let Some(f) = out.finished {
             self.stats.finish = Some(f);
             if f != FinishReason::Stop {
@@ -362,49 +520,7 @@ impl<'t> Turn<'t> {
                 }
             }
         }
-        Ok(out)
-    }
-
-    /// Feeds the next chunk of the prompt (the hidden states a drafter taps too).
-    fn prefill<B: Backend>(
-        &mut self,
-        model: &B,
-        state: &mut B::State,
-        drafter: Option<&mut dyn Drafter>,
-        chunk: usize,
-    ) -> Result<StepOut, TurnError> {
-        let t = Instant::now();
-        if drafter.is_some() && !self.prompt.images.is_empty() {
-            return Err(TurnError::ImagesWithDrafter);
-        }
-        let dim = model.config().dim;
-        let (input, end) =
-            self.prompt
-                .input(self.next, self.next.saturating_add(chunk.max(1)), dim);
-        let ids = &self.prompt.ids[self.next..end];
-        let want = if end == self.prompt.len() {
-            Logits::Last
-        } else {
-            Logits::None
-        };
-        let taps = drafter
-            .as_ref()
-            .map(|d| d.taps().to_vec())
-            .unwrap_or_default();
-        let mut hidden = Vec::new();
-        let logits = model.forward_input(state, input, want, &taps, &mut hidden)?;
-        if let Some(d) = drafter {
-            d.commit(ids, &hidden)?;
-        }
-        let fed = ids.to_vec();
-        self.next = end;
-        if want == Logits::Last {
-            self.logits = Some(logits);
-        }
-        self.stats.prefill_time += t.elapsed();
-        let finished =
-            (self.logits.is_some() && self.params.max_tokens == 0).then_some(FinishReason::Length);
-        Ok(StepOut { fed, finished })
+        out
     }
 
     /// Applies the shared rules to one generated token; `Some` ends the turn.
@@ -453,44 +569,6 @@ impl<'t> Turn<'t> {
             self.stats.logprobs.push(token_logprob(logits, next, n));
         }
         Ok(next)
-    }
-
-    /// Samples from the last logits, emits the token and feeds it.
-    fn decode<B: Backend>(
-        &mut self,
-        model: &B,
-        state: &mut B::State,
-        drafter: Option<&mut dyn Drafter>,
-        sink: &mut dyn FnMut(&str) -> Flow,
-    ) -> Result<StepOut, TurnError> {
-        let next = self.sample_next()?;
-        if let Some(f) = self.emit(next, sink) {
-            return Ok(StepOut {
-                fed: vec![],
-                finished: Some(f),
-            });
-        }
-        if state.pos() >= state.max_ctx() {
-            return Ok(StepOut {
-                fed: vec![],
-                finished: Some(FinishReason::Length),
-            });
-        }
-        let logits = match drafter {
-            None => model.forward(state, &[next], Logits::Last)?,
-            Some(d) => {
-                let taps = d.taps().to_vec();
-                let mut hidden = Vec::new();
-                let l = model.forward_tapped(state, &[next], Logits::Last, &taps, &mut hidden)?;
-                d.commit(&[next], &hidden)?;
-                l
-            }
-        };
-        self.logits = Some(logits);
-        Ok(StepOut {
-            fed: vec![next],
-            finished: None,
-        })
     }
 
     /// One speculative cycle:

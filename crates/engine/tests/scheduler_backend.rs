@@ -91,7 +91,10 @@ fn serve_turns<B: Backend + 'static>(
         tok.clone(),
         store,
         Arc::new(SchedulerStats::default()),
-        drafters,
+        scheduler::SchedulerConfig {
+            drafters,
+            batch_invariant: false,
+        },
     );
     let enc = |s: &str| tok.encode(s, true, false);
     let first = enc("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n");

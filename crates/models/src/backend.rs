@@ -7,7 +7,7 @@
 //! moves to the engine thread that runs it (`Send`).
 
 use crate::config::ModelConfig;
-use crate::forward::{Input, Logits};
+use crate::forward::{BatchItem, Input, Logits};
 use crate::state::State;
 use crate::weights::{Model, ModelError};
 use hearth_kernels::RowOrder;
@@ -110,6 +110,30 @@ pub trait Backend: Send + Sync {
                 what: "embedding-row input (images)".into(),
             }),
         }
+    }
+
+    /// One step of several sequences ([`Model::forward_batch`]: each item's
+    /// input at its own state's positions, no taps). With `invariant`, each
+    /// row must come out as it would alone (a batch of single-token steps
+    /// equals those steps run one by one). By default the items run one
+    /// after another, which is trivially invariant; a backend that batches
+    /// overrides it.
+    fn forward_batch(
+        &self,
+        items: &mut [BatchItem<'_, Self::State>],
+        invariant: bool,
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
+        let _ = invariant;
+        items
+            .iter_mut()
+            .map(|it| self.forward_input(it.state, it.input, it.want, &[], &mut Vec::new()))
+            .collect()
+    }
+
+    /// Whether [`Backend::forward_batch`] runs its items in one pass (worth
+    /// gathering steps for).
+    fn batches(&self) -> bool {
+        false
     }
 
     /// The backend's name in messages ("cpu", "cuda").
@@ -235,6 +259,23 @@ impl Backend for Model {
 
     fn name(&self) -> &'static str {
         "cpu"
+    }
+
+    fn forward_batch(
+        &self,
+        items: &mut [BatchItem<'_, State>],
+        invariant: bool,
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
+        let order = if invariant {
+            RowOrder::Invariant
+        } else {
+            RowOrder::Batched
+        };
+        Model::forward_batch(self, items, order)
+    }
+
+    fn batches(&self) -> bool {
+        true
     }
 
     #[inline]

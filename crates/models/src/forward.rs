@@ -10,7 +10,7 @@ use hearth_kernels::{matmul, Activations, RowOrder};
 
 use crate::blocks::rmsnorm;
 use crate::config::ConfigError;
-use crate::layer;
+use crate::layer::{self, Span};
 use crate::state::State;
 use crate::weights::{Layer, Linear, Model, ModelError, Numerics};
 
@@ -64,6 +64,13 @@ impl Input<'_> {
             Input::Rows(r) => Input::Rows(&r[range.start * dim..range.end * dim]),
         }
     }
+}
+
+/// One sequence's part of a batched forward pass ([`Model::forward_batch`]).
+pub struct BatchItem<'a, S> {
+    pub state: &'a mut S,
+    pub input: Input<'a>,
+    pub want: Logits,
 }
 
 /// How one forward pass computes, passed down as a value: the row order of
@@ -151,6 +158,59 @@ impl Model {
             order,
             dump: self.dump_dir.as_deref(),
         };
+        self.check(state, input, taps)?;
+        let n = input.len(c.dim);
+        let mut logits = Vec::new();
+        let n_chunks = n.div_ceil(MAX_CHUNK);
+        for ci in 0..n_chunks {
+            let chunk_len = MAX_CHUNK.min(n - ci * MAX_CHUNK);
+            let chunk = input.slice(c.dim, ci * MAX_CHUNK..ci * MAX_CHUNK + chunk_len);
+            let p0 = state.pos;
+            let mut x = self.embed(&pass, chunk);
+            let mut tapped = vec![
+                0.0f32;
+                if taps.is_empty() {
+                    0
+                } else {
+                    chunk_len * taps.len() * c.dim
+                }
+            ];
+            // The rows the last layer carries past its attention (llama.cpp's
+            // inp_out_ids): every row when all are wanted or the last layer's
+            // output is tapped, else the last row of the last chunk, or none.
+            let last_chunk = ci + 1 == n_chunks;
+            let keep: Option<Vec<usize>> = match want {
+                _ if taps.contains(&c.n_layers) => None,
+                Logits::All => None,
+                Logits::Last if last_chunk => Some(vec![chunk_len - 1]),
+                Logits::Last | Logits::None => Some(vec![]),
+            };
+            for li in 0..c.n_layers {
+                tap_into(&mut tapped, &x, taps, li, c.dim);
+                let keep = keep.as_deref().filter(|_| li + 1 == c.n_layers);
+                let mut span = [Span {
+                    cache: &mut state.caches[li],
+                    p0,
+                    rows: 0..chunk_len,
+                }];
+                layer::layer(self, &pass, li, &mut x, &mut span, keep);
+            }
+            tap_into(&mut tapped, &x, taps, c.n_layers, c.dim);
+            hidden.extend_from_slice(&tapped);
+            state.pos += chunk_len;
+            let rows = match want {
+                Logits::All => x,
+                Logits::Last if last_chunk => x[x.len() - c.dim..].to_vec(),
+                _ => continue,
+            };
+            logits.extend(self.head(&pass, rows));
+        }
+        Ok(logits)
+    }
+
+    /// Why `input` cannot run on `state` (with hidden-state `taps`), if it cannot.
+    fn check(&self, state: &State, input: Input, taps: &[usize]) -> Result<(), ModelError> {
+        let c = &self.config;
         if let Some(&bad) = taps.iter().find(|&&l| l > c.n_layers) {
             let msg = format!(
                 "hidden-state tap at layer {bad}: the model has {} layers",
@@ -190,47 +250,92 @@ impl Model {
         if state.caches.iter().any(|cache| !cache.can_serve(state.pos)) {
             return Err(ModelError::RolledBackTooFar { pos: state.pos });
         }
-        let mut logits = Vec::new();
-        let n_chunks = n.div_ceil(MAX_CHUNK);
-        for ci in 0..n_chunks {
-            let chunk_len = MAX_CHUNK.min(n - ci * MAX_CHUNK);
-            let chunk = input.slice(c.dim, ci * MAX_CHUNK..ci * MAX_CHUNK + chunk_len);
-            let p0 = state.pos;
-            let mut x = self.embed(&pass, chunk);
-            let mut tapped = vec![
-                0.0f32;
-                if taps.is_empty() {
-                    0
-                } else {
-                    chunk_len * taps.len() * c.dim
-                }
-            ];
-            // The rows the last layer carries past its attention (llama.cpp's
-            // inp_out_ids): every row when all are wanted or the last layer's
-            // output is tapped, else the last row of the last chunk, or none.
-            let last_chunk = ci + 1 == n_chunks;
-            let keep: Option<Vec<usize>> = match want {
-                _ if taps.contains(&c.n_layers) => None,
-                Logits::All => None,
-                Logits::Last if last_chunk => Some(vec![chunk_len - 1]),
-                Logits::Last | Logits::None => Some(vec![]),
-            };
-            for li in 0..c.n_layers {
-                tap_into(&mut tapped, &x, taps, li, c.dim);
-                let keep = keep.as_deref().filter(|_| li + 1 == c.n_layers);
-                layer::layer(self, &pass, li, &mut x, &mut state.caches[li], p0, keep);
-            }
-            tap_into(&mut tapped, &x, taps, c.n_layers, c.dim);
-            hidden.extend_from_slice(&tapped);
-            state.pos += chunk_len;
-            let rows = match want {
-                Logits::All => x,
-                Logits::Last if last_chunk => x[x.len() - c.dim..].to_vec(),
-                _ => continue,
-            };
-            logits.extend(self.head(&pass, rows));
+        Ok(())
+    }
+
+    /// One forward pass over the rows of several sequences (continuous
+    /// batching): each item's input runs at its state's positions, as
+    /// [`Model::forward_input_ordered`] would run it (no taps), but the
+    /// row-wise work of every layer (norms, every matmul) goes over the rows
+    /// of all items at once, so the weights are read once per pass rather
+    /// than once per sequence; attention stays per sequence, over its own
+    /// cache. An item whose input cannot run (a bad token, a full context)
+    /// gets its error and the others run. Items should hold at most
+    /// [`MAX_CHUNK`] rows between them (scratch memory grows with the rows).
+    ///
+    /// With [`RowOrder::Invariant`] every row is computed as a one-row pass
+    /// computes it, so a batch of single-token decode steps equals those
+    /// steps run one by one, bit for bit; with [`RowOrder::Batched`] a row
+    /// may round differently from the same row computed alone.
+    pub fn forward_batch(
+        &self,
+        items: &mut [BatchItem<'_, State>],
+        order: RowOrder,
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
+        let c = &self.config;
+        let pass = Pass { order, dump: None };
+        let mut results: Vec<Result<Vec<f32>, ModelError>> = items
+            .iter()
+            .map(|it| self.check(it.state, it.input, &[]).map(|_| Vec::new()))
+            .collect();
+        let live: Vec<usize> = (0..items.len()).filter(|&i| results[i].is_ok()).collect();
+        if live.is_empty() {
+            return results;
         }
-        Ok(logits)
+        // The rows of every live item, in item order, and which rows go on
+        // to the head (llama.cpp's inp_out_ids, over the whole batch).
+        let mut x = Vec::new();
+        let mut ranges = Vec::with_capacity(live.len());
+        let mut keep = Vec::new();
+        for &i in &live {
+            let it = &items[i];
+            let start = x.len() / c.dim;
+            x.extend(self.embed(&pass, it.input));
+            let end = x.len() / c.dim;
+            match it.want {
+                Logits::All => keep.extend(start..end),
+                Logits::Last => keep.push(end - 1),
+                Logits::None => {}
+            }
+            ranges.push(start..end);
+        }
+        let total = x.len() / c.dim;
+        let keep_all = keep.len() == total;
+        let is_live: Vec<bool> = results.iter().map(Result::is_ok).collect();
+        for li in 0..c.n_layers {
+            let mut spans: Vec<Span> = items
+                .iter_mut()
+                .zip(&is_live)
+                .filter(|(_, &l)| l)
+                .zip(&ranges)
+                .map(|((it, _), range)| Span {
+                    p0: it.state.pos,
+                    cache: &mut it.state.caches[li],
+                    rows: range.clone(),
+                })
+                .collect();
+            let keep = (li + 1 == c.n_layers && !keep_all).then_some(keep.as_slice());
+            layer::layer(self, &pass, li, &mut x, &mut spans, keep);
+        }
+        let logits = if keep.is_empty() {
+            Vec::new()
+        } else {
+            self.head(&pass, x)
+        };
+        // Hand each item its rows of the head's output.
+        let mut at = 0;
+        for (&i, range) in live.iter().zip(&ranges) {
+            let it = &mut items[i];
+            it.state.pos += range.len();
+            let n = match it.want {
+                Logits::All => range.len(),
+                Logits::Last => 1,
+                Logits::None => 0,
+            };
+            results[i] = Ok(logits[at * c.vocab_size..(at + n) * c.vocab_size].to_vec());
+            at += n;
+        }
+        results
     }
 
     /// The layers' input, [T, dim]: rows of `token_embd` dequantized on

@@ -41,24 +41,35 @@ impl Model {
     }
 }
 
-/// Layer `li` over the chunk `x` ([T, dim]) at positions `p0..`, in place.
-/// With `keep`, only those rows continue past the attention block (x
-/// becomes [keep.len(), dim]): llama.cpp's last layer keeps just the rows
-/// whose outputs are wanted (`inp_out_ids`), so its MLP matmuls run over
-/// that many rows, which decides their kernels and so their rounding.
+/// One sequence's rows in a layer's input: rows `rows` of `x` sit at
+/// positions `p0..` of the sequence whose cache is `cache`.
+pub(crate) struct Span<'c> {
+    pub cache: &'c mut LayerKvCache,
+    pub p0: usize,
+    pub rows: std::ops::Range<usize>,
+}
+
+/// Layer `li` over `x` ([T, dim]) in place: the rows of one or more
+/// sequences (`spans`, in row order, covering `x`). Every step but the
+/// position encoding and the attention is row-wise, so the rows of all
+/// sequences go through one matmul per weight; each span attends over its
+/// own cache. With `keep`, only those rows continue past the attention
+/// block (x becomes [keep.len(), dim]): llama.cpp's last layer keeps just
+/// the rows whose outputs are wanted (`inp_out_ids`), so its MLP matmuls run
+/// over that many rows, which decides their kernels and so their rounding.
 pub(crate) fn layer(
     m: &Model,
     pass: &Pass,
     li: usize,
     x: &mut Vec<f32>,
-    cache: &mut LayerKvCache,
-    p0: usize,
+    spans: &mut [Span],
     keep: Option<&[usize]>,
 ) {
     let c = &m.config;
     let s: &LayerSpec = &m.arch.layers[li];
     let l = &m.layers[li];
-    let (hd, t) = (c.head_dim, x.len() / c.dim);
+    let hd = c.head_dim;
+    let (q_row, kv_row) = (c.n_heads * hd, c.n_kv_heads * hd);
 
     // Attention block: x += post_norm(Wo · attn(rope(qk_norm(Wq h)), rope(qk_norm(Wk h)), Wv h)).
     let mut h = x.to_vec();
@@ -79,8 +90,11 @@ pub(crate) fn layer(
             n_rot: hd,
             iterative: r.ggml_frequencies,
         };
-        rope.apply_tokens(&mut q, c.n_heads, hd, p0);
-        rope.apply_tokens(&mut k, c.n_kv_heads, hd, p0);
+        for sp in spans.iter() {
+            let (a, b) = (sp.rows.start, sp.rows.end);
+            rope.apply_tokens(&mut q[a * q_row..b * q_row], c.n_heads, hd, sp.p0);
+            rope.apply_tokens(&mut k[a * kv_row..b * kv_row], c.n_kv_heads, hd, sp.p0);
+        }
     }
     pass.dump("Qcur", li, &q);
     pass.dump("Kcur", li, &k);
@@ -92,17 +106,25 @@ pub(crate) fn layer(
         s.attn_scale
     };
     let mut v = v;
-    round_to_cache(&mut k, cache.dtype);
-    round_to_cache(&mut v, cache.dtype);
     let shape = AttnShape {
         n_heads: c.n_heads,
         n_kv_heads: c.n_kv_heads,
         head_dim: hd,
         scale,
     };
-    let mut att = vec![0.0f32; t * c.n_heads * hd];
-    attention(&q, &k, &v, cache, p0, shape, pass.order, &mut att);
-    cache.write(p0, &k, &v);
+    let mut att = vec![0.0f32; q.len()];
+    for sp in spans.iter_mut() {
+        let (a, b) = (sp.rows.start, sp.rows.end);
+        let (k, v) = (
+            &mut k[a * kv_row..b * kv_row],
+            &mut v[a * kv_row..b * kv_row],
+        );
+        round_to_cache(k, sp.cache.dtype);
+        round_to_cache(v, sp.cache.dtype);
+        let (q, out) = (&q[a * q_row..b * q_row], &mut att[a * q_row..b * q_row]);
+        attention(q, &*k, &*v, sp.cache, sp.p0, shape, pass.order, out);
+        sp.cache.write(sp.p0, &*k, &*v);
+    }
     pass.dump("kqv_out", li, &att);
     if let Some(gate) = gate {
         // muse-glimmer.cpp:132-135: attn_out · sigmoid(gate), before W_o.

@@ -69,6 +69,8 @@ pub struct ServerOptions {
     pub session_dir: Option<PathBuf>,
     /// `--no-prefix-sharing`: a new session never starts from another's KV.
     pub no_prefix_sharing: bool,
+    /// `--batch-invariant`: outputs independent of what else runs.
+    pub batch_invariant: bool,
     /// The model's multimodal projector (`--mmproj`): image parts accepted.
     pub mmproj: Option<PathBuf>,
     /// The vision tower's rules where the model's reference and llama.cpp differ.
@@ -199,7 +201,10 @@ pub fn run_on<B: Backend + 'static>(
         tokenizer.clone(),
         store,
         metrics.engine.clone(),
-        drafters,
+        scheduler::SchedulerConfig {
+            drafters,
+            batch_invariant: opts.batch_invariant,
+        },
     );
     let engine = engine::EngineHandle(scheduler);
     eprintln!(

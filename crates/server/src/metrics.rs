@@ -132,6 +132,21 @@ impl Metrics {
             get(&self.engine.shared_prefix_tokens),
         );
         counter(
+            "hearth_forward_passes_total",
+            "Forward passes of the scheduler's batched steps (each carries the next rows of one or more sessions).",
+            get(&self.engine.forward_passes),
+        );
+        counter(
+            "hearth_forward_pass_sequences_total",
+            "Sessions carried by those passes, summed (divided by the passes: the mean batch size).",
+            get(&self.engine.forward_pass_sequences),
+        );
+        counter(
+            "hearth_forward_pass_rows_total",
+            "Rows (tokens) carried by those passes, summed.",
+            get(&self.engine.forward_pass_rows),
+        );
+        counter(
             "hearth_cancelled_requests_total",
             "Requests stopped because the client went away.",
             get(&self.engine.cancelled_requests),

@@ -93,6 +93,14 @@ pub struct Args {
     /// never share either way.
     #[arg(long)]
     pub no_prefix_sharing: bool,
+    /// Batch-invariant numerics: every request's output is exactly what it
+    /// would be if it ran alone, however many run at once. Concurrent
+    /// requests are batched either way (one forward pass per step carries
+    /// every session's next token); with this flag each row is computed as
+    /// a one-row pass computes it and prompt chunks get passes of their
+    /// own, which costs some speed under load. Off by default.
+    #[arg(long)]
+    pub batch_invariant: bool,
     /// Worker threads [default: all cores].
     #[arg(short, long)]
     pub threads: Option<usize>,
@@ -149,6 +157,7 @@ pub fn run(args: Args) -> Result<()> {
         strict_tools: args.strict_tools,
         session_dir: args.session_dir.clone(),
         no_prefix_sharing: args.no_prefix_sharing,
+        batch_invariant: args.batch_invariant,
         mmproj: args.mmproj.clone(),
         image_rules: args.image_rules.rules(),
     };
