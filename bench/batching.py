@@ -122,7 +122,7 @@ def shared_prefix_ttft(client, model, prompt_tokens):
 def save_restore(base, model, client, prompt_tokens):
     """Prefill a ~prompt_tokens session, then time POST save and restore."""
     import urllib.request
-    body = "".join(f"line {i}: the quick brown fox jumps over the lazy dog {i % 97}\n" for i in range(prompt_tokens // 16))
+    body = "".join(f"line {i}: the quick brown fox jumps over the lazy dog {i % 97}\n" for i in range(prompt_tokens * 16 // 19 // 16))
     r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": body + "Summarize."}],
                                        max_tokens=4, temperature=0, extra_body={"session_id": "big"})
     root = base[:-3] if base.endswith("/v1") else base

@@ -225,34 +225,34 @@ impl LayerKvCache {
             CacheLayout::Flat => pos.min(self.slots),
             CacheLayout::Ring { .. } => self.slots,
         };
-        fn put<E: Copy>(
+        // Little-endian bytes of each element, `N` per element, head by head.
+        fn put<E: Copy, const N: usize>(
             out: &mut Vec<u8>,
             x: &[E],
             c: &LayerKvCache,
             rows: usize,
-            le: fn(E) -> Vec<u8>,
+            le: fn(E) -> [u8; N],
         ) {
+            out.reserve(c.n_kv_heads * rows * c.head_dim * N);
             for h in 0..c.n_kv_heads {
                 let at = h * c.slots * c.head_dim;
-                for &e in &x[at..at + rows * c.head_dim] {
-                    out.extend_from_slice(&le(e));
-                }
+                out.extend(x[at..at + rows * c.head_dim].iter().flat_map(|&e| le(e)));
             }
         }
         match &self.data {
             KvData::F16 { k, v } => {
                 for x in [k, v] {
-                    put(out, x, self, rows, |e| e.to_bits().to_le_bytes().to_vec());
+                    put(out, x, self, rows, |e| e.to_bits().to_le_bytes());
                 }
             }
             KvData::Bf16 { k, v } => {
                 for x in [k, v] {
-                    put(out, x, self, rows, |e| e.to_bits().to_le_bytes().to_vec());
+                    put(out, x, self, rows, |e| e.to_bits().to_le_bytes());
                 }
             }
             KvData::F32 { k, v } => {
                 for x in [k, v] {
-                    put(out, x, self, rows, |e| e.to_bits().to_le_bytes().to_vec());
+                    put(out, x, self, rows, |e| e.to_bits().to_le_bytes());
                 }
             }
         }
