@@ -22,4 +22,4 @@ if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
         exit 0
     fi
 fi
-cargo test --release --target aarch64-unknown-linux-gnu -p hearth-kernels "$@"
+cargo test --profile ci --target aarch64-unknown-linux-gnu -p hearth-kernels "$@"

