@@ -52,8 +52,12 @@ part "numpy references: self-checks" bash -c \
 
 # One build profile for every step below (Cargo.toml's `ci`: hearth's crates
 # as in release, third-party crates at opt-level 1), so nothing is built twice.
+# One test at a time within a test binary: the whole-model tests already use
+# every core in each forward pass, and two at once fight over them (on 2
+# cores: parity 323 s two at a time, 263 s one at a time).
 cargo_tests() {
-  cargo test --workspace --profile ci "$@" 2>&1 | tee "$log_dir/cargo-test.log"
+  RUST_TEST_THREADS=${RUST_TEST_THREADS:-1} cargo test --workspace --profile ci "$@" 2>&1 |
+    tee "$log_dir/cargo-test.log"
 }
 part "cargo test --workspace --profile ci" cargo_tests "$@"
 
