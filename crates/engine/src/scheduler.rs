@@ -591,13 +591,13 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         let mut rows = 0;
         for (i, f) in order {
             match batches.last_mut() {
-                Some(b) if rows + f.len() <= hearth_models::MAX_CHUNK => b.push(i),
+                Some(b) if rows + f.rows() <= hearth_models::MAX_CHUNK => b.push(i),
                 _ => {
                     batches.push(vec![i]);
                     rows = 0;
                 }
             }
-            rows += f.len();
+            rows += f.rows();
         }
         batches
     }

@@ -250,16 +250,12 @@ impl Feed {
         matches!(self.what, Fed::Prompt(..))
     }
 
-    /// Positions it takes.
-    pub fn len(&self) -> usize {
+    /// Positions (rows of the pass) it takes.
+    pub fn rows(&self) -> usize {
         match self.what {
             Fed::Prompt(start, end) => end - start,
             Fed::Token(_) => 1,
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -130,12 +130,6 @@ pub trait Backend: Send + Sync {
             .collect()
     }
 
-    /// Whether [`Backend::forward_batch`] runs its items in one pass (worth
-    /// gathering steps for).
-    fn batches(&self) -> bool {
-        false
-    }
-
     /// The backend's name in messages ("cpu", "cuda").
     fn name(&self) -> &'static str {
         "this"
@@ -272,10 +266,6 @@ impl Backend for Model {
             RowOrder::Batched
         };
         Model::forward_batch(self, items, order)
-    }
-
-    fn batches(&self) -> bool {
-        true
     }
 
     #[inline]

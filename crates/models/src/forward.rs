@@ -278,8 +278,8 @@ impl Model {
             .iter()
             .map(|it| self.check(it.state, it.input, &[]).map(|_| Vec::new()))
             .collect();
-        let live: Vec<usize> = (0..items.len()).filter(|&i| results[i].is_ok()).collect();
-        if live.is_empty() {
+        let live: Vec<bool> = results.iter().map(Result::is_ok).collect();
+        if !live.contains(&true) {
             return results;
         }
         // The rows of every live item, in item order, and which rows go on
@@ -287,8 +287,12 @@ impl Model {
         let mut x = Vec::new();
         let mut ranges = Vec::with_capacity(live.len());
         let mut keep = Vec::new();
-        for &i in &live {
-            let it = &items[i];
+        for it in items
+            .iter()
+            .zip(&live)
+            .filter(|(_, &l)| l)
+            .map(|(it, _)| it)
+        {
             let start = x.len() / c.dim;
             x.extend(self.embed(&pass, it.input));
             let end = x.len() / c.dim;
@@ -301,11 +305,10 @@ impl Model {
         }
         let total = x.len() / c.dim;
         let keep_all = keep.len() == total;
-        let is_live: Vec<bool> = results.iter().map(Result::is_ok).collect();
         for li in 0..c.n_layers {
             let mut spans: Vec<Span> = items
                 .iter_mut()
-                .zip(&is_live)
+                .zip(&live)
                 .filter(|(_, &l)| l)
                 .zip(&ranges)
                 .map(|((it, _), range)| Span {
@@ -324,7 +327,8 @@ impl Model {
         };
         // Hand each item its rows of the head's output.
         let mut at = 0;
-        for (&i, range) in live.iter().zip(&ranges) {
+        let fed = (0..items.len()).filter(|&i| live[i]);
+        for (i, range) in fed.zip(&ranges) {
             let it = &mut items[i];
             it.state.pos += range.len();
             let n = match it.want {
