@@ -7,7 +7,9 @@
 #     prefill (default mode);
 #  3. time to first token of a new session whose ~1,400-token prompt shares all
 #     but its last ~50 tokens with an existing session, vs that session's cold one;
-#  4. save + restore of an ~8K-token session (smollm2-135m, --session-dir).
+#  4. save + restore of an ~8K-token session (smollm2-135m, --session-dir);
+#  5. the peer in the same run: llama.cpp 11434's llama-server -np 4 -cb
+#     (scripts/build-llamacpp.sh) and hearth, 1 and 4 streams each.
 #
 #   bench/batching.sh                 # all
 #   PARTS=1 bench/batching.sh         # some of them (comma-separated)
@@ -17,7 +19,7 @@ cargo build --release -q -p hearth
 bin=$PWD/target/release/hearth
 qwen=$(python3 scripts/fetch_models.py qwen2.5-coder-0.5b | tail -n 1)
 smol=$(python3 scripts/fetch_models.py smollm2-135m | tail -n 1)
-parts=${PARTS:-1,2,3,4}
+parts=${PARTS:-1,2,3,4,5}
 threads=${THREADS:-2}
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
@@ -54,6 +56,19 @@ fi
 if [[ $parts == *3* ]]; then
     serve "$qwen" 4096 8604
     run 8604 --streams "" --shared-prefix 1400
+    stop $!
+fi
+if [[ $parts == *5* ]]; then
+    llama_server=$(ls ~/.cache/hearth-ref/build-*-cpu/bin/llama-server | head -n 1)
+    "$llama_server" -m "$qwen" -c 8192 -np 4 -cb -t "$threads" --port 8606 >"$tmp/llama.log" 2>&1 &
+    for _ in $(seq 600); do
+        curl -sf http://127.0.0.1:8606/health >/dev/null 2>&1 && break
+        sleep 0.2
+    done
+    run 8606 --streams 1,4 --tokens 64 --label "llama-server -np 4 -cb: "
+    stop $!
+    serve "$qwen" 4096 8607
+    run 8607 --streams 1,4 --tokens 64 --label "hearth: "
     stop $!
 fi
 if [[ $parts == *4* ]]; then
