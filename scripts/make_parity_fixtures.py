@@ -6,7 +6,11 @@ each prompt below: the exact prompt token ids, the raw logits of the last prompt
 position (top 100), and the greedy 64-token continuation (ids, text, per-step top-5
 raw logits). Run from the repository root (Python 3.11, a C++17 compiler):
 
-    python3 scripts/make_parity_fixtures.py [MODEL ...]
+    python3 scripts/make_parity_fixtures.py [--kv TYPE] [MODEL ...]
+
+With --kv q8_0 (or q4_0) llama.cpp runs with a quantized KV cache
+(`-ctk TYPE -ctv TYPE -fa on`, every tool below) and the fixtures go to
+tests/fixtures/parity/kv-TYPE/<model>.json.
 
 It runs scripts/build-llamacpp.sh (reference tools, incl. llama-debug) and compiles
 scripts/parity_dump.cpp against that build's static libraries into the cache dir
@@ -66,6 +70,8 @@ LONG_MIN_TOKENS = 600
 # The common flags of every run. -no-cnv: llama-completion would otherwise switch to
 # chat mode for models whose GGUF has a chat template (qwen2.5, smollm2; not gemma3-270m).
 COMMON_FLAGS = ["-n", str(N_PREDICT), "--temp", "0", "-t", str(THREADS), "-c", str(CTX), "-no-cnv"]
+# The KV cache flags of every run (set by --kv): empty for llama.cpp's default f16 cache.
+KV_FLAGS: list[str] = []
 
 USER_MSG = "Explain in two sentences why the sky is blue."
 CHAT = {
@@ -182,7 +188,7 @@ def make_record(tools: dict, gguf: Path, name: str, text: str, tmp: Path, settin
     tfile = tmp / f"{name}.tok.txt"
     tfile.write_text(text, encoding="utf-8")
     out = tmp / f"{name}.json"
-    res = run([str(tools["dump"]), str(out), str(TOP_K), "-m", str(gguf), "-f", str(pfile), *COMMON_FLAGS, "-lv", "4"],
+    res = run([str(tools["dump"]), str(out), str(TOP_K), "-m", str(gguf), "-f", str(pfile), *COMMON_FLAGS, *KV_FLAGS, "-lv", "4"],
               text=True, errors="replace")
     d = json.loads(out.read_text())
     settings.setdefault("log", settings_from_log(res.stderr))
@@ -206,14 +212,14 @@ def make_record(tools: dict, gguf: Path, name: str, text: str, tmp: Path, settin
     check(d["prompt_top"]["ids"][0] == greedy[0], f"{gguf.name}/{name}: first greedy id is not the prompt argmax")
 
     # llama-completion stdout, byte for byte
-    cli = run([str(tools["llama-completion"]), "-m", str(gguf), "-f", str(pfile), *COMMON_FLAGS]).stdout
+    cli = run([str(tools["llama-completion"]), "-m", str(gguf), "-f", str(pfile), *COMMON_FLAGS, *KV_FLAGS]).stdout
     expected = pieces(d["prompt_pieces_hex"]) + gen_bytes + (b" [end of text]\n" if d["hit_eog"] else b"") + b"\n\n"
     check(cli == expected, f"{gguf.name}/{name}: llama-completion stdout differs:\n{cli!r}\nvs\n{expected!r}")
 
     # llama-debug logits, bit for bit (when it tokenizes the same way: no special-token text)
     with tempfile.TemporaryDirectory() as dbg:
         run([str(tools["llama-debug"]), "-m", str(gguf), "-f", str(pfile), "-t", str(THREADS), "-c", str(CTX),
-             "--save-logits", "--logits-output-dir", dbg])
+             "--save-logits", "--logits-output-dir", dbg, *KV_FLAGS])
         stem = f"llamacpp-{gguf.stem}"
         dbg_ids = list(memoryview((Path(dbg) / f"{stem}-tokens.bin").read_bytes()).cast("i"))
         if dbg_ids == ids:
@@ -252,7 +258,7 @@ def make_record(tools: dict, gguf: Path, name: str, text: str, tmp: Path, settin
 
     if name == "capital":
         cmd = [str(tools["llama-completion"]), "-m", str(gguf), "-p", CAPITAL, "-n", str(CLI_N),
-               "--temp", "0", "-t", str(THREADS), "-no-cnv"]
+               "--temp", "0", "-t", str(THREADS), "-no-cnv", *KV_FLAGS]
         cli16 = run(cmd).stdout
         n16 = min(CLI_N, len(greedy))
         expected16 = (pieces(d["prompt_pieces_hex"]) + pieces(d["greedy_pieces_hex"][:n16])
@@ -272,7 +278,15 @@ def _is_utf8(b: bytes) -> bool:
 
 
 def main() -> None:
-    models = sys.argv[1:] or MODELS
+    global OUT_DIR
+    args = sys.argv[1:]
+    if args[:1] == ["--kv"]:
+        kv = args[1]
+        KV_FLAGS.extend(["-ctk", kv, "-ctv", kv, "-fa", "on"])
+        OUT_DIR = OUT_DIR / f"kv-{kv}"
+        OUT_DIR.mkdir(exist_ok=True)
+        args = args[2:]
+    models = args or MODELS
     bin_dir = Path(last_line(["bash", str(ROOT / "scripts" / "build-llamacpp.sh")]))
     tools = {t: bin_dir / t for t in ("llama-tokenize", "llama-completion", "llama-debug")}
     tools["dump"] = build_dump(bin_dir)
@@ -334,11 +348,11 @@ def main() -> None:
                          "strips one trailing newline), $PROMPT_FILE_VERBATIM holds the prompt as is "
                          "(llama-tokenize reads -f verbatim). parity_dump takes llama-completion's arguments. "
                          "All runs have stdin = /dev/null."),
-                "dump": cmdline(["parity_dump", "$OUT", str(TOP_K), "-m", "$GGUF", "-f", "$PROMPT_FILE", *COMMON_FLAGS, "-lv", "4"]),
+                "dump": cmdline(["parity_dump", "$OUT", str(TOP_K), "-m", "$GGUF", "-f", "$PROMPT_FILE", *COMMON_FLAGS, *KV_FLAGS, "-lv", "4"]),
                 "tokenize_check": cmdline(["llama-tokenize", "-m", "$GGUF", "-f", "$PROMPT_FILE_VERBATIM", "--ids", "--log-disable"]),
-                "completion_check": cmdline(["llama-completion", "-m", "$GGUF", "-f", "$PROMPT_FILE", *COMMON_FLAGS]),
+                "completion_check": cmdline(["llama-completion", "-m", "$GGUF", "-f", "$PROMPT_FILE", *COMMON_FLAGS, *KV_FLAGS]),
                 "debug_check": cmdline(["llama-debug", "-m", "$GGUF", "-f", "$PROMPT_FILE", "-t", str(THREADS), "-c", str(CTX),
-                                           "--save-logits", "--logits-output-dir", "$DIR"]),
+                                           "--save-logits", "--logits-output-dir", "$DIR", *KV_FLAGS]),
             },
             "prompts": records,
         }

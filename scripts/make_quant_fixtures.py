@@ -24,8 +24,9 @@ Dequantization fixtures (dequant/): for each type, block bytes and the expected 
   Every expected file is then checked bit for bit against ggml's own dequantize_row_*.
 
 Quantization fixtures (quantize/): f32 inputs and ggml's quantize_row_*_ref output for
-Q8_0, Q8_K, Q4_K, Q5_K, Q6_K. For Q8_0 the script also requires `gguf.quants.quantize` to
-produce the same bytes (gguf-py has no quantizer for the other four types).
+Q4_0 (the q4_0 KV cache), Q8_0, Q8_K, Q4_K, Q5_K, Q6_K. For Q4_0 and Q8_0 the script also
+requires `gguf.quants.quantize` to produce the same bytes (gguf-py has no quantizer for the
+other four types).
 
 Layout: index.json lists every file with its type, value count and provenance. Binary
 files are raw: `.blocks`/`.bin` hold GGUF block bytes, `.f32` little-endian float32.
@@ -60,7 +61,7 @@ DEQUANT_TYPES = [
     T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
     T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K,
 ]
-QUANT_TYPES = [T.Q8_0, T.Q8_K, T.Q4_K, T.Q5_K, T.Q6_K]
+QUANT_TYPES = [T.Q4_0, T.Q8_0, T.Q8_K, T.Q4_K, T.Q5_K, T.Q6_K]
 
 # Real blocks: (model file, tensor, short source name). 4096 values from each, cut from
 # about a third of the way into the tensor.
@@ -114,7 +115,7 @@ DRIVER_C = r"""
 #define QREF(name) void quantize_row_##name##_ref(const float *, void *, int64_t);
 DEQ(q4_0) DEQ(q4_1) DEQ(q5_0) DEQ(q5_1) DEQ(q8_0) DEQ(q2_K) DEQ(q3_K) DEQ(q4_K) DEQ(q5_K)
 DEQ(q6_K) DEQ(q8_K)
-QREF(q8_0) QREF(q8_K) QREF(q4_K) QREF(q5_K) QREF(q6_K)
+QREF(q4_0) QREF(q8_0) QREF(q8_K) QREF(q4_K) QREF(q5_K) QREF(q6_K)
 void ggml_fp16_to_fp32_row(const uint16_t *, float *, int64_t);
 void ggml_bf16_to_fp32_row(const uint16_t *, float *, int64_t);
 static void deq_f16(const void *x, float *y, int64_t k) { ggml_fp16_to_fp32_row(x, y, k); }
@@ -124,7 +125,7 @@ typedef void (*deq_fn)(const void *, float *, int64_t);
 typedef void (*q_fn)(const float *, void *, int64_t);
 static const struct { const char *name; int64_t block, size; deq_fn deq; q_fn quant; } types[] = {
   {"F32", 1, 4, deq_f32, 0}, {"F16", 1, 2, deq_f16, 0}, {"BF16", 1, 2, deq_bf16, 0},
-  {"Q4_0", 32, 18, dequantize_row_q4_0, 0}, {"Q4_1", 32, 20, dequantize_row_q4_1, 0},
+  {"Q4_0", 32, 18, dequantize_row_q4_0, quantize_row_q4_0_ref}, {"Q4_1", 32, 20, dequantize_row_q4_1, 0},
   {"Q5_0", 32, 22, dequantize_row_q5_0, 0}, {"Q5_1", 32, 24, dequantize_row_q5_1, 0},
   {"Q8_0", 32, 34, dequantize_row_q8_0, quantize_row_q8_0_ref},
   {"Q2_K", 256, 84, dequantize_row_q2_K, 0}, {"Q3_K", 256, 110, dequantize_row_q3_K, 0},
@@ -364,10 +365,10 @@ def quant_fixtures(ggml: Ggml) -> list[dict]:
         for qtype in QUANT_TYPES:
             out = ggml.quantize(qtype, values)
             refs = [f"ggml quantize_row_{qtype.name.lower().replace('_k', '_K')}_ref"]
-            if qtype == T.Q8_0:
+            if qtype in (T.Q4_0, T.Q8_0):
                 ours = gguf.quants.quantize(values, qtype).tobytes()
                 if ours != out:
-                    sys.exit(f"{name}: gguf-py and ggml Q8_0 quantization differ")
+                    sys.exit(f"{name}: gguf-py and ggml {qtype.name} quantization differ")
                 refs.append(f"gguf {gguf_version()} quants.quantize (identical)")
             entries.append({
                 "type": qtype.name,

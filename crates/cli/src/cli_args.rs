@@ -17,6 +17,8 @@ const SINGLE_DASH: &[(&str, &str)] = &[
     ("-ngl", "--n-gpu-layers"),
     ("-md", "--draft-model"),
     ("-sys", "--system-prompt"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
 ];
 
 /// Flags whose value is free text: the token after them is never rewritten.
@@ -61,6 +63,53 @@ pub fn rewrite_llama_flags(args: Vec<OsString>) -> Vec<OsString> {
         out.push(replaced.unwrap_or_else(|| a.clone()));
     }
     out
+}
+
+/// The KV cache's storage types (llama.cpp's `-ctk`/`-ctv`), shared by
+/// `run`, `serve` and `bench`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct KvCacheArgs {
+    /// KV cache type for keys (-ctk): f16, q8_0 or q4_0. q8_0 stores 34
+    /// bytes per 32 values (0.53x of f16), q4_0 18 (0.28x), with llama.cpp's
+    /// block formats and its attention arithmetic over them.
+    #[arg(long = "cache-type-k", value_name = "TYPE", default_value = "f16",
+          value_parser = parse_kv_type)]
+    pub cache_type_k: hearth_models::KvDtype,
+    /// KV cache type for values (-ctv): f16, q8_0 or q4_0.
+    #[arg(long = "cache-type-v", value_name = "TYPE", default_value = "f16",
+          value_parser = parse_kv_type)]
+    pub cache_type_v: hearth_models::KvDtype,
+}
+
+impl KvCacheArgs {
+    pub fn types(&self) -> hearth_models::KvTypes {
+        hearth_models::KvTypes {
+            k: self.cache_type_k,
+            v: self.cache_type_v,
+        }
+    }
+
+    /// The types on `device`, or why they cannot be used there.
+    pub fn for_device(&self, device: Device) -> Result<hearth_models::KvTypes> {
+        let t = self.types();
+        if device == Device::Cuda && t != hearth_models::KvTypes::same(hearth_models::KvDtype::F16)
+        {
+            bail!(
+                "--cache-type-k/-v {t}: the CUDA backend keeps an f16 KV cache only (quantized KV runs on --device cpu)"
+            );
+        }
+        Ok(t)
+    }
+}
+
+/// `-ctk`/`-ctv`: the KV cache types llama.cpp's CPU flash attention takes
+/// that hearth implements.
+pub fn parse_kv_type(s: &str) -> Result<hearth_models::KvDtype, String> {
+    use hearth_models::KvDtype;
+    match KvDtype::parse(s.trim()) {
+        Some(t @ (KvDtype::F16 | KvDtype::Q8_0 | KvDtype::Q4_0)) => Ok(t),
+        _ => Err(format!("'{s}': a KV cache type: f16, q8_0 or q4_0")),
+    }
 }
 
 /// `-n`: a token count, or -1 (llama.cpp: until end of generation) / -2

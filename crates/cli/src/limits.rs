@@ -7,15 +7,21 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use hearth_gguf::GgufFile;
-use hearth_models::{ModelConfig, Numerics};
+use hearth_models::{KvTypes, ModelConfig};
 
 use crate::device::Device;
 
 /// Checks `-c ctx` for `sessions` states of a model before it loads. On the
 /// CPU the caches live in host memory, checked against MemAvailable; with
 /// `--device cuda` they live on the GPU, which reports its own failures.
-pub fn check_context(path: &Path, ctx: usize, sessions: usize, device: Device) -> Result<()> {
-    check_sized(path, &format!("-c {ctx}"), ctx, sessions, device)
+pub fn check_context(
+    path: &Path,
+    ctx: usize,
+    sessions: usize,
+    device: Device,
+    kv: KvTypes,
+) -> Result<()> {
+    check_sized(path, &format!("-c {ctx}"), ctx, sessions, device, kv)
 }
 
 /// [`check_context`] for a context the user sized by other flags; `label`
@@ -26,6 +32,7 @@ pub fn check_sized(
     ctx: usize,
     sessions: usize,
     device: Device,
+    kv: KvTypes,
 ) -> Result<()> {
     let file = GgufFile::open(path).with_context(|| format!("reading {}", path.display()))?;
     if let Some(n) = file.metadata().get_u64("split.count").filter(|&n| n > 1) {
@@ -44,7 +51,10 @@ pub fn check_sized(
     } else {
         None
     };
-    let verdict = judge(&config, label, ctx, sessions, available)?;
+    if let Err(e) = kv.check(config.head_dim) {
+        bail!("--cache-type-k/-v {kv}: {e}");
+    }
+    let verdict = judge(&config, label, ctx, sessions, available, kv)?;
     for w in verdict {
         eprintln!("warning: {w}");
     }
@@ -59,12 +69,13 @@ pub fn judge(
     ctx: usize,
     sessions: usize,
     available: Option<u64>,
+    kv: KvTypes,
 ) -> Result<Vec<String>> {
     if ctx == 0 {
         bail!("{label}: the context must hold at least one token");
     }
     let trained = config.context_length;
-    let kv = config.kv_cache_bytes(Numerics::Reference.kv_dtype(), ctx, 0);
+    let kv = config.kv_cache_bytes(kv, ctx, 0);
     let scratch = config.forward_scratch_bytes(ctx);
     let mut warnings = Vec::new();
     if let Some(avail) = available {
@@ -147,12 +158,14 @@ mod tests {
         }
     }
 
+    const F16: KvTypes = KvTypes::same(hearth_models::KvDtype::F16);
+
     #[test]
     fn impossible_sizes_are_refused_with_the_numbers() {
         let c = smollm2();
         let gib = 1u64 << 30;
         // 99999999 positions x 30 layers x 3 x 64 x 2 (K, V) x 2 bytes = 2.1 TiB.
-        let err = judge(&c, "-c 99999999", 99_999_999, 1, Some(23 * gib))
+        let err = judge(&c, "-c 99999999", 99_999_999, 1, Some(23 * gib), F16)
             .unwrap_err()
             .to_string();
         assert!(
@@ -162,21 +175,29 @@ mod tests {
         assert!(err.contains("this machine has 23.0 GiB available"), "{err}");
         assert!(err.contains("trained for 8192 positions"), "{err}");
         // 4096 positions: 90 MiB, fine on a small machine and within training.
-        assert!(judge(&c, "-c 4096", 4096, 1, Some(gib)).unwrap().is_empty());
-        assert!(judge(&c, "-c 0", 0, 1, Some(gib)).is_err());
+        assert!(judge(&c, "-c 4096", 4096, 1, Some(gib), F16)
+            .unwrap()
+            .is_empty());
+        assert!(judge(&c, "-c 0", 0, 1, Some(gib), F16).is_err());
+        // A q8_0 cache is sized as q8_0: 34 of f16's 64 bytes per 32 values.
+        let q8 = KvTypes::same(hearth_models::KvDtype::Q8_0);
+        let err = judge(&c, "-c 99999999", 99_999_999, 1, Some(23 * gib), q8)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs 1.1 TiB of KV cache"), "{err}");
     }
 
     #[test]
     fn warnings_past_the_trained_context_and_for_many_sessions() {
         let c = smollm2();
-        let w = judge(&c, "-c 16384", 16384, 1, Some(64 << 30)).unwrap();
+        let w = judge(&c, "-c 16384", 16384, 1, Some(64 << 30), F16).unwrap();
         assert_eq!(w.len(), 1);
         assert!(w[0].contains("above the 8192 positions"), "{w:?}");
         // 8 sessions x 4096 positions x 22.5 KiB = 720 MiB > 512 MiB.
-        let w = judge(&c, "-c 4096", 4096, 8, Some(512 << 20)).unwrap();
+        let w = judge(&c, "-c 4096", 4096, 8, Some(512 << 20), F16).unwrap();
         assert!(w[0].contains("8 sessions"), "{w:?}");
         // Without a memory figure (another OS, or the GPU) only the context is judged.
-        assert!(judge(&c, "-c 99999999", 99_999_999, 1, None).unwrap()[0].contains("above"));
+        assert!(judge(&c, "-c 99999999", 99_999_999, 1, None, F16).unwrap()[0].contains("above"));
     }
 
     #[test]

@@ -53,7 +53,7 @@ fn quantize_matches_ggml_reference_bytes() {
             ));
         }
     }
-    assert_eq!(n_checked, 15, "expected 3 inputs x 5 types");
+    assert_eq!(n_checked, 18, "expected 3 inputs x 6 types");
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
 
@@ -86,7 +86,7 @@ fn relative_rms_error(ty: GgmlType, x: &[f32]) -> f64 {
 
 /// Bounds sit about 10% above what each format achieves on N(0,1) data, which is what
 /// uniform rounding error predicts (step / sqrt(12) relative to an RMS of 1):
-/// F16 2.09e-4; BF16 1.65e-3; Q8_0 5.31e-3 (step = amax of 32 / 127 ~ 0.018);
+/// F16 2.09e-4; BF16 1.65e-3; Q4_0 8.57e-2 (step = |max| of 32 / 8); Q8_0 5.31e-3 (step = amax of 32 / 127 ~ 0.018);
 /// Q8_K 6.98e-3 (amax of 256 / 127); Q6_K 1.77e-2 (amax of 16 / 32);
 /// Q5_K 3.62e-2 ((max - min) of 32 / 31); Q4_K 7.13e-2 ((max - min) of 32 / 15, a bit
 /// below the plain min/max grid thanks to the least-squares search).
@@ -97,6 +97,7 @@ fn round_trip_error_is_within_format_bounds() {
         (F32, 0.0),
         (F16, 2.3e-4),
         (BF16, 1.8e-3),
+        (Q4_0, 9.4e-2),
         (Q8_0, 5.8e-3),
         (Q8_K, 7.7e-3),
         (Q6_K, 1.95e-2),
@@ -123,7 +124,7 @@ fn round_trip_error_is_within_format_bounds() {
 fn round_trip_error_is_scale_invariant() {
     use GgmlType::*;
     let x = gaussian(256 * 8, 7);
-    for ty in [Q8_0, Q8_K, Q4_K, Q5_K, Q6_K] {
+    for ty in [Q4_0, Q8_0, Q8_K, Q4_K, Q5_K, Q6_K] {
         let base = relative_rms_error(ty, &x);
         for scale in [1e-2f32, 1e3] {
             let scaled: Vec<f32> = x.iter().map(|&v| v * scale).collect();

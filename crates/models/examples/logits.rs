@@ -19,6 +19,16 @@ fn main() {
     for &numerics in runs {
         let mut model = Model::load(&args[1]).expect("load");
         model.set_numerics(numerics);
+        // HEARTH_KV=q8_0 (or q4_0): that KV cache type for K and V.
+        if let Some(t) = std::env::var("HEARTH_KV")
+            .ok()
+            .and_then(|t| hearth_models::KvDtype::parse(&t))
+        {
+            model.set_kv_types(hearth_models::KvTypes::same(t)).unwrap();
+        }
+        if std::env::var("HEARTH_REF_ISA").as_deref() == Ok("avx2") {
+            model.ref_isa = hearth_models::RefIsa::Avx2;
+        }
         model.set_dump_dir(dump.clone());
         let mut st = model.new_state(4096);
         let logits = model.forward(&mut st, &ids, Logits::Last).unwrap();

@@ -6,7 +6,7 @@
 use hearth_gguf::{GgufFile, Metadata};
 
 use crate::forward::MAX_CHUNK;
-use crate::kv_cache::KvDtype;
+use crate::kv_cache::KvTypes;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
@@ -300,9 +300,9 @@ impl ModelConfig {
     /// `State::with_ring_slack(model, max_ctx, ring_slack)` allocates), computed
     /// without allocating, so a size can be refused before it is attempted.
     /// Saturates at `u64::MAX` for sizes no machine has.
-    pub fn kv_cache_bytes(&self, dtype: KvDtype, max_ctx: usize, ring_slack: usize) -> u64 {
+    pub fn kv_cache_bytes(&self, types: KvTypes, max_ctx: usize, ring_slack: usize) -> u64 {
         // K and V: [n_kv_heads, slots, head_dim] each.
-        let per_slot = 2 * (self.n_kv_heads * self.head_dim * dtype.bytes()) as u128;
+        let per_slot = types.slot_bytes(self.n_kv_heads, self.head_dim) as u128;
         let total: u128 = self
             .layers
             .iter()

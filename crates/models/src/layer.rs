@@ -4,8 +4,8 @@
 //! [`Numerics::Reference`] and exact f32 math in [`Numerics::F32`].
 
 use hearth_kernels::cpu::attention::{attention, AttnShape};
-use hearth_kernels::cpu::ggml_order::activations::{expf_ggml_v, gelu_f16_table, swiglu_ggml};
-use hearth_kernels::cpu::kv_cache::{round_to_cache, LayerKvCache};
+use hearth_kernels::cpu::ggml_order::activations::{gelu_f16_table, swiglu_ggml};
+use hearth_kernels::cpu::kv_cache::{fwht, round_to_cache, LayerKvCache};
 
 use crate::arch::{FfnAct, LayerSpec, QkNorm};
 use crate::blocks::{add, glu, rmsnorm, sigmoid, silu, Rope};
@@ -112,6 +112,18 @@ pub(crate) fn layer(
         head_dim: hd,
         scale,
     };
+    // A quantized cache: llama.cpp's Hadamard rotations of Q, K and V (the
+    // same for every span: they share the model's cache types).
+    let (rot_k, rot_v) = spans
+        .first()
+        .map_or((None, None), |sp| sp.cache.types.rotations(hd));
+    if let Some(n) = rot_k {
+        fwht(&mut q, n);
+        fwht(&mut k, n);
+    }
+    if let Some(n) = rot_v {
+        fwht(&mut v, n);
+    }
     let mut att = vec![0.0f32; q.len()];
     for sp in spans.iter_mut() {
         let (a, b) = (sp.rows.start, sp.rows.end);
@@ -119,13 +131,17 @@ pub(crate) fn layer(
             &mut k[a * kv_row..b * kv_row],
             &mut v[a * kv_row..b * kv_row],
         );
-        round_to_cache(k, sp.cache.dtype);
-        round_to_cache(v, sp.cache.dtype);
+        round_to_cache(k, sp.cache.types.k);
+        round_to_cache(v, sp.cache.types.v);
         let (q, out) = (&q[a * q_row..b * q_row], &mut att[a * q_row..b * q_row]);
         attention(q, &*k, &*v, sp.cache, sp.p0, shape, pass.order, out);
         sp.cache.write(sp.p0, &*k, &*v);
     }
     pass.dump("kqv_out", li, &att);
+    if let Some(n) = rot_v {
+        // Back from the rotated basis (the transform is its own inverse).
+        fwht(&mut att, n);
+    }
     if let Some(gate) = gate {
         // muse-glimmer.cpp:132-135: attn_out · sigmoid(gate), before W_o.
         att.iter_mut()
@@ -160,10 +176,11 @@ pub(crate) fn layer(
     let g = match (m.fused_gate_up(pass, l), s.ffn_act) {
         (Some(gate_up), FfnAct::Silu) => {
             // ggml's SwiGLU: its vector exp for whole groups of 16, libm's past them.
-            let vec_len = c.ffn_dim & !15;
+            let isa = m.ref_isa;
+            let vec_len = c.ffn_dim - c.ffn_dim % isa.lanes();
             let act = |j: usize, x: f32, y: f32| {
                 if j < vec_len {
-                    x / (1.0 + expf_ggml_v(0.0 - x)) * y
+                    isa.swiglu_v(x, y)
                 } else {
                     silu(x) * y
                 }
@@ -180,7 +197,7 @@ pub(crate) fn layer(
             pass.dump("ffn_up", li, &up);
             match act {
                 FfnAct::Silu if m.numerics == Numerics::F32 => glu(&mut g, &up, silu),
-                FfnAct::Silu => swiglu_ggml(&mut g, &up, c.ffn_dim),
+                FfnAct::Silu => swiglu_ggml(&mut g, &up, c.ffn_dim, m.ref_isa),
                 FfnAct::GeluF16 => glu(&mut g, &up, gelu_f16_table),
             }
             g

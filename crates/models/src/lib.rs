@@ -20,6 +20,9 @@ pub use arch::{ArchSpec, FfnAct, LayerSpec, LogitSpec, QkNorm, RopeSpec};
 pub use backend::{Backend, BackendState};
 pub use config::{Architecture, ConfigError, LayerKind, ModelConfig, RopeLayout};
 pub use forward::{BatchItem, Input, Logits, MAX_CHUNK};
-pub use hearth_kernels::cpu::kv_cache::{self, CacheLayout, KvData, KvDtype, LayerKvCache};
+pub use hearth_kernels::cpu::ggml_order::activations::RefIsa;
+pub use hearth_kernels::cpu::kv_cache::{
+    self, CacheLayout, KvData, KvDtype, KvTypes, LayerKvCache,
+};
 pub use state::{Checkpoint, State};
 pub use weights::{Layer, Linear, Model, ModelError, Numerics};

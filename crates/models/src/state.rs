@@ -34,7 +34,7 @@ impl State {
                 };
                 // The same count `ModelConfig::kv_cache_bytes` sizes before allocating.
                 let slots = kind.kv_slots(max_ctx, slack);
-                LayerKvCache::new(layout, model.kv_dtype, c.n_kv_heads, c.head_dim, slots)
+                LayerKvCache::new(layout, model.kv_types, c.n_kv_heads, c.head_dim, slots)
             })
             .collect();
         State {
@@ -82,7 +82,7 @@ impl State {
             };
             for v in [
                 window,
-                c.dtype.bytes() as u64,
+                c.types.code(),
                 c.n_kv_heads as u64,
                 c.head_dim as u64,
                 c.slots as u64,

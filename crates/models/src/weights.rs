@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hearth_gguf::{GgmlType, GgufError, GgufFile, TensorInfo};
+use hearth_kernels::cpu::ggml_order::activations::RefIsa;
 use hearth_kernels::cpu::interleaved::PackedMatrix;
-use hearth_kernels::cpu::kv_cache::KvDtype;
+use hearth_kernels::cpu::kv_cache::{KvDtype, KvTypes};
 use hearth_kernels::{Activations, QMatrix};
 
 use crate::arch::names::{self, Blk};
@@ -137,12 +138,13 @@ pub enum Numerics {
 }
 
 impl Numerics {
-    /// The KV cache type used under these numerics (known before loading,
-    /// so cache sizes can be checked first): f16 as llama.cpp, or f32.
-    pub fn kv_dtype(self) -> KvDtype {
+    /// The KV cache types used under these numerics unless chosen with
+    /// [`Model::set_kv_types`] (known before loading, so cache sizes can be
+    /// checked first): f16 as llama.cpp's default, or f32.
+    pub fn kv_types(self) -> KvTypes {
         match self {
-            Numerics::F32 => KvDtype::F32,
-            Numerics::Reference => KvDtype::F16,
+            Numerics::F32 => KvTypes::same(KvDtype::F32),
+            Numerics::Reference => KvTypes::same(KvDtype::F16),
         }
     }
 }
@@ -152,7 +154,11 @@ pub struct Model {
     /// What each layer computes (both backends read it).
     pub arch: ArchSpec,
     pub numerics: Numerics,
-    pub kv_dtype: KvDtype,
+    /// Storage types of the KV cache of states made from now on.
+    pub kv_types: KvTypes,
+    /// Which llama.cpp x86 build the Reference numerics follow where they
+    /// differ ([`RefIsa`]): AVX-512 unless set.
+    pub ref_isa: RefIsa,
     file: Arc<GgufFile>,
     /// [vocab, dim]
     pub tok_embd: Linear,
@@ -445,7 +451,8 @@ impl Model {
             config,
             arch,
             numerics: Numerics::Reference,
-            kv_dtype: KvDtype::F16,
+            kv_types: KvTypes::same(KvDtype::F16),
+            ref_isa: RefIsa::default(),
             file,
             tok_embd,
             output_norm,
@@ -495,10 +502,19 @@ impl Model {
         pack(&mut self.output);
     }
 
-    /// Switches numerics (before creating states: it sets the KV dtype).
+    /// Switches numerics (before creating states: it sets the KV types to
+    /// the numerics' own).
     pub fn set_numerics(&mut self, numerics: Numerics) {
         self.numerics = numerics;
-        self.kv_dtype = numerics.kv_dtype();
+        self.kv_types = numerics.kv_types();
+    }
+
+    /// Chooses the KV cache's storage types for states made from now on
+    /// (llama.cpp's `-ctk`/`-ctv`): f16, q8_0 or q4_0 for each of K and V.
+    pub fn set_kv_types(&mut self, types: KvTypes) -> Result<(), String> {
+        types.check(self.config.head_dim)?;
+        self.kv_types = types;
+        Ok(())
     }
 
     /// Dumps every named intermediate of later forward passes into `dir`

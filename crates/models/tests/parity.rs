@@ -4,6 +4,9 @@
 //! - the last prompt position's logits: top-10 ids identical, top-100 values
 //!   within max |diff| <= 0.02 * max |logit|;
 //! - the greedy 64-token continuation, token for token.
+//!
+//! The same with a quantized KV cache: fixtures in kv-q8_0/ and kv-q4_0/ are
+//! llama.cpp run with `-ctk T -ctv T -fa on`, hearth with the same types.
 
 use std::path::PathBuf;
 
@@ -11,7 +14,7 @@ mod common;
 
 use common::{argmax, ids};
 
-use hearth_models::{Logits, Model};
+use hearth_models::{KvDtype, KvTypes, Logits, Model, RefIsa};
 use serde_json::Value;
 
 fn models_dir() -> PathBuf {
@@ -21,10 +24,14 @@ fn models_dir() -> PathBuf {
     }
 }
 
-fn fixture(model: &str) -> Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/parity")
-        .join(format!("{model}.json"));
+/// The fixture for `model` with llama.cpp's default f16 cache, or with the
+/// KV cache type `kv` (its kv-TYPE/ directory).
+fn fixture(model: &str, kv: Option<KvDtype>) -> Value {
+    let mut p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/parity");
+    if let Some(t) = kv {
+        p = p.join(format!("kv-{}", t.name()));
+    }
+    let p = p.join(format!("{model}.json"));
     serde_json::from_str(
         &std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
     )
@@ -39,15 +46,36 @@ enum Prompts {
     LongCode,
 }
 
-fn check_model(name: &str, which: Prompts) {
-    let fx = fixture(name);
+fn check_model(name: &str, which: Prompts, kv: Option<KvDtype>) {
+    let fx = fixture(name, kv);
+    if let Some(t) = kv {
+        assert_eq!(
+            fx["settings"]["kv_cache_type_k"],
+            t.name(),
+            "fixture's K type"
+        );
+        assert_eq!(
+            fx["settings"]["kv_cache_type_v"],
+            t.name(),
+            "fixture's V type"
+        );
+    }
     let path = models_dir().join(fx["gguf"].as_str().unwrap());
     assert!(
         path.is_file(),
         "{} missing: run `python3 scripts/fetch_models.py {name}`",
         path.display()
     );
-    let model = Model::load(&path).unwrap();
+    let mut model = Model::load(&path).unwrap();
+    // The llama.cpp build the fixture came from: AVX-512 or AVX2 (their
+    // vector exp, and so SwiGLU, differ in the last bit now and then).
+    let system = fx["llama_cpp"]["system_info"].as_str().unwrap();
+    if !system.contains("AVX512 = 1") {
+        model.ref_isa = RefIsa::Avx2;
+    }
+    if let Some(t) = kv {
+        model.set_kv_types(KvTypes::same(t)).unwrap();
+    }
     let eog = ids(&fx["vocab"]["eog_ids"]);
     let mut failures = Vec::new();
     for case in fx["prompts"].as_array().unwrap() {
@@ -105,6 +133,21 @@ fn check_model(name: &str, which: Prompts) {
         let mut logits = logits;
         for _ in 0..want_greedy.len() {
             let next = argmax(&logits);
+            // HEARTH_PARITY_VERBOSE=1: each step's largest difference on llama.cpp's top 5.
+            if std::env::var_os("HEARTH_PARITY_VERBOSE").is_some() {
+                let top = &case["greedy_step_top5"][got.len()];
+                let d = (0..5)
+                    .map(|i| {
+                        let id = top["ids"][i].as_u64().unwrap() as usize;
+                        (logits[id] - top["logits"][i].as_f64().unwrap() as f32).abs()
+                    })
+                    .fold(0.0f32, f32::max);
+                eprintln!(
+                    "{name}/{case_name}: step {} (position {}): top-5 max |diff| {d}",
+                    got.len(),
+                    prompt.len() + got.len() - 1
+                );
+            }
             if let Some(&want) = want_greedy.get(got.len()) {
                 if next != want && got == want_greedy[..got.len()] {
                     let mut sorted = logits.clone();
@@ -142,25 +185,38 @@ fn check_model(name: &str, which: Prompts) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// One test per model and prompt set: `name => (model, prompts)`.
+/// One test per model, prompt set and KV cache type: `name => (model,
+/// prompts, None | Some(type))`.
 macro_rules! parity_tests {
-    ($($name:ident => ($model:literal, $prompts:ident),)*) => {
+    ($($name:ident => ($model:literal, $prompts:ident, $kv:expr),)*) => {
         $(
             #[test]
             fn $name() {
-                check_model($model, Prompts::$prompts);
+                check_model($model, Prompts::$prompts, $kv);
             }
         )*
     };
 }
 
 parity_tests! {
-    parity_smollm2_135m => ("smollm2-135m", Short),
-    parity_smollm2_135m_long_code => ("smollm2-135m", LongCode),
-    parity_gemma3_270m => ("gemma3-270m", Short),
-    parity_gemma3_270m_long_code => ("gemma3-270m", LongCode),
-    parity_qwen25_coder_05b => ("qwen2.5-coder-0.5b", Short),
-    parity_qwen25_coder_05b_long_code => ("qwen2.5-coder-0.5b", LongCode),
-    parity_qwen25_coder_15b => ("qwen2.5-coder-1.5b", Short),
-    parity_qwen25_coder_15b_long_code => ("qwen2.5-coder-1.5b", LongCode),
+    parity_smollm2_135m => ("smollm2-135m", Short, None),
+    parity_smollm2_135m_long_code => ("smollm2-135m", LongCode, None),
+    parity_gemma3_270m => ("gemma3-270m", Short, None),
+    parity_gemma3_270m_long_code => ("gemma3-270m", LongCode, None),
+    parity_qwen25_coder_05b => ("qwen2.5-coder-0.5b", Short, None),
+    parity_qwen25_coder_05b_long_code => ("qwen2.5-coder-0.5b", LongCode, None),
+    parity_qwen25_coder_15b => ("qwen2.5-coder-1.5b", Short, None),
+    parity_qwen25_coder_15b_long_code => ("qwen2.5-coder-1.5b", LongCode, None),
+    kv_q8_0_smollm2_135m => ("smollm2-135m", Short, Some(KvDtype::Q8_0)),
+    kv_q8_0_smollm2_135m_long_code => ("smollm2-135m", LongCode, Some(KvDtype::Q8_0)),
+    kv_q8_0_gemma3_270m => ("gemma3-270m", Short, Some(KvDtype::Q8_0)),
+    kv_q8_0_gemma3_270m_long_code => ("gemma3-270m", LongCode, Some(KvDtype::Q8_0)),
+    kv_q8_0_qwen25_coder_05b => ("qwen2.5-coder-0.5b", Short, Some(KvDtype::Q8_0)),
+    kv_q8_0_qwen25_coder_05b_long_code => ("qwen2.5-coder-0.5b", LongCode, Some(KvDtype::Q8_0)),
+    kv_q8_0_qwen25_coder_15b => ("qwen2.5-coder-1.5b", Short, Some(KvDtype::Q8_0)),
+    kv_q8_0_qwen25_coder_15b_long_code => ("qwen2.5-coder-1.5b", LongCode, Some(KvDtype::Q8_0)),
+    kv_q4_0_smollm2_135m => ("smollm2-135m", Short, Some(KvDtype::Q4_0)),
+    kv_q4_0_smollm2_135m_long_code => ("smollm2-135m", LongCode, Some(KvDtype::Q4_0)),
+    kv_q4_0_gemma3_270m => ("gemma3-270m", Short, Some(KvDtype::Q4_0)),
+    kv_q4_0_gemma3_270m_long_code => ("gemma3-270m", LongCode, Some(KvDtype::Q4_0)),
 }

@@ -48,6 +48,8 @@ pub struct Args {
     /// cuda: time the kernels alone (GEMV variants, attention, GEMM) on random data; no model needed.
     #[arg(long)]
     pub kernels: bool,
+    #[command(flatten)]
+    pub kv: crate::cli_args::KvCacheArgs,
 }
 
 /// Median, min and max of repeated measurements.
@@ -114,7 +116,14 @@ fn check_size(path: &std::path::Path, args: &Args) -> Result<()> {
         "-p {} -n {} --depth {deepest} (a context of {ctx})",
         args.n_prompt, args.n_gen
     );
-    crate::limits::check_sized(path, &label, ctx, 1, args.device)
+    crate::limits::check_sized(
+        path,
+        &label,
+        ctx,
+        1,
+        args.device,
+        args.kv.for_device(args.device)?,
+    )
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -152,7 +161,11 @@ pub fn run(args: Args) -> Result<()> {
     let threads = rayon::current_num_threads();
     let path = crate::registry::resolve_model(args.model.as_deref())?;
     check_size(&path, &args)?;
-    let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let mut model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let kv = args.kv.types();
+    model
+        .set_kv_types(kv)
+        .map_err(|e| anyhow::anyhow!("--cache-type-k/-v {kv}: {e}"))?;
     let reps = args.reps.max(1);
     let measure = |f: &dyn Fn(u64) -> Result<f64>| -> Result<Summary> {
         f(0)?; // warm-up
@@ -190,12 +203,13 @@ pub fn run(args: Args) -> Result<()> {
             "tg_depth": tg_depth.iter().map(|(d, s)| serde_json::json!({"depth": d, "tokens": args.n_gen, "tok_s": s.median, "min": s.min, "max": s.max})).collect::<Vec<_>>(),
             "reps": reps,
             "isa": hearth_kernels::cpu::simd::active().name(),
+            "kv_cache": kv.to_string(),
         });
         outln!("{}", serde_json::to_string_pretty(&j)?);
         return Ok(());
     }
     let isa = hearth_kernels::cpu::simd::active().name();
-    outln!("model: {name} ({weight_gb:.2} GB of weights read per token), threads: {threads}, kernels: {isa}, reps: {reps} (+1 warm-up)");
+    outln!("model: {name} ({weight_gb:.2} GB of weights read per token), threads: {threads}, kernels: {isa}, KV cache: {kv}, reps: {reps} (+1 warm-up)");
     outln!("{:>8} {:>12} {:>12} {:>12}", "test", "tok/s", "min", "max");
     let row = |test: String, s: &Summary| -> Result<()> {
         outln!(

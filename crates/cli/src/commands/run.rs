@@ -143,6 +143,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub grammar: Option<PathBuf>,
     #[command(flatten)]
+    pub kv: crate::cli_args::KvCacheArgs,
+    #[command(flatten)]
     pub spec: SpecArgs,
 }
 
@@ -196,7 +198,8 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     let path = crate::registry::resolve_model(args.model.as_deref())?;
-    crate::limits::check_context(&path, args.ctx, 1, args.device)?;
+    let kv = args.kv.for_device(args.device)?;
+    crate::limits::check_context(&path, args.ctx, 1, args.device, kv)?;
     let spec = args.spec.config(args.device)?;
     if !args.image.is_empty() && spec.kind != hearth_engine::spec::SpecKind::None {
         bail!("speculative decoding does not take images (its drafters see token ids only): drop --spec");
@@ -207,7 +210,11 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         Model::load
     };
-    let model = Arc::new(load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let mut model = load(&path).with_context(|| format!("loading {}", path.display()))?;
+    model
+        .set_kv_types(kv)
+        .map_err(|e| anyhow::anyhow!("--cache-type-k/-v {kv}: {e}"))?;
+    let model = Arc::new(model);
     let tokenizer =
         Arc::new(Tokenizer::from_gguf(model.file().metadata()).context("building the tokenizer")?);
     let prompter = Prompter::from_gguf(model.file(), Some(tokenizer.clone()), "auto")?;
@@ -658,7 +665,7 @@ pub fn spec_summary(kind: &str, n_draft: usize, s: &SpecStats) -> String {
 /// "KV cache: …" line describing the hybrid layout.
 pub fn kv_summary(model: &Model, state: &hearth_models::State) -> String {
     let c = &model.config;
-    let per_slot = 2 * c.n_kv_heads * c.head_dim * model.kv_dtype.bytes();
+    let per_slot = model.kv_types.slot_bytes(c.n_kv_heads, c.head_dim);
     let mut global = 0;
     let mut sliding = 0;
     let mut ring_slots = 0;
@@ -679,10 +686,10 @@ pub fn kv_summary(model: &Model, state: &hearth_models::State) -> String {
         String::new()
     };
     format!(
-        "KV cache: {:.1} MiB = {global} global layers x {} positions{rings} ({:?}, {per_slot} B per layer-position); a full cache would take {:.1} MiB",
+        "KV cache: {:.1} MiB = {global} global layers x {} positions{rings} ({}, {per_slot} B per layer-position); a full cache would take {:.1} MiB",
         mib(state.kv_bytes()),
         state.max_ctx,
-        model.kv_dtype,
+        model.kv_types,
         mib(full)
     )
 }

@@ -121,6 +121,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = super::images::ImageRules::Reference)]
     pub image_rules: super::images::ImageRules,
     #[command(flatten)]
+    pub kv: crate::cli_args::KvCacheArgs,
+    #[command(flatten)]
     pub spec: SpecArgs,
 }
 
@@ -130,7 +132,8 @@ pub fn run(args: Args) -> Result<()> {
     let spec = args.spec.config(args.device)?;
     crate::init_threads(args.threads)?;
     let path = crate::registry::resolve_model(args.model.as_deref())?;
-    crate::limits::check_context(&path, args.max_context, args.max_sessions, args.device)?;
+    let kv = args.kv.for_device(args.device)?;
+    crate::limits::check_context(&path, args.max_context, args.max_sessions, args.device, kv)?;
     let model_id = args
         .model_id
         .clone()
@@ -184,7 +187,9 @@ pub fn run(args: Args) -> Result<()> {
         return hearth_server::run_on(options, load).context("hearth serve");
     }
     let load = move |path: &Path| {
-        let model = Arc::new(Model::load(path).map_err(|e| e.to_string())?);
+        let mut model = Model::load(path).map_err(|e| e.to_string())?;
+        model.set_kv_types(kv)?;
+        let model = Arc::new(model);
         let factory =
             DrafterFactory::new(&spec, &model, |p| Model::load(p).map_err(|e| e.to_string()))
                 .map_err(|e| e.to_string())?;

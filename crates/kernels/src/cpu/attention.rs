@@ -46,7 +46,95 @@ pub fn attention(
         }
         KvData::Bf16 { k, v } => attention_in(q, k_new, v_new, cache, k, v, p0, s, out),
         KvData::F32 { k, v } => attention_in(q, k_new, v_new, cache, k, v, p0, s, out),
+        KvData::Rows { k, v } => attention_rows(q, k_new, v_new, cache, k, v, p0, s, out),
     }
+}
+
+/// Attention over a cache with a block-quantized K or V, as llama.cpp's CPU
+/// flash attention computes it ([`fa::quant_rows`]); the chunk's own rows
+/// are encoded in the cache's types first, as llama.cpp writes them into
+/// its cache before attending. Every row is computed as a one-row pass
+/// would (this path has no batch-dependent variant).
+#[allow(clippy::too_many_arguments)]
+fn attention_rows(
+    q: &[f32],
+    k_new: &[f32],
+    v_new: &[f32],
+    cache: &LayerKvCache,
+    kc: &[u8],
+    vc: &[u8],
+    p0: usize,
+    s: AttnShape,
+    out: &mut [f32],
+) {
+    let hd = s.head_dim;
+    let encode = |x: &[f32], t: super::kv_cache::KvDtype| -> Vec<u8> {
+        let rb = t.bytes_for(hd);
+        let mut bytes = vec![0u8; x.len() / hd * rb];
+        for (row, o) in x.chunks_exact(hd).zip(bytes.chunks_exact_mut(rb)) {
+            super::kv_cache::encode_row(t, row, o);
+        }
+        bytes
+    };
+    let (kn, vn) = (encode(k_new, cache.types.k), encode(v_new, cache.types.v));
+    let t_len = q.len() / (s.n_heads * hd);
+    let cells = fa::Cells::of(cache);
+    for_each_head_group(q, s, out, |t, kvh, qs, outs| {
+        let src = fa::RowSource {
+            k_new: &kn,
+            v_new: &vn,
+            kc,
+            vc,
+            cache,
+            p0,
+            kvh,
+        };
+        let qpos = p0 + t;
+        let lo = cache.window_start(qpos);
+        fa::quant_rows(qs, &src, cells, p0 + t_len - 1, lo, qpos, s.scale, outs);
+    });
+}
+
+/// Runs `f(t, kvh, queries, outputs)` on the pool for every token `t` and KV
+/// head `kvh` of a chunk, with the query heads that share `kvh` (a group is
+/// cut into parts only when there are fewer groups than threads).
+fn for_each_head_group(
+    q: &[f32],
+    s: AttnShape,
+    out: &mut [f32],
+    f: impl Fn(usize, usize, &[&[f32]], &mut [&mut [f32]]) + Sync,
+) {
+    let hd = s.head_dim;
+    let group = s.n_heads / s.n_kv_heads;
+    let t_len = q.len() / (s.n_heads * hd);
+    let pool = crate::pool::global();
+    let groups = t_len * s.n_kv_heads;
+    let parts = pool.n_threads().div_ceil(groups).clamp(1, group);
+    let per_part = group.div_ceil(parts);
+    let items = groups * parts;
+    let out_ptr = crate::pool::SendPtr(out.as_mut_ptr());
+    pool.run(|i, n| {
+        for item in crate::pool::share(items, i, n) {
+            let (g, part) = (item / parts, item % parts);
+            let (t, kvh) = (g / s.n_kv_heads, g % s.n_kv_heads);
+            let first = kvh * group + part * per_part;
+            let heads = first..(first + per_part).min((kvh + 1) * group);
+            if heads.is_empty() {
+                continue;
+            }
+            // SAFETY: the rows of (t, heads) are written by this thread only.
+            let mut outs: Vec<&mut [f32]> = heads
+                .clone()
+                .map(|h| unsafe {
+                    std::slice::from_raw_parts_mut(out_ptr.get().add((t * s.n_heads + h) * hd), hd)
+                })
+                .collect();
+            let qs: Vec<&[f32]> = heads
+                .map(|h| &q[(t * s.n_heads + h) * hd..][..hd])
+                .collect();
+            f(t, kvh, &qs, &mut outs);
+        }
+    });
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -63,7 +151,7 @@ fn attention_in<E: KvElem>(
 ) {
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
-    let dtype = cache.dtype;
+    let dtype = cache.types.k;
     let kv_row = s.n_kv_heads * hd;
     // One work item per (token, head): [T * n_heads] rows of head_dim.
     out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
@@ -194,50 +282,15 @@ fn attention_f16_flash(
         return;
     }
     // One work item per (token, KV head, part of its heads): the heads of a
-    // token that share a KV head read each key and value once. A group is
-    // cut into parts only when there are fewer groups than threads.
-    let pool = crate::pool::global();
-    let groups = t_len * s.n_kv_heads;
-    let parts = pool.n_threads().div_ceil(groups).clamp(1, group);
-    let per_part = group.div_ceil(parts);
-    let items = groups * parts;
-    let out_ptr = crate::pool::SendPtr(out.as_mut_ptr());
-    pool.run(|i, n| {
-        for item in crate::pool::share(items, i, n) {
-            let (g, part) = (item / parts, item % parts);
-            let (t, kvh) = (g / s.n_kv_heads, g % s.n_kv_heads);
-            let first = kvh * group + part * per_part;
-            let heads = first..(first + per_part).min((kvh + 1) * group);
-            if heads.is_empty() {
-                continue;
-            }
-            // SAFETY: the rows of (t, heads) are written by this thread only.
-            let mut outs: Vec<&mut [f32]> = heads
-                .clone()
-                .map(|h| unsafe {
-                    std::slice::from_raw_parts_mut(out_ptr.get().add((t * s.n_heads + h) * hd), hd)
-                })
-                .collect();
-            let qs: Vec<&[f32]> = heads
-                .map(|h| &q[(t * s.n_heads + h) * hd..][..hd])
-                .collect();
-            let src = source(kvh);
-            let qpos = p0 + t;
-            let lo = cache.window_start(qpos);
-            if (t_len == 1 || invariant) && fa::use_split_kv(cells, qpos) {
-                fa::split_kv_rows(&qs, &src, cells, lo, qpos, s.scale, &mut outs);
-            } else {
-                fa::f16_rows(
-                    &qs,
-                    &src,
-                    cells,
-                    p0 + t_len - 1,
-                    lo,
-                    qpos,
-                    s.scale,
-                    &mut outs,
-                );
-            }
+    // token that share a KV head read each key and value once.
+    for_each_head_group(q, s, out, |t, kvh, qs, outs| {
+        let src = source(kvh);
+        let qpos = p0 + t;
+        let lo = cache.window_start(qpos);
+        if (t_len == 1 || invariant) && fa::use_split_kv(cells, qpos) {
+            fa::split_kv_rows(qs, &src, cells, lo, qpos, s.scale, outs);
+        } else {
+            fa::f16_rows(qs, &src, cells, p0 + t_len - 1, lo, qpos, s.scale, outs);
         }
     });
 }

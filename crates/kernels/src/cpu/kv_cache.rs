@@ -11,7 +11,7 @@
 
 use half::{bf16, f16};
 
-/// Storage precision of cached keys and values.
+/// Storage type of cached keys or values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvDtype {
     /// llama.cpp's default cache type.
@@ -20,23 +20,156 @@ pub enum KvDtype {
     Bf16,
     /// Exact (for checking against f32 references).
     F32,
+    /// llama.cpp's `-ctk/-ctv q8_0`: blocks of 32 values, an f16 scale and
+    /// 8-bit quants (34 bytes per 32 values).
+    Q8_0,
+    /// llama.cpp's `-ctk/-ctv q4_0`: blocks of 32 values, an f16 scale and
+    /// 4-bit quants (18 bytes per 32 values).
+    Q4_0,
 }
 
 impl KvDtype {
-    /// `x` rounded to this precision and widened back.
+    /// `x` rounded to this precision and widened back. Block-quantized
+    /// types round whole blocks, not single values: they return `x` (their
+    /// rows are quantized where they are stored and read).
     #[inline]
     pub fn round(self, x: f32) -> f32 {
         match self {
             KvDtype::F16 => f16::from_f32(x).to_f32(),
             KvDtype::Bf16 => bf16::from_f32(x).to_f32(),
-            KvDtype::F32 => x,
+            KvDtype::F32 | KvDtype::Q8_0 | KvDtype::Q4_0 => x,
         }
     }
 
-    pub fn bytes(self) -> usize {
+    /// Whether values are stored in blocks of 32 with a shared scale.
+    pub fn is_quantized(self) -> bool {
+        matches!(self, KvDtype::Q8_0 | KvDtype::Q4_0)
+    }
+
+    /// Bytes `n` values take (`n` a multiple of 32 for the block types).
+    pub fn bytes_for(self, n: usize) -> usize {
         match self {
-            KvDtype::F16 | KvDtype::Bf16 => 2,
-            KvDtype::F32 => 4,
+            KvDtype::F16 | KvDtype::Bf16 => 2 * n,
+            KvDtype::F32 => 4 * n,
+            KvDtype::Q8_0 => n / 32 * 34,
+            KvDtype::Q4_0 => n / 32 * 18,
+        }
+    }
+
+    /// llama.cpp's name for the type (`--cache-type-k` values).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F16 => "f16",
+            KvDtype::Bf16 => "bf16",
+            KvDtype::F32 => "f32",
+            KvDtype::Q8_0 => "q8_0",
+            KvDtype::Q4_0 => "q4_0",
+        }
+    }
+
+    /// The type a `--cache-type-k`/`-v` value names.
+    pub fn parse(name: &str) -> Option<KvDtype> {
+        [
+            KvDtype::F16,
+            KvDtype::Bf16,
+            KvDtype::F32,
+            KvDtype::Q8_0,
+            KvDtype::Q4_0,
+        ]
+        .into_iter()
+        .find(|t| t.name() == name)
+    }
+
+    /// A number for the type in saved states.
+    fn code(self) -> u64 {
+        match self {
+            KvDtype::F16 => 1,
+            KvDtype::Bf16 => 2,
+            KvDtype::F32 => 3,
+            KvDtype::Q8_0 => 4,
+            KvDtype::Q4_0 => 5,
+        }
+    }
+}
+
+/// The storage types of a cache's keys and of its values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvTypes {
+    pub k: KvDtype,
+    pub v: KvDtype,
+}
+
+impl KvTypes {
+    /// Keys and values both of type `t`.
+    pub const fn same(t: KvDtype) -> KvTypes {
+        KvTypes { k: t, v: t }
+    }
+
+    /// Bytes of K and V for one position of one layer.
+    pub fn slot_bytes(self, n_kv_heads: usize, head_dim: usize) -> usize {
+        self.k.bytes_for(n_kv_heads * head_dim) + self.v.bytes_for(n_kv_heads * head_dim)
+    }
+
+    /// Whether a cache of these types can hold heads of `head_dim` values.
+    /// Block types need whole blocks per head (as llama.cpp needs them).
+    pub fn check(self, head_dim: usize) -> Result<(), String> {
+        for (what, t) in [("K", self.k), ("V", self.v)] {
+            if t.is_quantized() && !head_dim.is_multiple_of(32) {
+                return Err(format!(
+                    "a {} {what} cache needs a head size that is a multiple of 32 (this model's is {head_dim})",
+                    t.name()
+                ));
+            }
+        }
+        if (self.k.is_quantized() || self.v.is_quantized())
+            && (matches!(self.k, KvDtype::Bf16 | KvDtype::F32)
+                || matches!(self.v, KvDtype::Bf16 | KvDtype::F32))
+        {
+            return Err(format!(
+                "K {} with V {}: a quantized cache pairs with f16, q8_0 or q4_0 (as llama.cpp's)",
+                self.k.name(),
+                self.v.name()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The Walsh-Hadamard rotations llama.cpp applies with a quantized cache
+    /// (llama-kv-cache.cpp, `attn_rot_k`/`attn_rot_v`): `(n_rot_k, n_rot_v)`.
+    /// A quantized K with a head size that is a multiple of 64 rotates Q and
+    /// K in chunks of the largest power-of-two multiple of 64 dividing the
+    /// head size; a quantized V rotates V, and the attention output back, in
+    /// chunks of 64. Rotating spreads outliers across a block, so its one
+    /// scale fits better; Q·K and the output are unchanged in exact arithmetic.
+    pub fn rotations(self, head_dim: usize) -> (Option<usize>, Option<usize>) {
+        let k = (self.k.is_quantized() && head_dim.is_multiple_of(64)).then(|| {
+            let mut n = 64;
+            while head_dim.is_multiple_of(2 * n) {
+                n *= 2;
+            }
+            n
+        });
+        let v = (self.v.is_quantized() && head_dim.is_multiple_of(64)).then_some(64);
+        (k, v)
+    }
+
+    /// A number for the pair in saved states; the old one-type value (the
+    /// element size) for the unquantized types, so older files still load.
+    pub fn code(self) -> u64 {
+        match (self.k, self.v) {
+            (KvDtype::F16, KvDtype::F16) | (KvDtype::Bf16, KvDtype::Bf16) => 2,
+            (KvDtype::F32, KvDtype::F32) => 4,
+            (k, v) => 0x100 + 16 * k.code() + v.code(),
+        }
+    }
+}
+
+impl std::fmt::Display for KvTypes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.k == self.v {
+            write!(f, "{}", self.k.name())
+        } else {
+            write!(f, "K {}, V {}", self.k.name(), self.v.name())
         }
     }
 }
@@ -79,9 +212,25 @@ impl KvElem for f32 {
 /// Cached K and V values in their storage type.
 #[derive(Clone)]
 pub enum KvData {
-    F16 { k: Vec<f16>, v: Vec<f16> },
-    Bf16 { k: Vec<bf16>, v: Vec<bf16> },
-    F32 { k: Vec<f32>, v: Vec<f32> },
+    F16 {
+        k: Vec<f16>,
+        v: Vec<f16>,
+    },
+    Bf16 {
+        k: Vec<bf16>,
+        v: Vec<bf16>,
+    },
+    F32 {
+        k: Vec<f32>,
+        v: Vec<f32>,
+    },
+    /// Any pair with a block-quantized type: each head's row of each slot
+    /// as GGML row bytes (K in `types.k`, V in `types.v`), `[n_kv_heads,
+    /// slots]` rows.
+    Rows {
+        k: Vec<u8>,
+        v: Vec<u8>,
+    },
 }
 
 /// Which positions a layer's cache holds and where.
@@ -93,11 +242,11 @@ pub enum CacheLayout {
     Ring { window: usize },
 }
 
-/// K and V of one layer: `[n_kv_heads, slots, head_dim]` each, in `dtype`.
+/// K and V of one layer: `[n_kv_heads, slots, head_dim]` each, in `types`.
 #[derive(Clone)]
 pub struct LayerKvCache {
     pub layout: CacheLayout,
-    pub dtype: KvDtype,
+    pub types: KvTypes,
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub slots: usize,
@@ -110,29 +259,34 @@ pub struct LayerKvCache {
 impl LayerKvCache {
     pub fn new(
         layout: CacheLayout,
-        dtype: KvDtype,
+        types: KvTypes,
         n_kv_heads: usize,
         head_dim: usize,
         slots: usize,
     ) -> Self {
         let n = n_kv_heads * slots * head_dim;
-        let data = match dtype {
-            KvDtype::F16 => KvData::F16 {
+        let uniform = (types.k == types.v).then_some(types.k);
+        let data = match uniform {
+            Some(KvDtype::F16) => KvData::F16 {
                 k: vec![f16::ZERO; n],
                 v: vec![f16::ZERO; n],
             },
-            KvDtype::Bf16 => KvData::Bf16 {
+            Some(KvDtype::Bf16) => KvData::Bf16 {
                 k: vec![bf16::ZERO; n],
                 v: vec![bf16::ZERO; n],
             },
-            KvDtype::F32 => KvData::F32 {
+            Some(KvDtype::F32) => KvData::F32 {
                 k: vec![0.0; n],
                 v: vec![0.0; n],
+            },
+            _ => KvData::Rows {
+                k: vec![0; types.k.bytes_for(n)],
+                v: vec![0; types.v.bytes_for(n)],
             },
         };
         LayerKvCache {
             layout,
-            dtype,
+            types,
             n_kv_heads,
             head_dim,
             slots,
@@ -142,7 +296,7 @@ impl LayerKvCache {
     }
 
     pub fn bytes(&self) -> usize {
-        2 * self.n_kv_heads * self.slots * self.head_dim * self.dtype.bytes()
+        self.slots * self.types.slot_bytes(self.n_kv_heads, self.head_dim)
     }
 
     #[inline]
@@ -189,6 +343,14 @@ impl LayerKvCache {
             KvData::F16 { k: dk, v: dv } => store(dk, dv, k, v, &offsets, hd),
             KvData::Bf16 { k: dk, v: dv } => store(dk, dv, k, v, &offsets, hd),
             KvData::F32 { k: dk, v: dv } => store(dk, dv, k, v, &offsets, hd),
+            KvData::Rows { k: dk, v: dv } => {
+                let (kb, vb) = (self.types.k.bytes_for(hd), self.types.v.bytes_for(hd));
+                for &(src, dst) in &offsets {
+                    let row = dst / hd;
+                    encode_row(self.types.k, &k[src..src + hd], &mut dk[row * kb..][..kb]);
+                    encode_row(self.types.v, &v[src..src + hd], &mut dv[row * vb..][..vb]);
+                }
+            }
         }
         let end = p0 + t;
         if let CacheLayout::Ring { .. } = self.layout {
@@ -255,6 +417,14 @@ impl LayerKvCache {
                     put(out, x, self, rows, |e| e.to_bits().to_le_bytes());
                 }
             }
+            KvData::Rows { k, v } => {
+                for (x, t) in [(k, self.types.k), (v, self.types.v)] {
+                    let rb = t.bytes_for(self.head_dim);
+                    for h in 0..self.n_kv_heads {
+                        out.extend_from_slice(&x[h * self.slots * rb..][..rows * rb]);
+                    }
+                }
+            }
         }
     }
 
@@ -267,11 +437,15 @@ impl LayerKvCache {
             CacheLayout::Ring { .. } => self.slots,
         };
         let (n_kv, slots, hd) = (self.n_kv_heads, self.slots, self.head_dim);
-        let per = self.dtype.bytes();
-        let need = 8 + 2 * n_kv * rows * hd * per;
+        let need = 8 + n_kv * rows * self.types.slot_bytes(1, hd);
         if data.len() < need {
             return None;
         }
+        // Element size of the unquantized types.
+        let per = match self.types.k {
+            KvDtype::F32 => 4,
+            _ => 2,
+        };
         let mut at = 8;
         fn get<E: Copy>(
             x: &mut [E],
@@ -313,6 +487,15 @@ impl LayerKvCache {
                     });
                 }
             }
+            KvData::Rows { k, v } => {
+                for (x, t) in [(k, self.types.k), (v, self.types.v)] {
+                    let rb = t.bytes_for(hd);
+                    for h in 0..n_kv {
+                        x[h * slots * rb..][..rows * rb].copy_from_slice(&data[at..at + rows * rb]);
+                        at += rows * rb;
+                    }
+                }
+            }
         }
         self.oldest_intact = oldest;
         Some(at)
@@ -321,8 +504,76 @@ impl LayerKvCache {
 
 /// Rounds K or V rows to the cache precision (in place), so the chunk's own
 /// keys are seen exactly as later chunks will read them from the cache.
+/// Block-quantized rows are left as they are (attention quantizes them).
 pub fn round_to_cache(x: &mut [f32], dtype: KvDtype) {
+    if dtype.is_quantized() {
+        return;
+    }
     x.iter_mut().for_each(|v| *v = dtype.round(*v));
+}
+
+/// The orthonormal Walsh-Hadamard transform of every chunk of `n` values
+/// of `x` (`n` a power of two), as ggml's CPU backend computes it for a
+/// matmul by a Hadamard matrix (`ggml_compute_forward_fwht`): the values
+/// scaled by `1 / sqrt(n)` first (in f32), then butterflies `(u + v, u - v)`
+/// over strides 1, 2, 4, … `n / 2`. The transform is its own inverse.
+pub fn fwht(x: &mut [f32], n: usize) {
+    assert!(n.is_power_of_two() && x.len().is_multiple_of(n));
+    let scale = 1.0 / (n as f32).sqrt();
+    for row in x.chunks_exact_mut(n) {
+        row.iter_mut().for_each(|v| *v *= scale);
+        let mut len = 1;
+        while len < n {
+            for i in (0..n).step_by(2 * len) {
+                for j in i..i + len {
+                    let (u, v) = (row[j], row[j + len]);
+                    row[j] = u + v;
+                    row[j + len] = u - v;
+                }
+            }
+            len *= 2;
+        }
+    }
+}
+
+/// One head row of `x.len()` values as `t`'s GGML row bytes, as llama.cpp's
+/// CPU backend stores a row into its cache (`set_rows` with the type's
+/// `from_float`: q8_0 in its x86 rounding, q4_0 in the reference one).
+pub fn encode_row(t: KvDtype, x: &[f32], out: &mut [u8]) {
+    use crate::cpu::ggml_order::vec_dot::quantize_row_q8_0_x86;
+    use crate::quant::blocks::as_blocks_mut;
+    match t {
+        KvDtype::F16 => out
+            .chunks_exact_mut(2)
+            .zip(x)
+            .for_each(|(o, &v)| o.copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes())),
+        KvDtype::Bf16 => out
+            .chunks_exact_mut(2)
+            .zip(x)
+            .for_each(|(o, &v)| o.copy_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes())),
+        KvDtype::F32 => out
+            .chunks_exact_mut(4)
+            .zip(x)
+            .for_each(|(o, &v)| o.copy_from_slice(&v.to_le_bytes())),
+        KvDtype::Q8_0 => quantize_row_q8_0_x86(x, as_blocks_mut(out).expect("whole q8_0 blocks")),
+        KvDtype::Q4_0 => crate::quant::quantize::quantize_row_q4_0_ref(
+            x,
+            as_blocks_mut(out).expect("whole q4_0 blocks"),
+        ),
+    }
+}
+
+/// A row written by [`encode_row`] back as values.
+pub fn decode_row(t: KvDtype, row: &[u8], out: &mut [f32]) {
+    use crate::quant::blocks::as_blocks;
+    use crate::quant::dequant::*;
+    match t {
+        KvDtype::F16 => dequantize_row_f16_ref(row, out),
+        KvDtype::Bf16 => dequantize_row_bf16_ref(row, out),
+        KvDtype::F32 => dequantize_row_f32_ref(row, out),
+        KvDtype::Q8_0 => dequantize_row_q8_0_ref(as_blocks(row).expect("whole blocks"), out),
+        KvDtype::Q4_0 => dequantize_row_q4_0_ref(as_blocks(row).expect("whole blocks"), out),
+    }
 }
 
 #[cfg(test)]
@@ -336,47 +587,186 @@ mod tests {
         }
     }
 
+    /// Head `h`'s K and V rows at `p`, as values.
+    fn rows_at(c: &LayerKvCache, h: usize, p: usize) -> (Vec<f32>, Vec<f32>) {
+        let (hd, o) = (c.head_dim, c.row_offset(h, p));
+        let mut k = vec![0.0; hd];
+        let mut v = vec![0.0; hd];
+        match &c.data {
+            KvData::F16 { k: kc, v: vc } => {
+                (0..hd).for_each(|j| (k[j], v[j]) = (kc[o + j].to_f32(), vc[o + j].to_f32()))
+            }
+            KvData::Bf16 { k: kc, v: vc } => {
+                (0..hd).for_each(|j| (k[j], v[j]) = (kc[o + j].to_f32(), vc[o + j].to_f32()))
+            }
+            KvData::F32 { k: kc, v: vc } => {
+                k.copy_from_slice(&kc[o..o + hd]);
+                v.copy_from_slice(&vc[o..o + hd]);
+            }
+            KvData::Rows { k: kc, v: vc } => {
+                let (kb, vb) = (c.types.k.bytes_for(hd), c.types.v.bytes_for(hd));
+                let row = o / hd;
+                decode_row(c.types.k, &kc[row * kb..][..kb], &mut k);
+                decode_row(c.types.v, &vc[row * vb..][..vb], &mut v);
+            }
+        }
+        (k, v)
+    }
+
     #[test]
     fn save_and_load_round_trip_what_the_positions_need() {
         // A flat cache of 6 slots holding 5 positions; a ring of 6 slots
-        // (window 4) that has seen 9.
+        // (window 4) that has seen 9. Two heads of 32 values.
+        let types = [
+            KvTypes::same(KvDtype::F16),
+            KvTypes::same(KvDtype::Bf16),
+            KvTypes::same(KvDtype::F32),
+            KvTypes::same(KvDtype::Q8_0),
+            KvTypes::same(KvDtype::Q4_0),
+            KvTypes {
+                k: KvDtype::Q8_0,
+                v: KvDtype::F16,
+            },
+            KvTypes {
+                k: KvDtype::F16,
+                v: KvDtype::Q4_0,
+            },
+        ];
+        let hd = 32;
         for (layout, pos) in [(CacheLayout::Flat, 5), (CacheLayout::Ring { window: 4 }, 9)] {
-            for dtype in [KvDtype::F16, KvDtype::Bf16, KvDtype::F32] {
-                let mut c = LayerKvCache::new(layout, dtype, 2, 3, 6);
-                let k: Vec<f32> = (0..pos * 6).map(|x| x as f32 * 0.25 - 3.0).collect();
+            for t in types {
+                let mut c = LayerKvCache::new(layout, t, 2, hd, 6);
+                let k: Vec<f32> = (0..pos * 2 * hd)
+                    .map(|x| (x % 97) as f32 * 0.25 - 3.0)
+                    .collect();
                 let v: Vec<f32> = k.iter().map(|x| -x).collect();
                 c.write(0, &k, &v);
                 let mut bytes = Vec::new();
                 c.save(pos, &mut bytes);
-                let mut d = LayerKvCache::new(layout, dtype, 2, 3, 6);
+                let mut d = LayerKvCache::new(layout, t, 2, hd, 6);
                 assert!(d.load(pos, &bytes[..bytes.len() - 1]).is_none());
                 assert_eq!(d.load(pos, &bytes), Some(bytes.len()));
-                let get = |x: &LayerKvCache, o: usize| match &x.data {
-                    KvData::F16 { k, v } => (k[o].to_f32(), v[o].to_f32()),
-                    KvData::Bf16 { k, v } => (k[o].to_f32(), v[o].to_f32()),
-                    KvData::F32 { k, v } => (k[o], v[o]),
-                };
                 let first = pos.saturating_sub(6);
                 for h in 0..2 {
                     for p in first..pos {
-                        let o = c.row_offset(h, p);
                         assert_eq!(
-                            get(&c, o),
-                            get(&d, o),
-                            "{layout:?} {dtype:?} head {h} pos {p}"
+                            rows_at(&c, h, p),
+                            rows_at(&d, h, p),
+                            "{layout:?} {t} head {h} pos {p}"
+                        );
+                        // What was stored is the written row in the cache's types.
+                        let src = (p * 2 + h) * hd;
+                        let (mut kw, mut vw) =
+                            (vec![0u8; t.k.bytes_for(hd)], vec![0u8; t.v.bytes_for(hd)]);
+                        encode_row(t.k, &k[src..src + hd], &mut kw);
+                        encode_row(t.v, &v[src..src + hd], &mut vw);
+                        let (mut ke, mut ve) = (vec![0.0; hd], vec![0.0; hd]);
+                        decode_row(t.k, &kw, &mut ke);
+                        decode_row(t.v, &vw, &mut ve);
+                        assert_eq!(
+                            rows_at(&c, h, p),
+                            (ke, ve),
+                            "{layout:?} {t} head {h} pos {p}"
                         );
                     }
                 }
                 for q in 0..pos {
                     assert_eq!(c.can_serve(q), d.can_serve(q));
                 }
+                assert_eq!(c.bytes(), 6 * t.slot_bytes(2, hd));
             }
         }
     }
 
+    /// The FWHT is the product with ggml's Hadamard matrix (llama-kv-cache.cpp
+    /// `ggml_gen_hadamard`: H[0][0] = 1/sqrt(n), each doubling [[H, H], [H, -H]]),
+    /// and its own inverse; the rotation sizes follow llama.cpp's rules.
+    #[test]
+    fn fwht_is_the_hadamard_matrix_product() {
+        for n in [64usize, 128, 256] {
+            let mut h = vec![0.0f32; n * n];
+            h[0] = 1.0 / (n as f32).sqrt();
+            let mut s = 1;
+            while s < n {
+                for i in 0..s {
+                    for j in 0..s {
+                        let val = h[i * n + j];
+                        h[(i + s) * n + j] = val;
+                        h[i * n + j + s] = val;
+                        h[(i + s) * n + j + s] = -val;
+                    }
+                }
+                s *= 2;
+            }
+            let x: Vec<f32> = (0..2 * n)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+                .collect();
+            let mut y = x.clone();
+            fwht(&mut y, n);
+            for (xr, yr) in x.chunks(n).zip(y.chunks(n)) {
+                for i in 0..n {
+                    let want: f64 = (0..n).map(|j| h[i * n + j] as f64 * xr[j] as f64).sum();
+                    assert!(
+                        (yr[i] as f64 - want).abs() < 1e-4,
+                        "n {n} row {i}: {} vs {want}",
+                        yr[i]
+                    );
+                }
+            }
+            fwht(&mut y, n);
+            for (a, b) in x.iter().zip(&y) {
+                assert!((a - b).abs() < 1e-4);
+            }
+        }
+        let q8 = KvTypes::same(KvDtype::Q8_0);
+        assert_eq!(q8.rotations(64), (Some(64), Some(64)));
+        assert_eq!(q8.rotations(128), (Some(128), Some(64)));
+        assert_eq!(q8.rotations(256), (Some(256), Some(64)));
+        assert_eq!(q8.rotations(192), (Some(64), Some(64)));
+        assert_eq!(q8.rotations(96), (None, None));
+        assert_eq!(KvTypes::same(KvDtype::F16).rotations(64), (None, None));
+        assert_eq!(
+            KvTypes {
+                k: KvDtype::F16,
+                v: KvDtype::Q4_0
+            }
+            .rotations(128),
+            (None, Some(64))
+        );
+    }
+
+    #[test]
+    fn kv_type_names_and_checks() {
+        for t in ["f16", "bf16", "f32", "q8_0", "q4_0"] {
+            assert_eq!(KvDtype::parse(t).unwrap().name(), t);
+        }
+        assert!(KvDtype::parse("q5_1").is_none());
+        assert_eq!(KvDtype::Q8_0.bytes_for(64), 68);
+        assert_eq!(KvDtype::Q4_0.bytes_for(64), 36);
+        assert!(KvTypes::same(KvDtype::Q8_0).check(64).is_ok());
+        assert!(KvTypes::same(KvDtype::Q8_0).check(80).is_err());
+        assert!(KvTypes {
+            k: KvDtype::Q8_0,
+            v: KvDtype::Bf16
+        }
+        .check(64)
+        .is_err());
+        assert_eq!(KvTypes::same(KvDtype::F16).code(), 2);
+        assert_ne!(
+            KvTypes::same(KvDtype::Q8_0).code(),
+            KvTypes::same(KvDtype::Q4_0).code()
+        );
+    }
+
     #[test]
     fn ring_keeps_the_last_slots_positions() {
-        let mut c = LayerKvCache::new(CacheLayout::Ring { window: 4 }, KvDtype::F32, 1, 2, 6);
+        let mut c = LayerKvCache::new(
+            CacheLayout::Ring { window: 4 },
+            KvTypes::same(KvDtype::F32),
+            1,
+            2,
+            6,
+        );
         for p in 0..10 {
             c.write(p, &[p as f32; 2], &[p as f32; 2]);
         }
@@ -389,7 +779,13 @@ mod tests {
 
     #[test]
     fn long_chunk_writes_only_its_tail_and_rollback_limit_is_tracked() {
-        let mut c = LayerKvCache::new(CacheLayout::Ring { window: 4 }, KvDtype::F32, 1, 1, 6);
+        let mut c = LayerKvCache::new(
+            CacheLayout::Ring { window: 4 },
+            KvTypes::same(KvDtype::F32),
+            1,
+            1,
+            6,
+        );
         let rows: Vec<f32> = (0..20).map(|x| x as f32).collect();
         c.write(0, &rows, &rows);
         for p in 14..20 {

@@ -59,9 +59,9 @@ pub const DEQUANTIZE_TYPES: [GgmlType; 14] = {
 };
 
 /// Types [`quantize()`] accepts.
-pub const QUANTIZE_TYPES: [GgmlType; 8] = {
+pub const QUANTIZE_TYPES: [GgmlType; 9] = {
     use GgmlType::*;
-    [F32, F16, BF16, Q8_0, Q8_K, Q4_K, Q5_K, Q6_K]
+    [F32, F16, BF16, Q4_0, Q8_0, Q8_K, Q4_K, Q5_K, Q6_K]
 };
 
 /// Dequantizes `src` (whole blocks of `ty`, as stored in GGUF, any alignment) into `dst`,
@@ -170,6 +170,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
         }
         F16 => quantize_row_f16_ref(src, dst),
         BF16 => quantize_row_bf16_ref(src, dst),
+        Q4_0 => quantize_row_q4_0_ref(src, as_blocks_mut(dst)?),
         Q8_0 => quantize_row_q8_0_ref(src, as_blocks_mut(dst)?),
         Q4_K => quantize_row_q4_k_ref(src, as_blocks_mut(dst)?),
         Q5_K => quantize_row_q5_k_ref(src, as_blocks_mut(dst)?),

@@ -57,6 +57,29 @@ pub fn quantize_row_bf16_ref(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// ggml's `quantize_row_q4_0_ref`: per block the value of largest magnitude
+/// (the first one on ties) `max` sets `d = max / -8`; each value becomes
+/// `min(15, trunc(x / d + 8.5))`, low nibbles the first 16 values.
+pub fn quantize_row_q4_0_ref(src: &[f32], dst: &mut [BlockQ4_0]) {
+    check_len(src, QK, dst.len());
+    for (x, y) in src.chunks_exact(QK).zip(dst) {
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        for &v in x {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        y.d = F16Le::from_f32(d);
+        let q = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+        for j in 0..QK / 2 {
+            y.qs[j] = q(x[j]) | (q(x[QK / 2 + j]) << 4);
+        }
+    }
+}
+
 pub fn quantize_row_q8_0_ref(src: &[f32], dst: &mut [BlockQ8_0]) {
     check_len(src, QK, dst.len());
     for (x, y) in src.chunks_exact(QK).zip(dst) {

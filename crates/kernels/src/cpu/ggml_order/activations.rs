@@ -36,14 +36,77 @@ pub fn expf_ggml_v(x: f32) -> f32 {
     }
 }
 
-/// SwiGLU as ggml's `ggml_vec_swiglu_f32` evaluates it on AVX-512, per row
-/// of `row` values: `silu(a) * b` with silu = a / (1 + expf_ggml_v(-a)) for
-/// whole groups of 16, libm `expf` for a row's tail.
-pub fn swiglu_ggml(a: &mut [f32], b: &[f32], row: usize) {
+/// exp(x) as ggml's AVX2 `ggml_v_expf` computes it: the same reduction and
+/// polynomial coefficients as [`expf_ggml_v`], but evaluated as
+/// `k + k·j` with `j` lacking the constant term and `k = 2^n` built in the
+/// exponent bits, and a two-factor scaling past |n| > 126. Results differ
+/// from the AVX-512 version in the last bit now and then.
+#[inline(always)]
+pub fn expf_ggml_v_avx2(x: f32) -> f32 {
+    const R: f32 = 12582912.0; // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8aa3b), R); // log2(e)
+    let n = z - R;
+    let b = (-n).mul_add(f32::from_bits(0x3f317200), x); // ln2 high
+    let b = (-n).mul_add(f32::from_bits(0x35bfbe8e), b); // ln2 low
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1.0f32.to_bits()));
+    let u = b * b;
+    let p_hi = f32::from_bits(0x3c072010).mul_add(b, f32::from_bits(0x3d2b9f17));
+    let p_mid = f32::from_bits(0x3e2aaf33).mul_add(b, f32::from_bits(0x3efffedb));
+    let j = p_hi
+        .mul_add(u, p_mid)
+        .mul_add(u, f32::from_bits(0x3f7ffff6) * b);
+    if n.abs() <= 126.0 {
+        return j.mul_add(k, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+/// Which of llama.cpp's x86 builds the reference numerics follow where
+/// their arithmetic differs (the vector exp of SwiGLU): the AVX-512 build
+/// (the default, where hearth's parity fixtures were made) or the AVX2 one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RefIsa {
+    #[default]
+    Avx512,
+    Avx2,
+}
+
+impl RefIsa {
+    /// Values per vector of the build's SwiGLU (the rest of a row is scalar).
+    pub fn lanes(self) -> usize {
+        match self {
+            RefIsa::Avx512 => 16,
+            RefIsa::Avx2 => 8,
+        }
+    }
+
+    /// `silu(x) * y` for a value in the vector part of a row.
+    #[inline(always)]
+    pub fn swiglu_v(self, x: f32, y: f32) -> f32 {
+        let e = match self {
+            RefIsa::Avx512 => expf_ggml_v(0.0 - x),
+            RefIsa::Avx2 => expf_ggml_v_avx2(0.0 - x),
+        };
+        x / (1.0 + e) * y
+    }
+}
+
+/// SwiGLU as ggml's `ggml_vec_swiglu_f32` evaluates it, per row of `row`
+/// values: `silu(a) * b` with silu = a / (1 + vector exp(-a)) for whole
+/// vectors of the build's width, libm `expf` for a row's tail.
+pub fn swiglu_ggml(a: &mut [f32], b: &[f32], row: usize, isa: RefIsa) {
     for (ra, rb) in a.chunks_exact_mut(row).zip(b.chunks_exact(row)) {
-        let vec_len = row & !15;
+        let vec_len = row - row % isa.lanes();
         for (x, y) in ra[..vec_len].iter_mut().zip(&rb[..vec_len]) {
-            *x = *x / (1.0 + expf_ggml_v(0.0 - *x)) * y;
+            *x = isa.swiglu_v(*x, *y);
         }
         ra[vec_len..]
             .iter_mut()

@@ -17,7 +17,9 @@ use half::slice::HalfFloatSliceExt;
 
 use super::activations::expf_ggml_v;
 use super::half_dot::{dot_f16_ggml, reduce_add_16};
-use crate::cpu::kv_cache::{CacheLayout, LayerKvCache};
+use super::vec_dot::{quantize_row_q8_0_x86, vec_dot_q4_0_q8_0_x86, vec_dot_q8_0_q8_0_x86};
+use crate::cpu::kv_cache::{decode_row, CacheLayout, KvDtype, LayerKvCache};
+use crate::quant::blocks::{as_blocks, BlockQ8_0, QK};
 
 /// KV cells per tile of the tiled path (`GGML_FA_TILE_KV`).
 const KV_TILE: usize = 64;
@@ -460,4 +462,136 @@ pub(crate) fn tiled_rows(
         out.iter_mut().for_each(|a| *a *= inv);
     }
     vkq
+}
+
+/// Where one KV head's rows come from in a cache that stores GGML row bytes
+/// (a block-quantized K or V): the chunk's own rows (positions `p0..`,
+/// encoded as the cache stores them) or the cache.
+pub(crate) struct RowSource<'a> {
+    /// `[T, n_kv_heads]` rows of K, then of V, in the cache's types.
+    pub k_new: &'a [u8],
+    pub v_new: &'a [u8],
+    pub kc: &'a [u8],
+    pub vc: &'a [u8],
+    pub cache: &'a LayerKvCache,
+    pub p0: usize,
+    pub kvh: usize,
+}
+
+impl RowSource<'_> {
+    fn row<'b>(&'b self, pos: usize, new: &'b [u8], cached: &'b [u8], t: KvDtype) -> &'b [u8] {
+        let c = self.cache;
+        let rb = t.bytes_for(c.head_dim);
+        let row = if pos >= self.p0 {
+            (pos - self.p0) * c.n_kv_heads + self.kvh
+        } else {
+            c.row_offset(self.kvh, pos) / c.head_dim
+        };
+        let src = if pos >= self.p0 { new } else { cached };
+        &src[row * rb..(row + 1) * rb]
+    }
+
+    fn k(&self, pos: usize) -> &[u8] {
+        self.row(pos, self.k_new, self.kc, self.cache.types.k)
+    }
+
+    fn v(&self, pos: usize) -> &[u8] {
+        self.row(pos, self.v_new, self.vc, self.cache.types.v)
+    }
+}
+
+/// A query row converted to what K's dot product takes (`vec_dot_type`):
+/// f16 values for an f16 K, Q8_0 blocks (x86 rounding) for a q8_0 or q4_0 K.
+enum QueryAs {
+    F16(Vec<f32>),
+    Q8(Vec<BlockQ8_0>),
+}
+
+/// llama.cpp's `flash_attn_ext_f16_one_chunk` for caches with a
+/// block-quantized K or V — the only path it takes for them (its split-KV
+/// and tiled paths need f16/f32 K and V of one type): per query row, q
+/// converted to K's `vec_dot_type`; per visible cell in cell order, the score
+/// by K's `vec_dot` times `scale`; an online softmax in f32 whose Σ p·v is
+/// kept in f16 (`VKQ16`) when V is f16, else in f32 (`VKQ32`, V rows
+/// dequantized, `fma(v, p, acc)`); the sum scaled by 1/S at the end.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn quant_rows(
+    qs: &[&[f32]],
+    src: &RowSource,
+    cells: Cells,
+    last: usize,
+    lo: usize,
+    qpos: usize,
+    scale: f32,
+    outs: &mut [&mut [f32]],
+) {
+    let types = src.cache.types;
+    let hd = qs[0].len();
+    let queries: Vec<QueryAs> = qs
+        .iter()
+        .map(|q| match types.k {
+            KvDtype::F16 => QueryAs::F16(round_f16(q)),
+            _ => {
+                let mut b = vec![BlockQ8_0::default(); hd / QK];
+                quantize_row_q8_0_x86(q, &mut b);
+                QueryAs::Q8(b)
+            }
+        })
+        .collect();
+    let v_f16 = types.v == KvDtype::F16;
+    let (mut kbuf, mut vbuf) = (vec![0.0f32; hd], vec![0.0f32; hd]);
+    let mut acc = vec![vec![0.0f32; hd]; qs.len()];
+    let mut sum = vec![0.0f32; qs.len()];
+    let mut max = vec![f32::NEG_INFINITY; qs.len()];
+    let positions = (0..cells.n_kv(last))
+        .filter_map(|c| cells.pos(c, last))
+        .filter(|&p| p >= lo && p <= qpos);
+    // The hot loop: one key and one value per visible cell.
+    for pos in positions {
+        let krow = src.k(pos);
+        if types.k == KvDtype::F16 {
+            decode_row(KvDtype::F16, krow, &mut kbuf);
+        }
+        decode_row(types.v, src.v(pos), &mut vbuf);
+        for (r, q) in queries.iter().enumerate() {
+            let dot = match q {
+                QueryAs::F16(q) => dot_f16_ggml(q, &kbuf),
+                QueryAs::Q8(q) => match types.k {
+                    KvDtype::Q8_0 => {
+                        vec_dot_q8_0_q8_0_x86(as_blocks(krow).expect("whole blocks"), q)
+                    }
+                    KvDtype::Q4_0 => {
+                        vec_dot_q4_0_q8_0_x86(as_blocks(krow).expect("whole blocks"), q)
+                    }
+                    t => unreachable!("K type {t:?} takes f16 queries"),
+                },
+            };
+            let sc = dot * scale;
+            let (mut ms, mut vs) = (1.0f32, 1.0f32);
+            let acc = &mut acc[r];
+            if sc > max[r] {
+                ms = (max[r] - sc).exp();
+                max[r] = sc;
+                if v_f16 {
+                    scale_round_f16(acc, ms);
+                } else {
+                    acc.iter_mut().for_each(|a| *a *= ms);
+                }
+            } else {
+                vs = (sc - max[r]).exp();
+            }
+            if v_f16 {
+                fma_round_f16(acc, &vbuf, vs);
+            } else {
+                acc.iter_mut()
+                    .zip(&vbuf)
+                    .for_each(|(a, &v)| *a = v.mul_add(vs, *a));
+            }
+            sum[r] = sum[r].mul_add(ms, vs);
+        }
+    }
+    for ((a, s), out) in acc.iter().zip(&sum).zip(outs.iter_mut()) {
+        let inv = if *s == 0.0 { 0.0 } else { 1.0 / s };
+        out.iter_mut().zip(a).for_each(|(d, a)| *d = a * inv);
+    }
 }
