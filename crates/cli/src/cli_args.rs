@@ -320,6 +320,42 @@ mod tests {
         // Ordinary short flags are untouched.
         let kept = os(&["hearth", "run", "-n", "5", "-nglx"]);
         assert_eq!(rewrite_llama_flags(kept.clone()), kept);
+        // The KV cache types.
+        assert_eq!(
+            rewrite_llama_flags(os(&["hearth", "run", "-ctk", "q8_0", "-ctv=q4_0"])),
+            os(&[
+                "hearth",
+                "run",
+                "--cache-type-k",
+                "q8_0",
+                "--cache-type-v=q4_0"
+            ])
+        );
+    }
+
+    #[test]
+    fn kv_cache_types() {
+        use hearth_models::{KvDtype, KvTypes};
+        assert_eq!(parse_kv_type("q8_0"), Ok(KvDtype::Q8_0));
+        assert_eq!(parse_kv_type("q4_0"), Ok(KvDtype::Q4_0));
+        assert_eq!(parse_kv_type("f16"), Ok(KvDtype::F16));
+        // llama.cpp's other types are named in the error, not accepted silently.
+        let e = parse_kv_type("q5_1").unwrap_err();
+        assert!(e.contains("f16, q8_0 or q4_0"), "{e}");
+        let args = KvCacheArgs {
+            cache_type_k: KvDtype::Q8_0,
+            cache_type_v: KvDtype::F16,
+        };
+        assert_eq!(
+            args.types(),
+            KvTypes {
+                k: KvDtype::Q8_0,
+                v: KvDtype::F16
+            }
+        );
+        assert!(args.for_device(Device::Cpu).is_ok());
+        let e = args.for_device(Device::Cuda).unwrap_err().to_string();
+        assert!(e.contains("CUDA backend keeps an f16 KV cache"), "{e}");
     }
 
     #[test]

@@ -126,7 +126,7 @@ fn dot(ty: GgmlType, path: Path, w: &[u8], a: &QRow, scratch: &mut Vec<f32>) -> 
         (_, QRow::F32(x)) => {
             scratch.resize(x.len(), 0.0);
             dequantize(ty, w, scratch).expect("validated type");
-            vec_dot_f32_ref(scratch, x)
+            vec_dot_f32_lanes(scratch, x)
         }
         (F16, QRow::F16(x)) if path == Path::TinyBlas => dot_f16_tinyblas(w, x),
         (BF16, QRow::Bf16(x)) if path == Path::TinyBlas => dot_bf16_tinyblas(w, x),
@@ -247,6 +247,16 @@ fn matmul_rows_mode(
             let mut part = Vec::with_capacity((r1 - r0) * n);
             for r in r0..r1 {
                 let wrow = w.row(r);
+                if mode == Activations::F32 {
+                    // Exact f32: the weight row dequantized once for all rows of x.
+                    scratch.resize(w.cols, 0.0);
+                    dequantize(w.ty, wrow, &mut scratch).expect("validated type");
+                    part.extend(acts.iter().map(|a| match a {
+                        QRow::F32(x) => vec_dot_f32_lanes(&scratch, x),
+                        _ => unreachable!("f32 activations in f32 mode"),
+                    }));
+                    continue;
+                }
                 part.extend(acts.iter().map(|a| dot(w.ty, path, wrow, a, &mut scratch)));
             }
             (r0 - rows.start, part)

@@ -17,9 +17,9 @@ use half::slice::HalfFloatSliceExt;
 
 use super::activations::expf_ggml_v;
 use super::half_dot::{dot_f16_ggml, reduce_add_16};
-use super::vec_dot::{quantize_row_q8_0_x86, vec_dot_q4_0_q8_0_x86, vec_dot_q8_0_q8_0_x86};
+use super::vec_dot::quantize_row_q8_0_x86;
 use crate::cpu::kv_cache::{decode_row, CacheLayout, KvDtype, LayerKvCache};
-use crate::quant::blocks::{as_blocks, BlockQ8_0, QK};
+use crate::quant::blocks::{as_blocks, BlockQ4_0, BlockQ8_0, QK};
 
 /// KV cells per tile of the tiled path (`GGML_FA_TILE_KV`).
 const KV_TILE: usize = 64;
@@ -557,12 +557,8 @@ pub(crate) fn quant_rows(
             let dot = match q {
                 QueryAs::F16(q) => dot_f16_ggml(q, &kbuf),
                 QueryAs::Q8(q) => match types.k {
-                    KvDtype::Q8_0 => {
-                        vec_dot_q8_0_q8_0_x86(as_blocks(krow).expect("whole blocks"), q)
-                    }
-                    KvDtype::Q4_0 => {
-                        vec_dot_q4_0_q8_0_x86(as_blocks(krow).expect("whole blocks"), q)
-                    }
+                    KvDtype::Q8_0 => dot_q8_0(as_blocks(krow).expect("whole blocks"), q),
+                    KvDtype::Q4_0 => dot_q4_0(as_blocks(krow).expect("whole blocks"), q),
                     t => unreachable!("K type {t:?} takes f16 queries"),
                 },
             };
@@ -593,5 +589,144 @@ pub(crate) fn quant_rows(
     for ((a, s), out) in acc.iter().zip(&sum).zip(outs.iter_mut()) {
         let inv = if *s == 0.0 { 0.0 } else { 1.0 / s };
         out.iter_mut().zip(a).for_each(|(d, a)| *d = a * inv);
+    }
+}
+
+/// `vec_dot_q8_0_q8_0` in llama.cpp's AVX2 form (the same value as
+/// `vec_dot_q8_0_q8_0_x86`, which the tests compare it with).
+#[inline]
+fn dot_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    {
+        // SAFETY: the target features are enabled at compile time.
+        unsafe { avx2::dot_q8(x.len(), |b| x[b].d.to_f32(), |b| avx2::load_q8(&x[b].qs), y) }
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    )))]
+    vec_dot_q8_0_q8_0_x86(x, y)
+}
+
+/// `vec_dot_q4_0_q8_0` in llama.cpp's AVX2 form (the value of
+/// `vec_dot_q4_0_q8_0_x86`).
+#[inline]
+fn dot_q4_0(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    {
+        // SAFETY: the target features are enabled at compile time.
+        unsafe { avx2::dot_q8(x.len(), |b| x[b].d.to_f32(), |b| avx2::load_q4(&x[b].qs), y) }
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    )))]
+    vec_dot_q4_0_q8_0_x86(x, y)
+}
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use crate::cpu::ggml_order::vec_dot::hsum_float_8;
+    use crate::quant::blocks::{BlockQ8_0, QK};
+
+    /// 32 signed quants of a q8_0 block.
+    #[inline(always)]
+    pub(super) unsafe fn load_q8(qs: &[i8; QK]) -> __m256i {
+        _mm256_loadu_si256(qs.as_ptr() as *const __m256i)
+    }
+
+    /// 32 quants of a q4_0 block minus 8: low nibbles (values 0..16), then high.
+    #[inline(always)]
+    pub(super) unsafe fn load_q4(qs: &[u8; QK / 2]) -> __m256i {
+        let b = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+        let both = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+        let nib = _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+        _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
+    }
+
+    /// Σ over blocks of fma(d_x·d_y, lanes, acc): lane l holds the integer sum
+    /// of elements 4l..4l+4 (`mul_sum_i8_pairs_float`), then `hsum_float_8`.
+    #[inline(always)]
+    pub(super) unsafe fn dot_q8(
+        n: usize,
+        d: impl Fn(usize) -> f32,
+        q: impl Fn(usize) -> __m256i,
+        y: &[BlockQ8_0],
+    ) -> f32 {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = _mm256_setzero_ps();
+        for (b, by) in y.iter().enumerate().take(n) {
+            let dd = _mm256_set1_ps(d(b) * by.d.to_f32());
+            let qx = q(b);
+            let qy = load_q8(&by.qs);
+            let ax = _mm256_sign_epi8(qx, qx);
+            let sy = _mm256_sign_epi8(qy, qx);
+            let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
+            acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sums), acc);
+        }
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        hsum_float_8(&lanes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::ggml_order::vec_dot::{vec_dot_q4_0_q8_0_x86, vec_dot_q8_0_q8_0_x86};
+    use crate::quant::blocks::F16Le;
+
+    /// The AVX2 dot products are the x86-order references bit for bit, on
+    /// blocks with extreme quants (±127, -128 activations excluded as
+    /// llama.cpp's quantizer never makes them) and varied scales.
+    #[test]
+    fn simd_dots_equal_the_x86_order_references() {
+        let mut seed = 12345u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        for n in [1usize, 2, 4, 8] {
+            for _ in 0..200 {
+                let q8 = |next: &mut dyn FnMut() -> u32| BlockQ8_0 {
+                    d: F16Le::from_f32((next() % 1000) as f32 * 1e-4 + 1e-5),
+                    qs: std::array::from_fn(|_| ((next() % 255) as i32 - 127) as i8),
+                };
+                let x: Vec<BlockQ8_0> = (0..n).map(|_| q8(&mut next)).collect();
+                let y: Vec<BlockQ8_0> = (0..n).map(|_| q8(&mut next)).collect();
+                let x4: Vec<BlockQ4_0> = (0..n)
+                    .map(|_| BlockQ4_0 {
+                        d: F16Le::from_f32((next() % 1000) as f32 * -1e-3),
+                        qs: std::array::from_fn(|_| next() as u8),
+                    })
+                    .collect();
+                assert_eq!(
+                    dot_q8_0(&x, &y).to_bits(),
+                    vec_dot_q8_0_q8_0_x86(&x, &y).to_bits()
+                );
+                assert_eq!(
+                    dot_q4_0(&x4, &y).to_bits(),
+                    vec_dot_q4_0_q8_0_x86(&x4, &y).to_bits()
+                );
+            }
+        }
     }
 }

@@ -233,7 +233,7 @@ pub fn vec_dot_q6_k_q8_k_x86(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
 }
 
 /// `hsum_float_8` (arch/x86/quants.c): (x[i] + x[i+4]), then (+ [i+2]), then (+ [1]).
-fn hsum_float_8(x: &[f32; 8]) -> f32 {
+pub(crate) fn hsum_float_8(x: &[f32; 8]) -> f32 {
     let r: [f32; 4] = std::array::from_fn(|i| x[i + 4] + x[i]);
     let (r0, r1) = (r[0] + r[2], r[1] + r[3]);
     r0 + r1
@@ -408,6 +408,33 @@ pub fn vec_dot_q6_k_q8_k_ref(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
 
 pub fn vec_dot_f32_ref(x: &[f32], y: &[f32]) -> f32 {
     x.iter().zip(y).map(|(a, b)| a * b).sum()
+}
+
+/// The dot product of the exact-f32 numerics (`Activations::F32`): 16
+/// running sums (sum `l` takes the fused products of elements `l`, `l + 16`,
+/// …), added pairwise (+8, +4, +2, +1), then the tail past a multiple of 16
+/// in order. A fixed order, so a row's result never depends on the other
+/// rows of a pass; the 16 independent chains compile to vector FMAs.
+pub fn vec_dot_f32_lanes(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len()) & !15;
+    let mut acc = [0.0f32; 16];
+    for (a, b) in x[..n].chunks_exact(16).zip(y[..n].chunks_exact(16)) {
+        for l in 0..16 {
+            acc[l] = a[l].mul_add(b[l], acc[l]);
+        }
+    }
+    let mut width = 8;
+    while width > 0 {
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+        width /= 2;
+    }
+    let mut sum = acc[0];
+    for (a, b) in x[n..].iter().zip(&y[n..]) {
+        sum = a.mul_add(*b, sum);
+    }
+    sum
 }
 
 #[cfg(test)]
