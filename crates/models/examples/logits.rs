@@ -19,12 +19,14 @@ fn main() {
     for &numerics in runs {
         let mut model = Model::load(&args[1]).expect("load");
         model.set_numerics(numerics);
-        // HEARTH_KV=q8_0 (or q4_0): that KV cache type for K and V.
-        if let Some(t) = std::env::var("HEARTH_KV")
-            .ok()
-            .and_then(|t| hearth_models::KvDtype::parse(&t))
-        {
-            model.set_kv_types(hearth_models::KvTypes::same(t)).unwrap();
+        // HEARTH_KV=q8_0 (or q4_0; or K,V such as q8_0,f16): the KV cache types.
+        if let Ok(spec) = std::env::var("HEARTH_KV") {
+            let mut types = spec
+                .split(',')
+                .map(|t| hearth_models::KvDtype::parse(t).expect("HEARTH_KV: f16, q8_0 or q4_0"));
+            let k = types.next().expect("HEARTH_KV");
+            let v = types.next().unwrap_or(k);
+            model.set_kv_types(hearth_models::KvTypes { k, v }).unwrap();
         }
         if std::env::var("HEARTH_REF_ISA").as_deref() == Ok("avx2") {
             model.ref_isa = hearth_models::RefIsa::Avx2;
