@@ -610,7 +610,7 @@ fn dot_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         target_feature = "avx2",
         target_feature = "fma"
     )))]
-    vec_dot_q8_0_q8_0_x86(x, y)
+    super::vec_dot::vec_dot_q8_0_q8_0_x86(x, y)
 }
 
 /// `vec_dot_q4_0_q8_0` in llama.cpp's AVX2 form (the value of
@@ -631,7 +631,7 @@ fn dot_q4_0(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {
         target_feature = "avx2",
         target_feature = "fma"
     )))]
-    vec_dot_q4_0_q8_0_x86(x, y)
+    super::vec_dot::vec_dot_q4_0_q8_0_x86(x, y)
 }
 
 #[cfg(all(
