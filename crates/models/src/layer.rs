@@ -177,7 +177,7 @@ pub(crate) fn layer(
         (Some(gate_up), FfnAct::Silu) => {
             // ggml's SwiGLU: its vector exp for whole groups of 16, libm's past them.
             let isa = m.ref_isa;
-            let vec_len = c.ffn_dim - c.ffn_dim % isa.lanes();
+            let vec_len = isa.vector_len(c.ffn_dim);
             let act = |j: usize, x: f32, y: f32| {
                 if j < vec_len {
                     isa.swiglu_v(x, y)

@@ -542,24 +542,15 @@ pub fn fwht(x: &mut [f32], n: usize) {
 pub fn encode_row(t: KvDtype, x: &[f32], out: &mut [u8]) {
     use crate::cpu::ggml_order::vec_dot::quantize_row_q8_0_x86;
     use crate::quant::blocks::as_blocks_mut;
+    use crate::quant::quantize::*;
     match t {
-        KvDtype::F16 => out
-            .chunks_exact_mut(2)
-            .zip(x)
-            .for_each(|(o, &v)| o.copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes())),
-        KvDtype::Bf16 => out
-            .chunks_exact_mut(2)
-            .zip(x)
-            .for_each(|(o, &v)| o.copy_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes())),
-        KvDtype::F32 => out
-            .chunks_exact_mut(4)
-            .zip(x)
-            .for_each(|(o, &v)| o.copy_from_slice(&v.to_le_bytes())),
+        KvDtype::F16 => quantize_row_f16_ref(x, out),
+        KvDtype::Bf16 => quantize_row_bf16_ref(x, out),
+        KvDtype::F32 => {
+            crate::quant::quantize(hearth_gguf::GgmlType::F32, x, out).expect("a row of f32 values")
+        }
         KvDtype::Q8_0 => quantize_row_q8_0_x86(x, as_blocks_mut(out).expect("whole q8_0 blocks")),
-        KvDtype::Q4_0 => crate::quant::quantize::quantize_row_q4_0_ref(
-            x,
-            as_blocks_mut(out).expect("whole q4_0 blocks"),
-        ),
+        KvDtype::Q4_0 => quantize_row_q4_0_ref(x, as_blocks_mut(out).expect("whole q4_0 blocks")),
     }
 }
 

@@ -107,7 +107,7 @@ fn blocks<B: ByteBlock>(row: &[u8]) -> &[B] {
 
 /// Dot product of one weight row with one prepared activation row;
 /// `path`: which of llama.cpp's x86 matmul kernels this product follows.
-fn dot(ty: GgmlType, path: Path, w: &[u8], a: &QRow, scratch: &mut Vec<f32>) -> f32 {
+fn dot(ty: GgmlType, path: Path, w: &[u8], a: &QRow) -> f32 {
     use GgmlType::*;
     let (repacked, tiled) = (path == Path::Repacked, path == Path::Tiled);
     match (ty, a) {
@@ -122,11 +122,6 @@ fn dot(ty: GgmlType, path: Path, w: &[u8], a: &QRow, scratch: &mut Vec<f32>) -> 
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect();
             vec_dot_f32_ref(&w, x)
-        }
-        (_, QRow::F32(x)) => {
-            scratch.resize(x.len(), 0.0);
-            dequantize(ty, w, scratch).expect("validated type");
-            vec_dot_f32_lanes(scratch, x)
         }
         (F16, QRow::F16(x)) if path == Path::TinyBlas => dot_f16_tinyblas(w, x),
         (BF16, QRow::Bf16(x)) if path == Path::TinyBlas => dot_bf16_tinyblas(w, x),
@@ -257,7 +252,7 @@ fn matmul_rows_mode(
                     }));
                     continue;
                 }
-                part.extend(acts.iter().map(|a| dot(w.ty, path, wrow, a, &mut scratch)));
+                part.extend(acts.iter().map(|a| dot(w.ty, path, wrow, a)));
             }
             (r0 - rows.start, part)
         })

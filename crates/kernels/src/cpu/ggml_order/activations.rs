@@ -80,12 +80,14 @@ pub enum RefIsa {
 }
 
 impl RefIsa {
-    /// Values per vector of the build's SwiGLU (the rest of a row is scalar).
-    pub fn lanes(self) -> usize {
-        match self {
+    /// How many of a row's `row` values the build's SwiGLU computes in whole
+    /// vectors (16 or 8 lanes); the rest use libm's `expf`.
+    pub fn vector_len(self, row: usize) -> usize {
+        let lanes = match self {
             RefIsa::Avx512 => 16,
             RefIsa::Avx2 => 8,
-        }
+        };
+        row - row % lanes
     }
 
     /// `silu(x) * y` for a value in the vector part of a row.
@@ -104,7 +106,7 @@ impl RefIsa {
 /// vectors of the build's width, libm `expf` for a row's tail.
 pub fn swiglu_ggml(a: &mut [f32], b: &[f32], row: usize, isa: RefIsa) {
     for (ra, rb) in a.chunks_exact_mut(row).zip(b.chunks_exact(row)) {
-        let vec_len = row - row % isa.lanes();
+        let vec_len = isa.vector_len(row);
         for (x, y) in ra[..vec_len].iter_mut().zip(&rb[..vec_len]) {
             *x = isa.swiglu_v(*x, *y);
         }
