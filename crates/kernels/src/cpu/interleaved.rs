@@ -612,28 +612,32 @@ unsafe fn dot_q4_k<S: Simd, const NT: usize>(
         );
         let (mut isum, mut msum) = ([S::izero(); NT], [S::izero(); NT]);
         for p in 0..4 {
-            let (mut il, mut ih) = ([S::izero(); NT], [S::izero(); NT]);
-            for u in 0..4 {
-                let raw = S::load(qs.add(64 * (4 * p + u)));
-                let (lo, hi) = (S::nib_lo(raw), S::nib_hi(raw));
-                for t in 0..NT {
-                    il[t] = S::dot_u8(il[t], lo, a64(&yb(&y, t, b).qs, 64 * p + 8 * u));
-                    ih[t] = S::dot_u8(ih[t], hi, a64(&yb(&y, t, b).qs, 64 * p + 32 + 8 * u));
-                }
-            }
             let (j0, j1) = (2 * p, 2 * p + 1);
-            let s0 = S::rows_bytes::<false>(sc.add(8 * j0), sc.add(8 * j0));
-            let s1 = S::rows_bytes::<false>(sc.add(8 * j1), sc.add(8 * j1));
-            let m0 = S::rows_bytes::<false>(mn.add(8 * j0), mn.add(8 * j0));
-            let m1 = S::rows_bytes::<false>(mn.add(8 * j1), mn.add(8 * j1));
+            let (s0, s1) = (
+                S::pscales::<false>(sc.add(8 * j0)),
+                S::pscales::<false>(sc.add(8 * j1)),
+            );
+            // Both sub-blocks' mins (6 bits) as the 16-bit halves of each lane.
+            let m01 = S::add(
+                S::rows_bytes::<false>(mn.add(8 * j0), mn.add(8 * j0)),
+                S::shl(S::rows_bytes::<false>(mn.add(8 * j1), mn.add(8 * j1)), 16),
+            );
+            // The 4 units of this pair of sub-blocks, unpacked once for all tokens.
+            let raw: [S::U; 4] = std::array::from_fn(|u| S::load(qs.add(64 * (4 * p + u))));
+            let (lo, hi) = (raw.map(|r| S::nib_lo(r)), raw.map(|r| S::nib_hi(r)));
             for t in 0..NT {
                 let by = yb(&y, t, b);
-                let bs = |j: usize| by.bsums[2 * j] as i32 + by.bsums[2 * j + 1] as i32;
-                let pi = S::add(S::mul(il[t], s0), S::mul(ih[t], s1));
-                let pm = S::add(
-                    S::mul(m0, S::splat2(bs(j0), bs(j0))),
-                    S::mul(m1, S::splat2(bs(j1), bs(j1))),
-                );
+                // 4 products of nibbles (<= 15) per chain: within pscale's bound.
+                let (mut pl, mut ph) = (S::pzero(), S::pzero());
+                for u in 0..4 {
+                    pl = S::pdot(pl, lo[u], a64(&by.qs, 64 * p + 8 * u));
+                    ph = S::pdot(ph, hi[u], a64(&by.qs, 64 * p + 32 + 8 * u));
+                }
+                let pi = S::add(S::pscale(pl, s0), S::pscale(ph, s1));
+                // A sub-block's activation sum: |32 · 128| fits 16 bits.
+                let bs = |j: usize| (by.bsums[2 * j] as i32 + by.bsums[2 * j + 1] as i32) as u16;
+                let b01 = (bs(j0) as u32 | (bs(j1) as u32) << 16) as i32;
+                let pm = S::madd16(m01, S::splat2(b01, b01));
                 if order == Order::Batch {
                     acc[t] = S::fma(S::cvt(S::pair_sum(pi)), d[t], acc[t]);
                     acc_m[t] = S::fma(S::cvt(pm), dmin[t], acc_m[t]);
@@ -679,26 +683,37 @@ unsafe fn dot_q6_k<S: Simd, const NT: usize>(
             blk.add(layout::Q6_K_QH),
         );
         let mut l = [[S::izero(); 4]; NT];
-        for n in 0..2 {
-            for u in 0..4 {
-                let h = S::load(qh.add(64 * (4 * n + u)));
-                let l0 = S::load(ql.add(64 * (8 * n + u)));
-                let l1 = S::load(ql.add(64 * (8 * n + 4 + u)));
-                let qs = [
-                    S::q6(S::nib_lo(l0), h, 0),
-                    S::q6(S::nib_lo(l1), h, 2),
-                    S::q6(S::nib_hi(l0), h, 4),
-                    S::q6(S::nib_hi(l1), h, 6),
-                ];
-                for (k, q) in qs.into_iter().enumerate() {
-                    let idx = 128 * n + 32 * k + 8 * u;
-                    let g = idx / 16;
-                    let s = S::rows_bytes::<true>(sc.add(8 * g), sc.add(8 * g));
-                    for t in 0..NT {
-                        l[t][u] = S::add(
-                            l[t][u],
-                            S::mul(S::dot_u8(S::izero(), q, a64(&yb(&y, t, b).qs, idx)), s),
-                        );
+        // Units u and u + 1 share their multipliers (sub-block 8n + 2k + u/2).
+        // The per-block order sums every lane in the end, so it chains both
+        // units before multiplying (2 · 2 · 63 · 128 fits 16 bits); the
+        // `vec_dot` order keeps lane accumulators per unit.
+        let chain = if order == Order::Batch { 2 } else { 1 };
+        for u0 in (0..4).step_by(chain) {
+            for n in 0..2 {
+                let mut qs = [[S::load(qh); 4]; 2];
+                for (c, q) in qs.iter_mut().enumerate().take(chain) {
+                    let u = u0 + c;
+                    let h = S::load(qh.add(64 * (4 * n + u)));
+                    let l0 = S::load(ql.add(64 * (8 * n + u)));
+                    let l1 = S::load(ql.add(64 * (8 * n + 4 + u)));
+                    *q = [
+                        S::q6(S::nib_lo(l0), h, 0),
+                        S::q6(S::nib_lo(l1), h, 2),
+                        S::q6(S::nib_hi(l0), h, 4),
+                        S::q6(S::nib_hi(l1), h, 6),
+                    ];
+                }
+                let s: [S::I; 4] = std::array::from_fn(|k| {
+                    S::pscales::<true>(sc.add(8 * ((128 * n + 32 * k + 8 * u0) / 16)))
+                });
+                for t in 0..NT {
+                    let by = yb(&y, t, b);
+                    for k in 0..4 {
+                        let mut p = S::pzero();
+                        for (c, q) in qs.iter().enumerate().take(chain) {
+                            p = S::pdot(p, q[k], a64(&by.qs, 128 * n + 32 * k + 8 * (u0 + c)));
+                        }
+                        l[t][u0] = S::add(l[t][u0], S::pscale(p, s[k]));
                     }
                 }
             }
@@ -1011,6 +1026,65 @@ mod tests {
     use crate::cpu::matmul::{matmul, Activations};
     use crate::quant::quantize;
     use rand::{Rng, SeedableRng};
+
+    /// Quants at their extremes (every byte 0xFF, 0x80 or 0x7F, with small
+    /// finite scales) against activations that quantize to -128 or 127: the
+    /// narrow partial sums (16-bit on AVX2) must not saturate.
+    #[test]
+    fn extreme_quants_match_the_reference() {
+        use GgmlType::*;
+        // Byte offsets of each type's f16 fields.
+        let halves: [(GgmlType, &[usize]); 6] = [
+            (Q8_0, &[0]),
+            (Q4_0, &[0]),
+            (Q5_0, &[0]),
+            (Q4_1, &[0, 2]),
+            (Q4_K, &[0, 2]),
+            (Q6_K, &[208]),
+        ];
+        for (ty, fields) in halves {
+            for fill in [0xffu8, 0x80, 0x7f] {
+                let (rows, cols) = (16, 2 * ty.block_size());
+                let mut wq = vec![fill; rows * cols / ty.block_size() * ty.type_size()];
+                for blk in wq.chunks_exact_mut(ty.type_size()) {
+                    for &o in fields {
+                        blk[o..o + 2]
+                            .copy_from_slice(&half::f16::from_f32(0.0078125).to_le_bytes());
+                    }
+                }
+                let m = QMatrix {
+                    ty,
+                    rows,
+                    cols,
+                    data: &wq,
+                };
+                let pm = PackedMatrix::pack(&m).unwrap();
+                for (n, x) in [(4, -1.0f32), (8, 1.0), (5, -1.0)] {
+                    let x = vec![x; n * cols];
+                    let mut want = vec![0.0; n * rows];
+                    matmul(
+                        &m,
+                        &x,
+                        n,
+                        &mut want,
+                        Activations::Quantized,
+                        RowOrder::Batched,
+                    );
+                    for isa in Isa::available() {
+                        let mut got = vec![f32::NAN; n * rows];
+                        matmul_packed(isa, &pm, &m, &x, n, &mut got, RowOrder::Batched);
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "{ty} {} fill {fill:#x} n {n}",
+                            isa.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut impl Rng) -> Vec<u8> {
         let wf: Vec<f32> = (0..rows * cols)

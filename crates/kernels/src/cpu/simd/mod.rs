@@ -147,7 +147,22 @@ pub trait Simd: Copy {
     /// `lo | (((hi >> shift) & 3) << 4)` per byte (Q6_K quants); `lo` < 16.
     unsafe fn q6(lo: Self::U, hi: Self::U, shift: u32) -> Self::U;
 
+    /// Partial sums for [`Simd::pdot`]: where a narrower exact form is
+    /// cheaper (AVX2: the 16-bit sums `maddubs` gives), that; elsewhere the
+    /// `I` lanes themselves.
+    type P: Copy;
+
     unsafe fn izero() -> Self::I;
+    unsafe fn pzero() -> Self::P;
+    /// `acc` plus the products of [`Simd::dot_u8`] (unsigned weights).
+    unsafe fn pdot(acc: Self::P, w: Self::U, a: u64) -> Self::P;
+    /// Per-row multipliers for [`Simd::pscale`]: row `r`'s is byte `r` at
+    /// `p` (`SIGNED`: sign-extended).
+    unsafe fn pscales<const SIGNED: bool>(p: *const u8) -> Self::I;
+    /// Each `I` lane's sum of the partial products times its row's
+    /// multiplier. Exact when every partial sum fits 16 bits: a chain of `k`
+    /// `pdot`s over weights at most `wmax` needs `k · 2 · wmax · 128 <= 32767`.
+    unsafe fn pscale(acc: Self::P, s: Self::I) -> Self::I;
     /// `acc[2r+h] += Σ_{i<4} w[8r+4h+i] · a[4h+i]` with `w` unsigned, at most
     /// 127 (so no 16-bit saturation on AVX2), and `a` the 8 signed bytes of
     /// the activation packed little-endian into a u64.
@@ -157,6 +172,8 @@ pub trait Simd: Copy {
     unsafe fn add(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn sub(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn mul(a: Self::I, b: Self::I) -> Self::I;
+    /// Each lane as two signed 16-bit halves: `lo(a)·lo(b) + hi(a)·hi(b)`.
+    unsafe fn madd16(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn shl(a: Self::I, n: u32) -> Self::I;
     /// Lane `2r + h` = `[lo, hi][h]`.
     unsafe fn splat2(lo: i32, hi: i32) -> Self::I;

@@ -41,6 +41,7 @@ impl Simd for Neon {
     type U = [uint8x16_t; 4];
     type I = [int32x4_t; 4];
     type F = [float32x4_t; 4];
+    type P = [int32x4_t; 4];
 
     neon! {
         unsafe fn load(p: *const u8) -> [uint8x16_t; 4] {
@@ -70,6 +71,18 @@ impl Simd for Neon {
         unsafe fn izero() -> [int32x4_t; 4] {
             [vdupq_n_s32(0); 4]
         }
+        unsafe fn pzero() -> [int32x4_t; 4] {
+            Self::izero()
+        }
+        unsafe fn pdot(acc: [int32x4_t; 4], w: [uint8x16_t; 4], a: u64) -> [int32x4_t; 4] {
+            Self::dot_u8(acc, w, a)
+        }
+        unsafe fn pscales<const SIGNED: bool>(p: *const u8) -> [int32x4_t; 4] {
+            Self::rows_bytes::<SIGNED>(p, p)
+        }
+        unsafe fn pscale(acc: [int32x4_t; 4], s: [int32x4_t; 4]) -> [int32x4_t; 4] {
+            Self::mul(acc, s)
+        }
         unsafe fn dot_u8(acc: [int32x4_t; 4], w: [uint8x16_t; 4], a: u64) -> [int32x4_t; 4] {
             // Weights are at most 127, so reading them as signed is exact.
             let a = vcreate_s8(a);
@@ -87,6 +100,13 @@ impl Simd for Neon {
         }
         unsafe fn mul(a: [int32x4_t; 4], b: [int32x4_t; 4]) -> [int32x4_t; 4] {
             each!(|x, y| vmulq_s32(x, y), a, b)
+        }
+        unsafe fn madd16(a: [int32x4_t; 4], b: [int32x4_t; 4]) -> [int32x4_t; 4] {
+            each!(|x, y| {
+                let p = vmull_s16(vmovn_s32(x), vmovn_s32(y));
+                let q = vmull_s16(vshrn_n_s32::<16>(x), vshrn_n_s32::<16>(y));
+                vaddq_s32(p, q)
+            }, a, b)
         }
         unsafe fn shl(a: [int32x4_t; 4], n: u32) -> [int32x4_t; 4] {
             let s = vdupq_n_s32(n as i32);

@@ -16,6 +16,7 @@ impl Simd for Scalar {
     type U = [u8; 64];
     type I = [i32; 16];
     type F = [f32; 16];
+    type P = [i32; 16];
 
     unsafe fn load(p: *const u8) -> [u8; 64] {
         std::ptr::read_unaligned(p as *const [u8; 64])
@@ -35,6 +36,18 @@ impl Simd for Scalar {
     unsafe fn izero() -> [i32; 16] {
         [0; 16]
     }
+    unsafe fn pzero() -> [i32; 16] {
+        [0; 16]
+    }
+    unsafe fn pdot(acc: [i32; 16], w: [u8; 64], a: u64) -> [i32; 16] {
+        Self::dot_u8(acc, w, a)
+    }
+    unsafe fn pscales<const SIGNED: bool>(p: *const u8) -> [i32; 16] {
+        Self::rows_bytes::<SIGNED>(p, p)
+    }
+    unsafe fn pscale(acc: [i32; 16], s: [i32; 16]) -> [i32; 16] {
+        Self::mul(acc, s)
+    }
     unsafe fn dot_u8(acc: [i32; 16], w: [u8; 64], a: u64) -> [i32; 16] {
         dot4(acc, w, a, |b| b as i32)
     }
@@ -49,6 +62,10 @@ impl Simd for Scalar {
     }
     unsafe fn mul(a: [i32; 16], b: [i32; 16]) -> [i32; 16] {
         lanes(|l| a[l].wrapping_mul(b[l]))
+    }
+    unsafe fn madd16(a: [i32; 16], b: [i32; 16]) -> [i32; 16] {
+        let h = |v: i32, k: u32| (v >> (16 * k)) as i16 as i32;
+        lanes(|l| h(a[l], 0) * h(b[l], 0) + h(a[l], 1) * h(b[l], 1))
     }
     unsafe fn shl(a: [i32; 16], n: u32) -> [i32; 16] {
         a.map(|v| v << n)

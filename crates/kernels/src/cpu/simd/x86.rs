@@ -23,6 +23,7 @@ impl Simd for Avx512 {
     type U = __m512i;
     type I = __m512i;
     type F = __m512;
+    type P = __m512i;
 
     avx512! {
         unsafe fn prefetch(p: *const u8) {
@@ -47,6 +48,18 @@ impl Simd for Avx512 {
         unsafe fn izero() -> __m512i {
             _mm512_setzero_si512()
         }
+        unsafe fn pzero() -> __m512i {
+            _mm512_setzero_si512()
+        }
+        unsafe fn pdot(acc: __m512i, w: __m512i, a: u64) -> __m512i {
+            Self::dot_u8(acc, w, a)
+        }
+        unsafe fn pscales<const SIGNED: bool>(p: *const u8) -> __m512i {
+            Self::rows_bytes::<SIGNED>(p, p)
+        }
+        unsafe fn pscale(acc: __m512i, s: __m512i) -> __m512i {
+            _mm512_mullo_epi32(acc, s)
+        }
         unsafe fn dot_u8(acc: __m512i, w: __m512i, a: u64) -> __m512i {
             _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi64(a as i64))
         }
@@ -64,6 +77,9 @@ impl Simd for Avx512 {
         }
         unsafe fn mul(a: __m512i, b: __m512i) -> __m512i {
             _mm512_mullo_epi32(a, b)
+        }
+        unsafe fn madd16(a: __m512i, b: __m512i) -> __m512i {
+            _mm512_madd_epi16(a, b)
         }
         unsafe fn shl(a: __m512i, n: u32) -> __m512i {
             _mm512_sll_epi32(a, _mm_cvtsi32_si128(n as i32))
@@ -153,6 +169,8 @@ impl Simd for Avx2 {
     type U = [__m256i; 2];
     type I = [__m256i; 2];
     type F = [__m256; 2];
+    /// 16-bit lanes: `maddubs` pairs, summed without widening.
+    type P = [__m256i; 2];
 
     avx2! {
         unsafe fn prefetch(p: *const u8) {
@@ -176,15 +194,39 @@ impl Simd for Avx2 {
             ]
         }
         unsafe fn q6(lo: [__m256i; 2], hi: [__m256i; 2], shift: u32) -> [__m256i; 2] {
-            let s = _mm_cvtsi32_si128(shift as i32);
+            // Bits shift..shift + 2 of each byte moved to bits 4..6 in one
+            // 16-bit shift (no bit crosses into the masked bits of the other
+            // byte for these shifts), then masked.
             let f = |l: __m256i, h: __m256i| {
-                let h = _mm256_and_si256(_mm256_srl_epi16(h, s), _mm256_set1_epi8(3));
-                _mm256_or_si256(l, _mm256_slli_epi16::<4>(h))
+                let h = match shift {
+                    0 => _mm256_slli_epi16::<4>(h),
+                    2 => _mm256_slli_epi16::<2>(h),
+                    4 => h,
+                    _ => _mm256_srli_epi16::<2>(h),
+                };
+                _mm256_or_si256(l, _mm256_and_si256(h, _mm256_set1_epi8(0x30)))
             };
+            debug_assert!(matches!(shift, 0 | 2 | 4 | 6));
             [f(lo[0], hi[0]), f(lo[1], hi[1])]
         }
         unsafe fn izero() -> [__m256i; 2] {
             [_mm256_setzero_si256(); 2]
+        }
+        unsafe fn pzero() -> [__m256i; 2] {
+            [_mm256_setzero_si256(); 2]
+        }
+        unsafe fn pdot(acc: [__m256i; 2], w: [__m256i; 2], a: u64) -> [__m256i; 2] {
+            let a = _mm256_set1_epi64x(a as i64);
+            halves!(|c, x| _mm256_add_epi16(c, _mm256_maddubs_epi16(x, a)), acc, w)
+        }
+        unsafe fn pscales<const SIGNED: bool>(p: *const u8) -> [__m256i; 2] {
+            // The multiplier in both 16-bit halves of its 32-bit lane, so
+            // `madd` multiplies each 16-bit partial sum by it and adds the pair.
+            let (low, s) = (_mm256_set1_epi32(0xffff), Self::rows_bytes::<SIGNED>(p, p));
+            halves!(|x| _mm256_or_si256(_mm256_and_si256(x, low), _mm256_slli_epi32::<16>(x)), s)
+        }
+        unsafe fn pscale(acc: [__m256i; 2], s: [__m256i; 2]) -> [__m256i; 2] {
+            halves!(|x, y| _mm256_madd_epi16(x, y), acc, s)
         }
         unsafe fn dot_u8(acc: [__m256i; 2], w: [__m256i; 2], a: u64) -> [__m256i; 2] {
             let (a, ones) = (_mm256_set1_epi64x(a as i64), _mm256_set1_epi16(1));
@@ -207,6 +249,9 @@ impl Simd for Avx2 {
         }
         unsafe fn mul(a: [__m256i; 2], b: [__m256i; 2]) -> [__m256i; 2] {
             halves!(|x, y| _mm256_mullo_epi32(x, y), a, b)
+        }
+        unsafe fn madd16(a: [__m256i; 2], b: [__m256i; 2]) -> [__m256i; 2] {
+            halves!(|x, y| _mm256_madd_epi16(x, y), a, b)
         }
         unsafe fn shl(a: [__m256i; 2], n: u32) -> [__m256i; 2] {
             let s = _mm_cvtsi32_si128(n as i32);
