@@ -157,7 +157,7 @@ pub struct Model {
     /// Storage types of the KV cache of states made from now on.
     pub kv_types: KvTypes,
     /// Which llama.cpp x86 build the Reference numerics follow where they
-    /// differ ([`RefIsa`]): AVX-512 unless set.
+    /// differ ([`RefIsa`]): [`RefIsa::native`] unless set.
     pub ref_isa: RefIsa,
     file: Arc<GgufFile>,
     /// [vocab, dim]
@@ -452,7 +452,7 @@ impl Model {
             arch,
             numerics: Numerics::Reference,
             kv_types: KvTypes::same(KvDtype::F16),
-            ref_isa: RefIsa::default(),
+            ref_isa: RefIsa::native(),
             file,
             tok_embd,
             output_norm,

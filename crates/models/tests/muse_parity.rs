@@ -19,7 +19,8 @@ use hearth_models::{Logits, Model};
 
 fn check(shape: &str, long: bool) {
     let fx = fixture(&format!("{shape}.json"));
-    let model = Model::load(gguf(shape)).unwrap();
+    let mut model = Model::load(gguf(shape)).unwrap();
+    model.ref_isa = common::fixture_ref_isa(&fx);
     let eog = ids(&fx["vocab"]["eog_ids"]);
     let mut failures = Vec::new();
     for case in fx["prompts"].as_array().unwrap() {

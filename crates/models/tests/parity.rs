@@ -70,9 +70,11 @@ fn check_model(name: &str, which: Prompts, kv: Option<KvDtype>) {
     // The llama.cpp build the fixture came from: AVX-512 or AVX2 (their
     // vector exp, and so SwiGLU, differ in the last bit now and then).
     let system = fx["llama_cpp"]["system_info"].as_str().unwrap();
-    if !system.contains("AVX512 = 1") {
-        model.ref_isa = RefIsa::Avx2;
-    }
+    model.ref_isa = if system.contains("AVX512 = 1") {
+        RefIsa::Avx512
+    } else {
+        RefIsa::Avx2
+    };
     if let Some(t) = kv {
         model.set_kv_types(KvTypes::same(t)).unwrap();
     }

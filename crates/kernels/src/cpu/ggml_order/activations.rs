@@ -71,7 +71,8 @@ pub fn expf_ggml_v_avx2(x: f32) -> f32 {
 
 /// Which of llama.cpp's x86 builds the reference numerics follow where
 /// their arithmetic differs (the vector exp of SwiGLU): the AVX-512 build
-/// (the default, where hearth's parity fixtures were made) or the AVX2 one.
+/// (where hearth's f16 parity fixtures were made) or the AVX2 one. Models
+/// load with [`RefIsa::native`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RefIsa {
     #[default]
@@ -80,6 +81,17 @@ pub enum RefIsa {
 }
 
 impl RefIsa {
+    /// The build a native llama.cpp compile on this machine is: AVX-512
+    /// where the CPU has it, AVX2 on other x86-64 CPUs. (Elsewhere the
+    /// AVX-512 arithmetic, as before; llama.cpp's NEON exp is not modelled.)
+    pub fn native() -> RefIsa {
+        #[cfg(target_arch = "x86_64")]
+        if !is_x86_feature_detected!("avx512f") {
+            return RefIsa::Avx2;
+        }
+        RefIsa::Avx512
+    }
+
     /// How many of a row's `row` values the build's SwiGLU computes in whole
     /// vectors (16 or 8 lanes); the rest use libm's `expf`.
     pub fn vector_len(self, row: usize) -> usize {
