@@ -6,11 +6,13 @@ each prompt below: the exact prompt token ids, the raw logits of the last prompt
 position (top 100), and the greedy 64-token continuation (ids, text, per-step top-5
 raw logits). Run from the repository root (Python 3.11, a C++17 compiler):
 
-    python3 scripts/make_parity_fixtures.py [--kv TYPE] [MODEL ...]
+    python3 scripts/make_parity_fixtures.py [--kv TYPE] [--dir NAME] [MODEL ...]
 
 With --kv q8_0 (or q4_0) llama.cpp runs with a quantized KV cache
 (`-ctk TYPE -ctv TYPE -fa on`, every tool below) and the fixtures go to
-tests/fixtures/parity/kv-TYPE/<model>.json.
+tests/fixtures/parity/kv-TYPE/<model>.json. With --dir NAME they go to a
+subdirectory NAME (tests/fixtures/parity/avx2: the f16 fixtures of an AVX2-only
+machine's native build, whose vector arithmetic differs from the AVX-512 one's).
 
 It runs scripts/build-llamacpp.sh (reference tools, incl. llama-debug) and compiles
 scripts/parity_dump.cpp against that build's static libraries into the cache dir
@@ -284,6 +286,12 @@ def main() -> None:
         kv = args[1]
         KV_FLAGS.extend(["-ctk", kv, "-ctv", kv, "-fa", "on"])
         OUT_DIR = OUT_DIR / f"kv-{kv}"
+        OUT_DIR.mkdir(exist_ok=True)
+        args = args[2:]
+    if args[:1] == ["--dir"]:
+        # Fixtures of another llama.cpp build (e.g. `--dir avx2` on an
+        # AVX2-only machine) beside the default ones.
+        OUT_DIR = OUT_DIR / args[1]
         OUT_DIR.mkdir(exist_ok=True)
         args = args[2:]
     models = args or MODELS

@@ -111,6 +111,7 @@ pub(crate) fn layer(
         n_kv_heads: c.n_kv_heads,
         head_dim: hd,
         scale,
+        isa: m.ref_isa,
     };
     // A quantized cache: llama.cpp's Hadamard rotations of Q, K and V (the
     // same for every span: they share the model's cache types).

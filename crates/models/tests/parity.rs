@@ -7,6 +7,10 @@
 //!
 //! The same with a quantized KV cache: fixtures in kv-q8_0/ and kv-q4_0/ are
 //! llama.cpp run with `-ctk T -ctv T -fa on`, hearth with the same types.
+//! The default fixtures come from llama.cpp's AVX-512 build; avx2/ holds
+//! smollm2-135m's from an AVX2-only machine's native build (its f16
+//! attention sums 8-lane vectors in another order, and its vector exp
+//! differs), which hearth follows when the fixture's system_info says so.
 
 use std::path::PathBuf;
 
@@ -25,11 +29,14 @@ fn models_dir() -> PathBuf {
 }
 
 /// The fixture for `model` with llama.cpp's default f16 cache, or with the
-/// KV cache type `kv` (its kv-TYPE/ directory).
-fn fixture(model: &str, kv: Option<KvDtype>) -> Value {
+/// KV cache type `kv` (its kv-TYPE/ directory), or from the fixture set `dir`.
+fn fixture(model: &str, kv: Option<KvDtype>, dir: Option<&str>) -> Value {
     let mut p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/parity");
     if let Some(t) = kv {
         p = p.join(format!("kv-{}", t.name()));
+    }
+    if let Some(d) = dir {
+        p = p.join(d);
     }
     let p = p.join(format!("{model}.json"));
     serde_json::from_str(
@@ -47,7 +54,11 @@ enum Prompts {
 }
 
 fn check_model(name: &str, which: Prompts, kv: Option<KvDtype>) {
-    let fx = fixture(name, kv);
+    check_model_in(None, name, which, kv)
+}
+
+fn check_model_in(dir: Option<&str>, name: &str, which: Prompts, kv: Option<KvDtype>) {
+    let fx = fixture(name, kv, dir);
     if let Some(t) = kv {
         assert_eq!(
             fx["settings"]["kv_cache_type_k"],
@@ -221,4 +232,15 @@ parity_tests! {
     kv_q4_0_smollm2_135m_long_code => ("smollm2-135m", LongCode, Some(KvDtype::Q4_0)),
     kv_q4_0_gemma3_270m => ("gemma3-270m", Short, Some(KvDtype::Q4_0)),
     kv_q4_0_gemma3_270m_long_code => ("gemma3-270m", LongCode, Some(KvDtype::Q4_0)),
+}
+
+/// llama.cpp's AVX2 build (its own f16 vector orders and exp).
+#[test]
+fn parity_avx2_build_smollm2_135m() {
+    check_model_in(Some("avx2"), "smollm2-135m", Prompts::Short, None);
+}
+
+#[test]
+fn parity_avx2_build_smollm2_135m_long_code() {
+    check_model_in(Some("avx2"), "smollm2-135m", Prompts::LongCode, None);
 }

@@ -19,6 +19,8 @@ pub struct AttnShape {
     pub head_dim: usize,
     /// Multiplier on q·k.
     pub scale: f32,
+    /// Which llama.cpp x86 build's vector arithmetic the f16 path follows.
+    pub isa: super::ggml_order::activations::RefIsa,
 }
 
 /// Causal attention for a chunk of `T` new tokens at positions `p0..p0+T`.
@@ -91,7 +93,17 @@ fn attention_rows(
         };
         let qpos = p0 + t;
         let lo = cache.window_start(qpos);
-        fa::quant_rows(qs, &src, cells, p0 + t_len - 1, lo, qpos, s.scale, outs);
+        fa::quant_rows(
+            qs,
+            &src,
+            cells,
+            p0 + t_len - 1,
+            lo,
+            qpos,
+            s.scale,
+            s.isa,
+            outs,
+        );
     });
 }
 
@@ -271,7 +283,7 @@ fn attention_f16_flash(
                 })
                 .collect();
             *slots[k].lock().unwrap() =
-                fa::tiled_rows(&rows, &source(*kvh), cells, p0 + t_len - 1, s.scale);
+                fa::tiled_rows(&rows, &source(*kvh), cells, p0 + t_len - 1, s.scale, s.isa);
         });
         let results: Vec<Vec<f32>> = slots.into_iter().map(|m| m.into_inner().unwrap()).collect();
         for ((_, idx), res) in tasks.iter().zip(&results) {
@@ -288,9 +300,19 @@ fn attention_f16_flash(
         let qpos = p0 + t;
         let lo = cache.window_start(qpos);
         if (t_len == 1 || invariant) && fa::use_split_kv(cells, qpos) {
-            fa::split_kv_rows(qs, &src, cells, lo, qpos, s.scale, outs);
+            fa::split_kv_rows(qs, &src, cells, lo, qpos, s.scale, s.isa, outs);
         } else {
-            fa::f16_rows(qs, &src, cells, p0 + t_len - 1, lo, qpos, s.scale, outs);
+            fa::f16_rows(
+                qs,
+                &src,
+                cells,
+                p0 + t_len - 1,
+                lo,
+                qpos,
+                s.scale,
+                s.isa,
+                outs,
+            );
         }
     });
 }

@@ -2,6 +2,7 @@
 //! written to the cache, then the noise block `[anchor, MASK, ...]`.
 
 use half::f16;
+use hearth_kernels::cpu::ggml_order::activations::RefIsa;
 use hearth_kernels::cpu::ggml_order::flash_attn::f16_attend_row;
 use hearth_kernels::cpu::interleaved::matmul_packed;
 use hearth_kernels::cpu::simd;
@@ -216,7 +217,7 @@ impl DflashModel {
             f16_round(exact, &mut q);
             f16_round(exact, &mut kb);
             f16_round(exact, &mut vb);
-            let att = self.attend(exact, li, l, &q, &kb, &vb, st, c1, b);
+            let att = self.attend(exact, target.ref_isa, li, l, &q, &kb, &vb, st, c1, b);
             let mut y = self.linear(mode, &l.wo, &att);
             if let Some(s) = c.value_scale {
                 y.iter_mut().for_each(|v| *v *= s);
@@ -386,6 +387,7 @@ impl DflashModel {
     fn attend(
         &self,
         exact: bool,
+        isa: RefIsa,
         li: usize,
         l: &DraftLayer,
         q: &[f32],
@@ -425,7 +427,7 @@ impl DflashModel {
                 let keys = (0..c1 - lo + n_blk).map(|j| (key(j), val(j)));
                 let sink = l.sinks.as_ref().map(|s| s[h]);
                 let o = match exact {
-                    false => f16_attend_row(qv, keys, c.attn_scale, sink),
+                    false => f16_attend_row(qv, keys, c.attn_scale, sink, isa),
                     true => softmax_attend_row(qv, keys, c.attn_scale, sink),
                 };
                 y[(t * nh + h) * hd..][..hd].copy_from_slice(&o);

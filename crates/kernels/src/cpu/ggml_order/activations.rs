@@ -95,11 +95,24 @@ impl RefIsa {
     /// How many of a row's `row` values the build's SwiGLU computes in whole
     /// vectors (16 or 8 lanes); the rest use libm's `expf`.
     pub fn vector_len(self, row: usize) -> usize {
-        let lanes = match self {
+        row - row % self.lanes()
+    }
+
+    /// f32 lanes of the build's vectors.
+    pub fn lanes(self) -> usize {
+        match self {
             RefIsa::Avx512 => 16,
             RefIsa::Avx2 => 8,
-        };
-        row - row % lanes
+        }
+    }
+
+    /// The build's vector `ggml_v_expf` (one lane).
+    #[inline(always)]
+    pub fn expf_v(self, x: f32) -> f32 {
+        match self {
+            RefIsa::Avx512 => expf_ggml_v(x),
+            RefIsa::Avx2 => expf_ggml_v_avx2(x),
+        }
     }
 
     /// `silu(x) * y` for a value in the vector part of a row.

@@ -15,8 +15,8 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use super::activations::expf_ggml_v;
-use super::half_dot::{dot_f16_ggml, reduce_add_16};
+use super::activations::RefIsa;
+use super::half_dot::{dot_f16_isa, reduce_add_16};
 use super::vec_dot::quantize_row_q8_0_x86;
 use crate::cpu::kv_cache::{decode_row, CacheLayout, KvDtype, LayerKvCache};
 use crate::quant::blocks::{as_blocks, BlockQ4_0, BlockQ8_0, QK};
@@ -120,6 +120,7 @@ fn f16_chunk(
     src: &KvSource,
     positions: impl Iterator<Item = usize>,
     scale: f32,
+    isa: RefIsa,
 ) -> Vec<(f32, f32, Vec<f32>)> {
     let hd = qvs[0].len();
     // Σ p·v is kept in f16 (as ggml keeps VKQ16): held here as f32 values
@@ -135,7 +136,7 @@ fn f16_chunk(
         src.load(pos, true, &mut kbuf);
         src.load(pos, false, &mut vbuf);
         for (r, qv) in qvs.iter().enumerate() {
-            let sc = dot_f16_ggml(qv, &kbuf) * scale;
+            let sc = dot_f16_isa(qv, &kbuf, isa) * scale;
             let (mut ms, mut vs) = (1.0f32, 1.0f32);
             let acc = &mut acc[r];
             if sc > max[r] {
@@ -220,13 +221,14 @@ pub fn f16_attend_row<'a>(
     kv: impl Iterator<Item = (&'a [f32], &'a [f32])>,
     scale: f32,
     sink: Option<f32>,
+    isa: RefIsa,
 ) -> Vec<f32> {
     let q = round_f16(q);
     let hd = q.len();
     let (mut m, mut s) = (f32::NEG_INFINITY, 0.0f32);
     let mut acc = vec![0.0f32; hd];
     for (k, v) in kv {
-        let sc = dot_f16_ggml(&q, k) * scale;
+        let sc = dot_f16_isa(&q, k, isa) * scale;
         let (mut ms, mut vs) = (1.0f32, 1.0f32);
         if sc > m {
             ms = (m - sc).exp();
@@ -271,13 +273,14 @@ pub(crate) fn f16_rows(
     lo: usize,
     qpos: usize,
     scale: f32,
+    isa: RefIsa,
     outs: &mut [&mut [f32]],
 ) {
     let qvs: Vec<Vec<f32>> = qs.iter().map(|q| round_f16(q)).collect();
     let positions = (0..cells.n_kv(last))
         .filter_map(|c| cells.pos(c, last))
         .filter(|&p| p >= lo && p <= qpos);
-    for ((_, sum, acc), out) in f16_chunk(&qvs, src, positions, scale)
+    for ((_, sum, acc), out) in f16_chunk(&qvs, src, positions, scale, isa)
         .into_iter()
         .zip(outs.iter_mut())
     {
@@ -302,6 +305,7 @@ pub(crate) fn split_kv_rows(
     lo: usize,
     qpos: usize,
     scale: f32,
+    isa: RefIsa,
     outs: &mut [&mut [f32]],
 ) {
     let qvs: Vec<Vec<f32>> = qs.iter().map(|q| round_f16(q)).collect();
@@ -315,7 +319,7 @@ pub(crate) fn split_kv_rows(
         let positions = (c0..(c0 + chunk).min(n_kv))
             .filter_map(|c| cells.pos(c, qpos))
             .filter(|&p| p >= lo && p <= qpos);
-        for (r, (mc, sc, vc)) in f16_chunk(&qvs, src, positions, scale)
+        for (r, (mc, sc, vc)) in f16_chunk(&qvs, src, positions, scale, isa)
             .into_iter()
             .enumerate()
         {
@@ -356,6 +360,7 @@ pub(crate) fn tiled_rows(
     cells: Cells,
     last: usize,
     scale: f32,
+    isa: RefIsa,
 ) -> Vec<f32> {
     let hd = src.hd();
     let n_kv = cells.n_kv(last);
@@ -422,14 +427,22 @@ pub(crate) fn tiled_rows(
                 *s *= scale_old;
             }
             *m = mn;
+            // ggml_vec_soft_max_f32: whole vectors of the build's width,
+            // each vector's sum in its own reduction order.
             let mut tile_sum = 0.0f64;
-            for group in kq.chunks_exact_mut(16) {
-                let mut lanes = [0.0f32; 16];
-                for (x, l) in group.iter_mut().zip(lanes.iter_mut()) {
-                    *x = expf_ggml_v(*x - *m);
-                    *l = *x;
+            let width = isa.lanes();
+            for group in kq.chunks_exact_mut(width) {
+                for x in group.iter_mut() {
+                    *x = isa.expf_v(*x - *m);
                 }
-                tile_sum += reduce_add_16(lanes) as f64;
+                tile_sum += match isa {
+                    RefIsa::Avx512 => reduce_add_16(group.try_into().expect("16 lanes")),
+                    // hi + lo halves, then (w0 + w2) + (w1 + w3).
+                    RefIsa::Avx2 => {
+                        let w: [f32; 4] = std::array::from_fn(|i| group[i + 4] + group[i]);
+                        (w[0] + w[2]) + (w[1] + w[3])
+                    }
+                } as f64;
             }
             *s = (*s as f64 + tile_sum) as f32;
             // Σ p·v, 32 output values at a time over all cells (each value's
@@ -523,6 +536,7 @@ pub(crate) fn quant_rows(
     lo: usize,
     qpos: usize,
     scale: f32,
+    isa: RefIsa,
     outs: &mut [&mut [f32]],
 ) {
     let types = src.cache.types;
@@ -555,7 +569,7 @@ pub(crate) fn quant_rows(
         decode_row(types.v, src.v(pos), &mut vbuf);
         for (r, q) in queries.iter().enumerate() {
             let dot = match q {
-                QueryAs::F16(q) => dot_f16_ggml(q, &kbuf),
+                QueryAs::F16(q) => dot_f16_isa(q, &kbuf, isa),
                 QueryAs::Q8(q) => match types.k {
                     KvDtype::Q8_0 => dot_q8_0(as_blocks(krow).expect("whole blocks"), q),
                     KvDtype::Q4_0 => dot_q4_0(as_blocks(krow).expect("whole blocks"), q),

@@ -14,6 +14,8 @@
 
 use half::{bf16, f16};
 
+use super::activations::RefIsa;
+
 /// `_mm512_reduce_add_ps` as GCC expands it: halves added pairwise (+8, +4, +2, +1).
 pub(crate) fn reduce_add_16(mut v: [f32; 16]) -> f32 {
     let mut width = 8;
@@ -50,6 +52,39 @@ pub(crate) fn dot_f16_ggml(a: &[f32], b: &[f32]) -> f32 {
         sum += (x * y) as f64;
     }
     sum as f32
+}
+
+/// [`dot_f16_ggml`] in the order of llama.cpp's AVX2 build: 4 accumulators
+/// of 8 lanes over steps of 32, folded 0+2, 1+3, 0+1 (`GGML_F32x8_REDUCE`),
+/// the 8 lanes then as `t[i] = x[i] + x[i+4]`, `(t0 + t1) + (t2 + t3)` (two
+/// `hadd`s); the tail past a multiple of 32 product by product in f64.
+pub(crate) fn dot_f16_ggml_avx2(a: &[f32], b: &[f32]) -> f32 {
+    let np = a.len() & !31;
+    let mut acc = [[0.0f32; 8]; 4];
+    for (ac, bc) in a[..np].chunks_exact(32).zip(b[..np].chunks_exact(32)) {
+        for (j, lanes) in acc.iter_mut().enumerate() {
+            let aa: &[f32; 8] = ac[j * 8..j * 8 + 8].try_into().expect("8 lanes");
+            let bb: &[f32; 8] = bc[j * 8..j * 8 + 8].try_into().expect("8 lanes");
+            for l in 0..8 {
+                lanes[l] += aa[l] * bb[l];
+            }
+        }
+    }
+    let v: [f32; 8] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let t: [f32; 4] = std::array::from_fn(|i| v[i] + v[i + 4]);
+    let mut sum = ((t[0] + t[1]) + (t[2] + t[3])) as f64;
+    for (x, y) in a[np..].iter().zip(&b[np..]) {
+        sum += (x * y) as f64;
+    }
+    sum as f32
+}
+
+/// `ggml_vec_dot_f16`'s order of the given llama.cpp x86 build.
+pub(crate) fn dot_f16_isa(a: &[f32], b: &[f32], isa: RefIsa) -> f32 {
+    match isa {
+        RefIsa::Avx512 => dot_f16_ggml(a, b),
+        RefIsa::Avx2 => dot_f16_ggml_avx2(a, b),
+    }
 }
 
 fn f16_row(w: &[u8]) -> Vec<f32> {
