@@ -298,6 +298,7 @@ pub(crate) fn use_split_kv(cells: Cells, qpos: usize) -> bool {
 /// `n_kv` cells cut into `REF_THREADS` contiguous chunks, each an
 /// [`f16_chunk`] over its valid cells, merged per row as
 /// `acc = fma(acc, e^(M-M'), acc_c·e^(M_c-M'))`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn split_kv_rows(
     qs: &[&[f32]],
     src: &KvSource,
