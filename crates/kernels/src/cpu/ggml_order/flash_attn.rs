@@ -347,8 +347,9 @@ pub(crate) fn split_kv_rows(
 /// share one KV head: q stays f32; per tile of 64 cells, scores are
 /// sequential fma chains over the head dimension times `scale`; the running
 /// max M moves once per tile (rescaling Σ p·v and S by libm `expf`); p =
-/// ggml's vector exp of s - M, summed in groups of 16 (halving tree) into an
-/// f64 tile sum added to S; Σ p·v is a sequential fma chain over the cells.
+/// ggml's vector exp of s - M (the build's, `isa`), summed per vector of the
+/// build's width (16 lanes: halving tree; 8: its SSE reduction) into an f64
+/// tile sum added to S; Σ p·v is a sequential fma chain over the cells.
 ///
 /// Each tile's keys and values are converted once for all rows; the 64
 /// scores of a row are computed side by side (one fma chain per lane, the

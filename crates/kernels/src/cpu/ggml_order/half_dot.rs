@@ -34,45 +34,39 @@ pub(crate) fn reduce_add_16(mut v: [f32; 16]) -> f32 {
 /// (`GGML_F32x16_REDUCE`); the tail past a multiple of 64 added product by
 /// product in f64.
 pub(crate) fn dot_f16_ggml(a: &[f32], b: &[f32]) -> f32 {
-    let np = a.len() & !63;
-    let mut acc = [[0.0f32; 16]; 4];
-    // Fixed-size chunks so the 64 lanes compile to vector multiplies and adds.
-    for (ac, bc) in a[..np].chunks_exact(64).zip(b[..np].chunks_exact(64)) {
-        for (j, lanes) in acc.iter_mut().enumerate() {
-            let aa: &[f32; 16] = ac[j * 16..j * 16 + 16].try_into().expect("16 lanes");
-            let bb: &[f32; 16] = bc[j * 16..j * 16 + 16].try_into().expect("16 lanes");
-            for l in 0..16 {
-                lanes[l] += aa[l] * bb[l];
-            }
-        }
-    }
-    let v: [f32; 16] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
-    let mut sum = reduce_add_16(v) as f64;
-    for (x, y) in a[np..].iter().zip(&b[np..]) {
-        sum += (x * y) as f64;
-    }
-    sum as f32
+    dot_f16_lanes::<16>(a, b, reduce_add_16)
 }
 
 /// [`dot_f16_ggml`] in the order of llama.cpp's AVX2 build: 4 accumulators
-/// of 8 lanes over steps of 32, folded 0+2, 1+3, 0+1 (`GGML_F32x8_REDUCE`),
-/// the 8 lanes then as `t[i] = x[i] + x[i+4]`, `(t0 + t1) + (t2 + t3)` (two
+/// of 8 lanes over steps of 32, the same fold (`GGML_F32x8_REDUCE`), the 8
+/// lanes then as `t[i] = x[i] + x[i+4]`, `(t0 + t1) + (t2 + t3)` (two
 /// `hadd`s); the tail past a multiple of 32 product by product in f64.
 pub(crate) fn dot_f16_ggml_avx2(a: &[f32], b: &[f32]) -> f32 {
-    let np = a.len() & !31;
-    let mut acc = [[0.0f32; 8]; 4];
-    for (ac, bc) in a[..np].chunks_exact(32).zip(b[..np].chunks_exact(32)) {
+    dot_f16_lanes::<8>(a, b, |v| {
+        let t: [f32; 4] = std::array::from_fn(|i| v[i] + v[i + 4]);
+        (t[0] + t[1]) + (t[2] + t[3])
+    })
+}
+
+/// `ggml_vec_dot_f16` with vectors of `L` lanes: 4 accumulators over steps
+/// of `4L`, folded 0+2, 1+3, 0+1, the lanes reduced by `reduce`, the tail
+/// added in f64.
+fn dot_f16_lanes<const L: usize>(a: &[f32], b: &[f32], reduce: impl Fn([f32; L]) -> f32) -> f32 {
+    let step = 4 * L;
+    let np = a.len() - a.len() % step;
+    let mut acc = [[0.0f32; L]; 4];
+    // Fixed-size chunks so the lanes compile to vector multiplies and adds.
+    for (ac, bc) in a[..np].chunks_exact(step).zip(b[..np].chunks_exact(step)) {
         for (j, lanes) in acc.iter_mut().enumerate() {
-            let aa: &[f32; 8] = ac[j * 8..j * 8 + 8].try_into().expect("8 lanes");
-            let bb: &[f32; 8] = bc[j * 8..j * 8 + 8].try_into().expect("8 lanes");
-            for l in 0..8 {
+            let aa: &[f32; L] = ac[j * L..(j + 1) * L].try_into().expect("L lanes");
+            let bb: &[f32; L] = bc[j * L..(j + 1) * L].try_into().expect("L lanes");
+            for l in 0..L {
                 lanes[l] += aa[l] * bb[l];
             }
         }
     }
-    let v: [f32; 8] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
-    let t: [f32; 4] = std::array::from_fn(|i| v[i] + v[i + 4]);
-    let mut sum = ((t[0] + t[1]) + (t[2] + t[3])) as f64;
+    let v: [f32; L] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let mut sum = reduce(v) as f64;
     for (x, y) in a[np..].iter().zip(&b[np..]) {
         sum += (x * y) as f64;
     }
