@@ -683,37 +683,26 @@ unsafe fn dot_q6_k<S: Simd, const NT: usize>(
             blk.add(layout::Q6_K_QH),
         );
         let mut l = [[S::izero(); 4]; NT];
-        // Units u and u + 1 share their multipliers (sub-block 8n + 2k + u/2).
-        // The per-block order sums every lane in the end, so it chains both
-        // units before multiplying (2 · 2 · 63 · 128 fits 16 bits); the
-        // `vec_dot` order keeps lane accumulators per unit.
-        let chain = if order == Order::Batch { 2 } else { 1 };
-        for u0 in (0..4).step_by(chain) {
+        for u in 0..4 {
             for n in 0..2 {
-                let mut qs = [[S::load(qh); 4]; 2];
-                for (c, q) in qs.iter_mut().enumerate().take(chain) {
-                    let u = u0 + c;
-                    let h = S::load(qh.add(64 * (4 * n + u)));
-                    let l0 = S::load(ql.add(64 * (8 * n + u)));
-                    let l1 = S::load(ql.add(64 * (8 * n + 4 + u)));
-                    *q = [
-                        S::q6(S::nib_lo(l0), h, 0),
-                        S::q6(S::nib_lo(l1), h, 2),
-                        S::q6(S::nib_hi(l0), h, 4),
-                        S::q6(S::nib_hi(l1), h, 6),
-                    ];
-                }
+                let h = S::load(qh.add(64 * (4 * n + u)));
+                let l0 = S::load(ql.add(64 * (8 * n + u)));
+                let l1 = S::load(ql.add(64 * (8 * n + 4 + u)));
+                let qs = [
+                    S::q6(S::nib_lo(l0), h, 0),
+                    S::q6(S::nib_lo(l1), h, 2),
+                    S::q6(S::nib_hi(l0), h, 4),
+                    S::q6(S::nib_hi(l1), h, 6),
+                ];
                 let s: [S::I; 4] = std::array::from_fn(|k| {
-                    S::pscales::<true>(sc.add(8 * ((128 * n + 32 * k + 8 * u0) / 16)))
+                    S::pscales::<true>(sc.add(8 * ((128 * n + 32 * k + 8 * u) / 16)))
                 });
                 for t in 0..NT {
                     let by = yb(&y, t, b);
                     for k in 0..4 {
-                        let mut p = S::pzero();
-                        for (c, q) in qs.iter().enumerate().take(chain) {
-                            p = S::pdot(p, q[k], a64(&by.qs, 128 * n + 32 * k + 8 * (u0 + c)));
-                        }
-                        l[t][u0] = S::add(l[t][u0], S::pscale(p, s[k]));
+                        // One product chain per multiplier (quants <= 63).
+                        let p = S::pdot(S::pzero(), qs[k], a64(&by.qs, 128 * n + 32 * k + 8 * u));
+                        l[t][u] = S::add(l[t][u], S::pscale(p, s[k]));
                     }
                 }
             }
@@ -1061,27 +1050,34 @@ mod tests {
                 let pm = PackedMatrix::pack(&m).unwrap();
                 for (n, x) in [(4, -1.0f32), (8, 1.0), (5, -1.0)] {
                     let x = vec![x; n * cols];
-                    let mut want = vec![0.0; n * rows];
-                    matmul(
-                        &m,
-                        &x,
-                        n,
-                        &mut want,
-                        Activations::Quantized,
-                        RowOrder::Batched,
-                    );
-                    for isa in Isa::available() {
-                        let mut got = vec![f32::NAN; n * rows];
-                        matmul_packed(isa, &pm, &m, &x, n, &mut got, RowOrder::Batched);
-                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(
-                            bits(&got),
-                            bits(&want),
-                            "{ty} {} fill {fill:#x} n {n}",
-                            isa.name()
-                        );
-                    }
+                    assert_packed_bits(&m, &pm, &x, n, &format!("{ty} fill {fill:#x} n {n}"));
                 }
+            }
+        }
+    }
+
+    /// Every available ISA's packed product of `n` rows of `x` equals the
+    /// reference `matmul` (llama.cpp's x86 order) bit for bit.
+    fn assert_packed_bits(m: &QMatrix, pm: &PackedMatrix, x: &[f32], n: usize, what: &str) {
+        let mut want = vec![0.0; n * m.rows];
+        matmul(
+            m,
+            x,
+            n,
+            &mut want,
+            Activations::Quantized,
+            RowOrder::Batched,
+        );
+        for isa in Isa::available() {
+            let mut got = vec![f32::NAN; n * m.rows];
+            matmul_packed(isa, pm, m, x, n, &mut got, RowOrder::Batched);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{what} {} [{i}]: {g} vs {w}",
+                    isa.name()
+                );
             }
         }
     }
@@ -1253,27 +1249,8 @@ mod tests {
                             }
                         })
                         .collect();
-                    let mut want = vec![0.0; n * rows];
-                    matmul(
-                        &m,
-                        &x,
-                        n,
-                        &mut want,
-                        Activations::Quantized,
-                        RowOrder::Batched,
-                    );
-                    for isa in Isa::available() {
-                        let mut got = vec![f32::NAN; n * rows];
-                        matmul_packed(isa, &pm, &m, &x, n, &mut got, RowOrder::Batched);
-                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                            assert_eq!(
-                                g.to_bits(),
-                                w.to_bits(),
-                                "{ty} {} rows {rows} blocks {blocks} n {n} [{i}]: {g} vs {w}",
-                                isa.name()
-                            );
-                        }
-                    }
+                    let what = format!("{ty} rows {rows} blocks {blocks} n {n}");
+                    assert_packed_bits(&m, &pm, &x, n, &what);
                 }
             }
         }
