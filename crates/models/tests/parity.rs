@@ -18,7 +18,7 @@ mod common;
 
 use common::{argmax, ids};
 
-use hearth_models::{KvDtype, KvTypes, Logits, Model, RefIsa};
+use hearth_models::{KvDtype, KvTypes, Logits, Model};
 use serde_json::Value;
 
 fn models_dir() -> PathBuf {
@@ -79,13 +79,8 @@ fn check_model_in(dir: Option<&str>, name: &str, which: Prompts, kv: Option<KvDt
     );
     let mut model = Model::load(&path).unwrap();
     // The llama.cpp build the fixture came from: AVX-512 or AVX2 (their
-    // vector exp, and so SwiGLU, differ in the last bit now and then).
-    let system = fx["llama_cpp"]["system_info"].as_str().unwrap();
-    model.ref_isa = if system.contains("AVX512 = 1") {
-        RefIsa::Avx512
-    } else {
-        RefIsa::Avx2
-    };
+    // vector exp and f16 dot products differ in the last bit now and then).
+    model.ref_isa = common::fixture_ref_isa(&fx);
     if let Some(t) = kv {
         model.set_kv_types(KvTypes::same(t)).unwrap();
     }
