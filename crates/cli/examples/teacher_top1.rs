@@ -104,13 +104,8 @@ fn main() -> Result<()> {
         .context("GREEDY_N")?;
     match device {
         "cpu" => {
-            let mut model =
-                Model::load(std::path::Path::new(&args[1])).context("loading the model")?;
-            // HEARTH_REF_ISA=avx2: llama.cpp's AVX2 build's numerics (the
-            // reference dump came from an AVX2-only machine).
-            if std::env::var("HEARTH_REF_ISA").as_deref() == Ok("avx2") {
-                model.ref_isa = hearth_models::RefIsa::Avx2;
-            }
+            // Numerics of the llama.cpp build native to this CPU (RefIsa::native).
+            let model = Model::load(std::path::Path::new(&args[1])).context("loading the model")?;
             compare(&model, &dump, greedy_n)
         }
         #[cfg(feature = "cuda")]
