@@ -129,10 +129,20 @@ pub struct SchedulerStats {
     pub forward_pass_rows: AtomicU64,
     /// Prompt tokens a new turn copied from another session's KV.
     pub shared_prefix_tokens: AtomicU64,
-    /// Speculative decoding: (drafter, K) when on, and the acceptance
-    /// statistics of finished requests.
-    pub spec_config: Mutex<Option<(String, usize)>>,
+    /// Speculative decoding: the drafters' settings when on, and the
+    /// acceptance statistics of finished requests.
+    pub spec_config: Mutex<Option<SpecInfo>>,
     pub spec: Mutex<SpecStats>,
+}
+
+/// What a server's drafters are (for `/metrics`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecInfo {
+    pub kind: String,
+    /// K: the most draft tokens per verify pass.
+    pub n_draft: usize,
+    /// Whether the length per cycle adapts to acceptance (up to K).
+    pub adaptive: bool,
 }
 
 /// Streams a turn's text to its request; `Stop` once the consumer is gone.

@@ -179,14 +179,22 @@ pub fn run_on<B: Backend + 'static>(
     store.prefix_sharing = !opts.no_prefix_sharing;
     let metrics = Arc::new(Metrics::default());
     if let Some(d) = &drafters {
-        let (kind, n_draft) = (d.kind().as_str(), d.n_draft());
+        let (kind, n_draft, adaptive) = (d.kind().as_str(), d.n_draft(), d.adaptive());
         store.set_ring_slack(n_draft);
         *metrics
             .engine
             .spec_config
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some((kind.to_string(), n_draft));
-        eprintln!("hearth serve: speculative decoding with {kind} (up to {n_draft} draft tokens per verify pass)");
+            .unwrap_or_else(|e| e.into_inner()) = Some(scheduler::SpecInfo {
+            kind: kind.to_string(),
+            n_draft,
+            adaptive,
+        });
+        let how = match adaptive {
+            true => "adaptive length, ",
+            false => "",
+        };
+        eprintln!("hearth serve: speculative decoding with {kind} ({how}up to {n_draft} draft tokens per verify pass)");
     }
     let capacity = store.capacity();
     let n_vocab = model.config.vocab_size;

@@ -29,7 +29,7 @@ impl Metrics {
 
     /// Speculative decoding counters (nothing when speculation is off).
     fn render_spec(&self, s: &mut String) {
-        let Some((kind, k)) = self
+        let Some(info) = self
             .engine
             .spec_config
             .lock()
@@ -44,7 +44,7 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let _ = writeln!(s, "# HELP hearth_spec_info Speculative decoding: the drafter and the most draft tokens per verify pass.\n# TYPE hearth_spec_info gauge\nhearth_spec_info{{spec=\"{kind}\",n_draft=\"{k}\"}} 1");
+        let _ = writeln!(s, "# HELP hearth_spec_info Speculative decoding: the drafter, the most draft tokens per verify pass, and whether the length per cycle adapts to acceptance.\n# TYPE hearth_spec_info gauge\nhearth_spec_info{{spec=\"{}\",n_draft=\"{}\",adaptive=\"{}\"}} 1", info.kind, info.n_draft, info.adaptive);
         let mut counter = |name: &str, help: &str, v: u64| {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
         };
@@ -63,6 +63,11 @@ impl Metrics {
             "Draft tokens accepted by verification.",
             st.accepted,
         );
+        counter(
+            "hearth_spec_undrafted_steps_total",
+            "Verify passes that carried no draft (plain target steps: an adaptive pause, nothing to propose).",
+            st.undrafted(),
+        );
         let _ = writeln!(s, "# HELP hearth_spec_mean_accepted Mean draft tokens accepted per verify pass.\n# TYPE hearth_spec_mean_accepted gauge\nhearth_spec_mean_accepted {}", st.mean_accepted());
         let _ = writeln!(s, "# HELP hearth_spec_tokens_per_target_forward Tokens committed per target verify pass.\n# TYPE hearth_spec_tokens_per_target_forward gauge\nhearth_spec_tokens_per_target_forward {}", st.tokens_per_forward());
         let _ = writeln!(s, "# HELP hearth_spec_acceptance_by_position Fraction of drafts accepted at each draft position (0-based).\n# TYPE hearth_spec_acceptance_by_position gauge");
@@ -71,6 +76,23 @@ impl Metrics {
                 s,
                 "hearth_spec_acceptance_by_position{{position=\"{i}\"}} {a}"
             );
+        }
+        for (name, help, v) in [
+            (
+                "hearth_spec_drafted_at_position_total",
+                "Cycles that drafted a token at each draft position (0-based).",
+                &st.drafted_at,
+            ),
+            (
+                "hearth_spec_accepted_at_position_total",
+                "Cycles whose draft token at each position (0-based) was accepted.",
+                &st.accepted_at,
+            ),
+        ] {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (i, n) in v.iter().enumerate() {
+                let _ = writeln!(s, "{name}{{position=\"{i}\"}} {n}");
+            }
         }
     }
 
@@ -201,5 +223,45 @@ impl Metrics {
         );
         self.render_spec(&mut s);
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hearth_engine::scheduler::SpecInfo;
+
+    #[test]
+    fn spec_series_carry_counts_per_position() {
+        let m = Metrics::default();
+        assert!(
+            !m.render().contains("hearth_spec_"),
+            "no speculation, no series"
+        );
+        *m.engine.spec_config.lock().unwrap() = Some(SpecInfo {
+            kind: "dflash".into(),
+            n_draft: 3,
+            adaptive: true,
+        });
+        {
+            let mut st = m.engine.spec.lock().unwrap();
+            st.record(3, 1); // drafted at 0,1,2; accepted at 0
+            st.record(2, 2); // drafted at 0,1; accepted at 0,1
+            st.record(0, 0); // a plain step
+        }
+        let text = m.render();
+        for line in [
+            "hearth_spec_info{spec=\"dflash\",n_draft=\"3\",adaptive=\"true\"} 1",
+            "hearth_spec_target_forwards_total 3",
+            "hearth_spec_undrafted_steps_total 1",
+            "hearth_spec_drafted_at_position_total{position=\"0\"} 2",
+            "hearth_spec_drafted_at_position_total{position=\"2\"} 1",
+            "hearth_spec_accepted_at_position_total{position=\"0\"} 2",
+            "hearth_spec_accepted_at_position_total{position=\"1\"} 1",
+            "hearth_spec_accepted_at_position_total{position=\"2\"} 0",
+            "hearth_spec_acceptance_by_position{position=\"1\"} 0.5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
+        }
     }
 }

@@ -27,6 +27,11 @@ pub struct DflashDrafter {
     /// Hidden rows of committed positions C..F−1, [rows, n_taps · dim].
     backlog: Vec<f32>,
     block_length: usize,
+    /// Run each draft forward on a block of just the K+1 positions asked
+    /// for (at most `block_length`) instead of the whole block: set by the
+    /// adaptive length ([`super::adaptive`]), so a short draft costs a short
+    /// draft forward.
+    block_follows_draft: bool,
     taps: Vec<usize>,
 }
 
@@ -54,6 +59,7 @@ impl DflashDrafter {
             state,
             backlog: Vec::new(),
             block_length: b,
+            block_follows_draft: false,
             taps,
         })
     }
@@ -72,6 +78,12 @@ impl DflashDrafter {
 
     pub fn block_length(&self) -> usize {
         self.block_length
+    }
+
+    /// Whether a proposal of K < B−1 tokens runs a block of K+1 positions
+    /// (true) or of the full B (false, the default: llama.cpp's behaviour).
+    pub fn set_block_follows_draft(&mut self, on: bool) {
+        self.block_follows_draft = on;
     }
 
     /// Context positions written to the draft cache (C).
@@ -99,11 +111,14 @@ impl Drafter for DflashDrafter {
                 self.backlog_rows()
             )));
         }
-        let b = self.block_length;
-        let n = k.min(b - 1);
+        let n = k.min(self.block_length - 1);
         if n == 0 {
             return Ok(Draft::default());
         }
+        let b = match self.block_follows_draft {
+            true => n + 1,
+            false => self.block_length,
+        };
         let mut block = vec![self.draft.config.mask_token; b];
         block[0] = context[f];
         // DFlash1 needs only the logits of rows 1..=n; DFlash2 its lattice.

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use hearth_models::dflash::DflashModel;
 use hearth_models::{Backend, Model};
 
+use super::adaptive::AdaptiveDrafter;
 use super::dflash::DflashDrafter;
 use super::draft_model::DraftModelDrafter;
 use super::ngram::NgramDrafter;
@@ -26,6 +27,10 @@ pub struct SpecConfig {
     pub block_length: Option<usize>,
     /// Most draft tokens per verify pass [default: dflash B-1, draft 3, ngram 3].
     pub n_draft: Option<usize>,
+    /// Pick the draft length per cycle from recent acceptance, up to
+    /// `n_draft` (and pause drafting while it does not pay): see
+    /// [`super::adaptive`]. DFlash then runs blocks of K+1 positions.
+    pub adaptive: bool,
 }
 
 impl SpecConfig {
@@ -37,6 +42,9 @@ impl SpecConfig {
                 return bad(
                     "--draft-model, --block-length and --n-draft need --spec dflash|draft|ngram",
                 );
+            }
+            if self.adaptive {
+                return bad("--spec-adaptive needs a drafter (--spec auto|dflash|draft|ngram)");
             }
             return Ok(());
         }
@@ -68,6 +76,7 @@ pub struct DrafterFactory<B: Backend> {
     kind: SpecKind,
     n_draft: usize,
     block_length: Option<usize>,
+    adaptive: bool,
     /// The host model: vocabulary, and DFlash's embeddings and LM head.
     target: Arc<Model>,
     source: Source<B>,
@@ -136,6 +145,7 @@ impl<B: Backend + 'static> DrafterFactory<B> {
             kind: config.kind,
             n_draft: config.n_draft.unwrap_or(default_k),
             block_length: config.block_length,
+            adaptive: config.adaptive,
             target: target.clone(),
             source,
         }))
@@ -147,6 +157,8 @@ pub trait MakeDrafter: Send + Sync {
     fn kind(&self) -> SpecKind;
     /// K: the most draft tokens per verify pass.
     fn n_draft(&self) -> usize;
+    /// Whether the drafters pick their length per cycle (up to K).
+    fn adaptive(&self) -> bool;
     /// A drafter for one session with context `max_ctx`, sampling as the
     /// target does (a drafter that samples follows its temperature).
     fn make(
@@ -165,12 +177,16 @@ impl<B: Backend + 'static> MakeDrafter for DrafterFactory<B> {
         self.n_draft
     }
 
+    fn adaptive(&self) -> bool {
+        self.adaptive
+    }
+
     fn make(
         &self,
         max_ctx: usize,
         sampling: &SamplerConfig,
     ) -> Result<Box<dyn Drafter + Send>, SpecError> {
-        Ok(match &self.source {
+        let drafter: Box<dyn Drafter + Send> = match &self.source {
             Source::Ngram => Box::new(NgramDrafter::default()),
             Source::Draft(m) => Box::new(DraftModelDrafter::new(
                 m.clone(),
@@ -179,12 +195,16 @@ impl<B: Backend + 'static> MakeDrafter for DrafterFactory<B> {
                 self.n_draft,
                 sampling,
             )?),
-            Source::Dflash(d) => Box::new(DflashDrafter::new(
-                d.clone(),
-                self.target.clone(),
-                max_ctx,
-                self.block_length,
-            )?),
+            Source::Dflash(d) => {
+                let mut drafter =
+                    DflashDrafter::new(d.clone(), self.target.clone(), max_ctx, self.block_length)?;
+                drafter.set_block_follows_draft(self.adaptive);
+                Box::new(drafter)
+            }
+        };
+        Ok(match self.adaptive {
+            true => Box::new(AdaptiveDrafter::new(drafter, self.n_draft)),
+            false => drafter,
         })
     }
 }

@@ -11,8 +11,11 @@
 //!   (block diffusion drafter on the target's hidden states).
 //! - the cycle itself (draft, verify, roll back) is a step of the one turn
 //!   machine, [`crate::turn::Turn`].
+//! - [`adaptive`]: the draft length per cycle from recent acceptance, and
+//!   plain steps while drafting does not pay.
 //! - [`SpecStats`]: acceptance per draft position, mean accepted length.
 
+pub mod adaptive;
 pub mod dflash;
 pub mod draft_model;
 pub mod factory;
@@ -106,6 +109,27 @@ pub trait Drafter {
     }
 }
 
+impl<D: Drafter + ?Sized> Drafter for Box<D> {
+    fn taps(&self) -> &[usize] {
+        (**self).taps()
+    }
+    fn propose(&mut self, context: &[u32], k: usize) -> Result<Draft, SpecError> {
+        (**self).propose(context, k)
+    }
+    fn commit(&mut self, tokens: &[u32], hidden: &[f32]) -> Result<(), SpecError> {
+        (**self).commit(tokens, hidden)
+    }
+    fn reset(&mut self) {
+        (**self).reset()
+    }
+    fn rollback(&mut self, pos: usize) {
+        (**self).rollback(pos)
+    }
+    fn set_sampling(&mut self, config: &crate::sampler::SamplerConfig) -> Result<(), SpecError> {
+        (**self).set_sampling(config)
+    }
+}
+
 /// Acceptance statistics over one or more generations.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SpecStats {
@@ -165,6 +189,12 @@ impl SpecStats {
     /// Tokens committed per target forward (mean accepted + 1).
     pub fn tokens_per_forward(&self) -> f64 {
         self.tokens as f64 / (self.target_forwards.max(1)) as f64
+    }
+
+    /// Verify passes that carried no draft: plain target steps (an adaptive
+    /// pause, a drafter with nothing to propose, the last token of a budget).
+    pub fn undrafted(&self) -> u64 {
+        self.target_forwards - self.drafted_at.first().copied().unwrap_or(0)
     }
 
     /// Fraction of drafted tokens accepted, over all positions.
