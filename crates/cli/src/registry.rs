@@ -1,5 +1,22 @@
 //! Packaged models: the names hearth knows (models/registry.json), where they
-//! live on disk, and how they are fetched from PyPI wheels.
+//! live on disk, and how they are fetched from PyPI wheels (or, for files
+//! committed in the repository such as trained drafters, copied from it).
+//!
+//! The registry has two lists: `models` (targets) and `drafters`. A drafter
+//! entry is a packaged model with `drafter_for` (the target's name), `kind`
+//! (`dflash`) and, instead of `parts`, `local`: a path inside the repository
+//! (relative to the folder that holds `models/registry.json`):
+//!
+//! ```json
+//! "drafters": [{"name": "qwen2.5-coder-0.5b-dflash", "description": "...",
+//!   "file": "qwen2.5-coder-0.5b-dflash.gguf", "size": 1234, "sha256": "...",
+//!   "drafter_for": "qwen2.5-coder-0.5b", "kind": "dflash",
+//!   "local": "models/drafters/qwen2.5-coder-0.5b-dflash.gguf"}]
+//! ```
+//!
+//! (An entry with `drafter_for` placed in `models` is moved to the drafters,
+//! so it is never taken for a target.) `$HEARTH_REGISTRY` names a registry
+//! file to read instead of the one built in (tests, private mirrors).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -16,6 +33,12 @@ const REGISTRY_JSON: &str = include_str!("../../../models/registry.json");
 pub struct Registry {
     pub default: String,
     pub models: Vec<PackagedModel>,
+    #[serde(default)]
+    pub drafters: Vec<PackagedModel>,
+    /// The folder `local` paths are relative to (the repository root: the
+    /// parent of the folder holding registry.json).
+    #[serde(skip)]
+    pub root: PathBuf,
 }
 
 #[derive(Debug, Deserialize)]
@@ -26,7 +49,18 @@ pub struct PackagedModel {
     /// Bytes of the joined GGUF (checked before each use).
     pub size: u64,
     pub sha256: String,
+    /// The PyPI wheels that carry the file (none for a `local` file).
+    #[serde(default)]
     pub parts: Vec<Part>,
+    /// A file committed in the repository (relative to [`Registry::root`]),
+    /// copied into the models folder instead of downloaded.
+    #[serde(default)]
+    pub local: Option<String>,
+    /// Drafters: the packaged target this drafts for, and the drafter kind.
+    #[serde(default)]
+    pub drafter_for: Option<String>,
+    #[serde(default)]
+    pub kind: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -37,8 +71,59 @@ pub struct Part {
     pub member: String,
 }
 
-pub fn registry() -> Registry {
-    serde_json::from_str(REGISTRY_JSON).expect("models/registry.json is valid (checked by tests)")
+/// The registry: `$HEARTH_REGISTRY` when set, else the one built in.
+pub fn registry() -> Result<Registry> {
+    match std::env::var_os("HEARTH_REGISTRY").filter(|p| !p.is_empty()) {
+        Some(p) => {
+            let path = PathBuf::from(p);
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading HEARTH_REGISTRY {}", path.display()))?;
+            let root = path
+                .canonicalize()
+                .ok()
+                .and_then(|p| Some(p.parent()?.parent()?.to_path_buf()))
+                .unwrap_or_else(|| PathBuf::from("."));
+            parse_registry(&text, root)
+                .with_context(|| format!("HEARTH_REGISTRY {}", path.display()))
+        }
+        None => Ok(parse_registry(
+            REGISTRY_JSON,
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")),
+        )
+        .expect("models/registry.json is valid (checked by tests)")),
+    }
+}
+
+/// Parses and checks a registry (every entry has exactly one source).
+pub fn parse_registry(text: &str, root: PathBuf) -> Result<Registry> {
+    let mut r: Registry = serde_json::from_str(text).context("parsing the registry")?;
+    r.root = root;
+    let (drafters, models) = std::mem::take(&mut r.models)
+        .into_iter()
+        .partition::<Vec<_>, _>(|m| m.drafter_for.is_some());
+    r.models = models;
+    r.drafters.extend(drafters);
+    for m in r.models.iter().chain(&r.drafters) {
+        if m.parts.is_empty() == m.local.is_none() {
+            bail!(
+                "registry entry '{}' needs either \"parts\" (PyPI wheels) or \"local\" (a file in the repository)",
+                m.name
+            );
+        }
+        if m.sha256.len() != 64 || !m.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            bail!("registry entry '{}': sha256 must be 64 hex digits", m.name);
+        }
+    }
+    for d in &r.drafters {
+        let target = d.drafter_for.as_deref().unwrap_or("");
+        if !r.models.iter().any(|m| m.name == target) {
+            bail!(
+                "registry drafter '{}' is for '{target}', which is not a packaged model",
+                d.name
+            );
+        }
+    }
+    Ok(r)
 }
 
 /// `$HEARTH_HOME` (default `~/.cache/hearth`).
@@ -60,8 +145,26 @@ pub fn models_dir() -> PathBuf {
 }
 
 impl Registry {
+    /// A packaged model or drafter by name.
     pub fn find(&self, name: &str) -> Option<&PackagedModel> {
-        self.models.iter().find(|m| m.name == name)
+        self.all().find(|m| m.name == name)
+    }
+
+    /// Every entry: the models, then the drafters.
+    pub fn all(&self) -> impl Iterator<Item = &PackagedModel> {
+        self.models.iter().chain(&self.drafters)
+    }
+
+    /// The registered drafter of `kind` for packaged model `target`.
+    pub fn drafter_for(&self, target: &str, kind: &str) -> Option<&PackagedModel> {
+        self.drafters
+            .iter()
+            .find(|d| d.drafter_for.as_deref() == Some(target) && d.kind.as_deref() == Some(kind))
+    }
+
+    /// Where a `local` entry's file is in the repository.
+    pub fn local_path(&self, m: &PackagedModel) -> Option<PathBuf> {
+        m.local.as_ref().map(|l| self.root.join(l))
     }
 
     pub fn names(&self) -> String {
@@ -77,14 +180,17 @@ impl Registry {
 /// checked local file, downloading it on first use. `None` means the
 /// embedded default.
 pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
-    crate::store::resolve(arg, &registry())
+    crate::store::resolve(arg, &registry()?)
 }
 
 /// Fetches a packaged model unless it is already present; returns its path.
-pub fn pull(m: &PackagedModel) -> Result<PathBuf> {
+pub fn pull(reg: &Registry, m: &PackagedModel) -> Result<PathBuf> {
     let dest = models_dir().join(&m.file);
     if dest.is_file() {
         return Ok(dest);
+    }
+    if let Some(src) = reg.local_path(m) {
+        return install_local(m, &src, &dest);
     }
     std::fs::create_dir_all(dest.parent().unwrap())
         .with_context(|| format!("creating {}", models_dir().display()))?;
@@ -111,6 +217,78 @@ pub fn pull(m: &PackagedModel) -> Result<PathBuf> {
             Err(e)
         }
     }
+}
+
+/// Copies a file committed in the repository into the models folder,
+/// checking its size and sha256 against the registry on the way.
+fn install_local(m: &PackagedModel, src: &Path, dest: &Path) -> Result<PathBuf> {
+    let meta = std::fs::metadata(src).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: its file {} is not there ({e}); it ships in the hearth repository at {}: \
+             run hearth from a checkout that has it, or point HEARTH_REGISTRY at that checkout's models/registry.json",
+            m.name,
+            src.display(),
+            m.local.as_deref().unwrap_or("?")
+        )
+    })?;
+    if meta.len() != m.size {
+        bail!(
+            "{}: {} is {} bytes, the registry says {}: the repository file and models/registry.json disagree",
+            m.name,
+            src.display(),
+            meta.len(),
+            m.size
+        );
+    }
+    std::fs::create_dir_all(models_dir())
+        .with_context(|| format!("creating {}", models_dir().display()))?;
+    let partial = dest.with_extension("gguf.partial");
+    let copied = (|| -> Result<String> {
+        let mut from =
+            std::fs::File::open(src).with_context(|| format!("opening {}", src.display()))?;
+        let mut out = std::fs::File::create(&partial)
+            .with_context(|| format!("creating {}", partial.display()))?;
+        let mut hash = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let k = from.read(&mut buf)?;
+            if k == 0 {
+                break;
+            }
+            hash.update(&buf[..k]);
+            out.write_all(&buf[..k])?;
+        }
+        out.flush()?;
+        Ok(format!("{:x}", hash.finalize()))
+    })();
+    let got = match copied {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e);
+        }
+    };
+    if got != m.sha256 {
+        let _ = std::fs::remove_file(&partial);
+        bail!(
+            "{}: {} has sha256 {got}, the registry says {}: the repository file and models/registry.json disagree",
+            m.name,
+            src.display(),
+            m.sha256
+        );
+    }
+    let record = crate::store::Record {
+        source: m.name.clone(),
+        url: None,
+        size: m.size,
+        sha256: m.sha256.clone(),
+        checked_against: Some("models/registry.json".into()),
+        stamp: Some(crate::store::stamp_of(&partial)?),
+    };
+    crate::store::write_record(dest, &record)?;
+    std::fs::rename(&partial, dest)?;
+    eprintln!("{}: copied from {}, sha256 verified", m.name, src.display());
+    Ok(dest.to_path_buf())
 }
 
 fn tempdir(dest: &Path) -> Result<PathBuf> {
@@ -210,13 +388,71 @@ mod tests {
 
     #[test]
     fn registry_parses_and_default_is_listed() {
-        let r = registry();
+        let r = registry().unwrap();
         assert!(r.find(&r.default).is_some());
-        for m in &r.models {
+        for m in r.all() {
             assert_eq!(m.sha256.len(), 64, "{}", m.name);
             assert!(m.size > 0, "{}", m.name);
-            assert!(!m.parts.is_empty());
+            assert!(!m.parts.is_empty() || m.local.is_some());
         }
+        for d in &r.drafters {
+            assert_eq!(d.kind.as_deref(), Some("dflash"), "{}", d.name);
+        }
+    }
+
+    const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    fn fixture(drafter: &str) -> String {
+        format!(
+            r#"{{"default": "t", "models": [
+                {{"name": "t", "description": "", "file": "t.gguf", "size": 1, "sha256": "{SHA}",
+                  "parts": [{{"package": "p", "version": "1", "member": "m"}}]}}{drafter}]}}"#
+        )
+    }
+
+    #[test]
+    fn drafters_are_found_by_target_and_kind() {
+        let d = format!(
+            r#", {{"name": "t-dflash", "description": "", "file": "t-dflash.gguf", "size": 2,
+                  "sha256": "{SHA}", "drafter_for": "t", "kind": "dflash",
+                  "local": "models/drafters/t-dflash.gguf"}}"#
+        );
+        let r = parse_registry(&fixture(&d), PathBuf::from("/repo")).unwrap();
+        // Moved out of the targets.
+        assert_eq!(r.models.len(), 1);
+        assert_eq!(r.drafter_for("t", "dflash").unwrap().name, "t-dflash");
+        assert!(r.drafter_for("t", "draft").is_none());
+        assert!(r.drafter_for("t-dflash", "dflash").is_none());
+        assert_eq!(r.find("t-dflash").unwrap().size, 2);
+        assert_eq!(
+            r.local_path(r.find("t-dflash").unwrap()).unwrap(),
+            PathBuf::from("/repo/models/drafters/t-dflash.gguf")
+        );
+    }
+
+    #[test]
+    fn bad_entries_are_refused() {
+        let no_source = format!(
+            r#", {{"name": "x", "description": "", "file": "x.gguf", "size": 2, "sha256": "{SHA}",
+                  "drafter_for": "t", "kind": "dflash"}}"#
+        );
+        let err = format!(
+            "{:#}",
+            parse_registry(&fixture(&no_source), PathBuf::new()).unwrap_err()
+        );
+        assert!(err.contains("needs either \"parts\""), "{err}");
+        let orphan = format!(
+            r#", {{"name": "x", "description": "", "file": "x.gguf", "size": 2, "sha256": "{SHA}",
+                  "drafter_for": "nope", "kind": "dflash", "local": "x.gguf"}}"#
+        );
+        let err = format!(
+            "{:#}",
+            parse_registry(&fixture(&orphan), PathBuf::new()).unwrap_err()
+        );
+        assert!(
+            err.contains("'nope', which is not a packaged model"),
+            "{err}"
+        );
     }
 
     #[test]

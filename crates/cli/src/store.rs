@@ -533,7 +533,7 @@ pub fn resolve(arg: Option<&str>, reg: &Registry) -> Result<PathBuf> {
                 verify_packaged(&path, m)?;
                 Ok(path)
             } else {
-                crate::registry::pull(m)
+                crate::registry::pull(reg, m)
             }
         }
         ModelName::Remote(r) if r.is_split() => bail!(
@@ -554,7 +554,7 @@ mod tests {
 
     /// `name`, which must parse as a remote model.
     fn remote(name: &str) -> Remote {
-        match ModelName::parse(name, &crate::registry::registry()).unwrap() {
+        match ModelName::parse(name, &crate::registry::registry().unwrap()).unwrap() {
             ModelName::Remote(r) => r,
             _ => panic!("{name} is not remote"),
         }
@@ -575,7 +575,7 @@ mod tests {
 
     #[test]
     fn hub_names_map_to_resolve_urls_and_store_paths() {
-        let reg = crate::registry::registry();
+        let reg = crate::registry::registry().unwrap();
         let r = remote("hf://bartowski/Some-Model-GGUF/sub dir/m-Q4_K_M.gguf@v1.0");
         assert!(r.hf);
         assert_eq!(
@@ -608,7 +608,7 @@ mod tests {
 
     #[test]
     fn urls_map_to_host_folders_and_split_parts() {
-        let reg = crate::registry::registry();
+        let reg = crate::registry::registry().unwrap();
         let r = remote("http://127.0.0.1:8080/a/m-00001-of-00002.gguf");
         assert!(!r.hf && r.is_split());
         assert_eq!(

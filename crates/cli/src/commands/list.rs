@@ -30,7 +30,7 @@ struct Row {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let rows = rows();
+    let rows = rows()?;
     if args.json {
         let list: Vec<_> = rows
             .iter()
@@ -81,12 +81,12 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn rows() -> Vec<Row> {
-    let reg = registry();
+fn rows() -> Result<Vec<Row>> {
+    let reg = registry()?;
     let dir = models_dir();
     let mut rows = Vec::new();
     let mut packaged_files = Vec::new();
-    for m in &reg.models {
+    for m in reg.all() {
         let path = dir.join(&m.file);
         packaged_files.push(path.clone());
         let Ok(meta) = std::fs::metadata(&path) else {
@@ -142,7 +142,7 @@ fn rows() -> Vec<Row> {
         });
         rows.push(row(name, &path, meta.len(), problem));
     }
-    rows
+    Ok(rows)
 }
 
 /// Every file under `dir`, recursively.

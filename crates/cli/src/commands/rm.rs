@@ -18,7 +18,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let reg = registry();
+    let reg = registry()?;
     for name in &args.names {
         let mut gone = Vec::new();
         // A name `hearth list` shows by its place in the store (a relative

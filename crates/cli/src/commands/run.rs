@@ -181,6 +181,7 @@ fn output_grammar(
 pub fn run(args: Args) -> Result<()> {
     crate::device::check(args.device)?;
     crate::cli_args::check_run(&args)?;
+    args.spec.precheck(args.device)?;
     crate::init_threads(args.threads)?;
     let text = match read_prompt(&args)? {
         Some(t) => Some(crate::cli_args::escaped(args.escape, t)?),
@@ -200,10 +201,13 @@ pub fn run(args: Args) -> Result<()> {
     let path = crate::registry::resolve_model(args.model.as_deref())?;
     let kv = args.kv.for_device(args.device)?;
     crate::limits::check_context(&path, args.ctx, 1, args.device, kv)?;
-    let spec = args.spec.config(args.device)?;
-    if !args.image.is_empty() && spec.kind != hearth_engine::spec::SpecKind::None {
-        bail!("speculative decoding does not take images (its drafters see token ids only): drop --spec");
-    }
+    let target = super::spec::Target {
+        arg: args.model.as_deref(),
+        path: &path,
+    };
+    let spec = args
+        .spec
+        .config(args.device, target, !args.image.is_empty())?;
     // The GPU copies the file's blocks itself: no CPU repacking for it.
     let load = if args.device == Device::Cuda {
         Model::load_unpacked
@@ -312,6 +316,7 @@ pub fn run(args: Args) -> Result<()> {
             .then(|| prompter.parser(None, "call_".into()))
             .transpose()?,
         n_draft: 0,
+        spec: &spec,
         grammar,
     };
     #[cfg(feature = "cuda")]
@@ -345,10 +350,11 @@ fn interactive(
     prompter: &Prompter,
     spec: &SpecConfig,
 ) -> Result<()> {
-    let model_name = args
-        .model
-        .clone()
-        .unwrap_or_else(|| crate::registry::registry().default.clone());
+    let model_name = args.model.clone().unwrap_or_else(|| {
+        crate::registry::registry()
+            .map(|r| r.default)
+            .unwrap_or_default()
+    });
     #[cfg(feature = "cuda")]
     if args.device == Device::Cuda {
         let gm = crate::cuda::load(model.clone())?;
@@ -435,6 +441,8 @@ struct Job<'a> {
     parser: Option<Box<dyn OutputParser + Send>>,
     /// K, once the drafters are built (0: no speculation).
     n_draft: usize,
+    /// The speculation the flags resolved to (`--spec auto` picks one).
+    spec: &'a SpecConfig,
     /// --json-schema / --grammar.
     grammar: Option<(Grammars, OutputGrammar)>,
 }
@@ -502,8 +510,9 @@ impl Job<'_> {
         );
         eprintln!("{kv}");
         let spec = stats.spec.as_ref().map(|sp| (self.n_draft, sp));
+        let kind = self.spec.kind.as_str();
         if let Some((k, sp)) = spec {
-            eprintln!("{}", spec_summary(args.spec.spec.as_str(), k, sp));
+            eprintln!("{}", spec_summary(kind, k, self.spec.adaptive, sp));
         }
         if let Some(p) = &args.stats_json {
             let mut json = json!({
@@ -515,7 +524,7 @@ impl Job<'_> {
                 "decode_tok_s": stats.decode_tok_s(),
                 "finish_reason": finish,
                 "kv_bytes": kv_bytes,
-                "spec": args.spec.spec.as_str(),
+                "spec": kind,
                 "constraint_ms": stats.constraint_time.as_secs_f64() * 1e3,
                 "decode_ms": stats.decode_time.as_secs_f64() * 1e3,
             });
@@ -525,7 +534,10 @@ impl Job<'_> {
             if let Some((k, sp)) = spec {
                 let extra = json!({
                     "n_draft": k,
-                    "block_length": args.spec.block_length,
+                    "block_length": self.spec.block_length,
+                    "adaptive": self.spec.adaptive,
+                    "draft_model": self.spec.draft_model,
+                    "undrafted_steps": sp.undrafted(),
                     "mean_accepted": sp.mean_accepted(),
                     "tokens_per_target_forward": sp.tokens_per_forward(),
                     "acceptance_rate": sp.acceptance_rate(),
@@ -644,15 +656,17 @@ impl Output {
 }
 
 /// "spec: …" line: how much speculation bought.
-pub fn spec_summary(kind: &str, n_draft: usize, s: &SpecStats) -> String {
+pub fn spec_summary(kind: &str, n_draft: usize, adaptive: bool, s: &SpecStats) -> String {
     let by_pos: Vec<String> = s
         .acceptance_by_position()
         .iter()
         .map(|a| format!("{a:.2}"))
         .collect();
     format!(
-        "spec: {kind}, n_draft {n_draft} | {} target forwards, {:.2} tokens per forward, mean accepted {:.2}, acceptance {:.1}% | by position [{}] | draft {:.2} s, verify {:.2} s",
+        "spec: {kind}, n_draft {n_draft}{} | {} target forwards ({} without a draft), {:.2} tokens per forward, mean accepted {:.2}, acceptance {:.1}% | by position [{}] | draft {:.2} s, verify {:.2} s",
+        if adaptive { " (adaptive)" } else { "" },
         s.target_forwards,
+        s.undrafted(),
         s.tokens_per_forward(),
         s.mean_accepted(),
         100.0 * s.acceptance_rate(),

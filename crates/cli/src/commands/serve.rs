@@ -129,9 +129,17 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     crate::device::check(args.device)?;
     crate::cli_args::note_gpu_layers(args.n_gpu_layers, args.device);
-    let spec = args.spec.config(args.device)?;
+    args.spec.precheck(args.device)?;
     crate::init_threads(args.threads)?;
     let path = crate::registry::resolve_model(args.model.as_deref())?;
+    // Speculation refuses images: with --mmproj, `auto` decodes plainly.
+    let target = super::spec::Target {
+        arg: args.model.as_deref(),
+        path: &path,
+    };
+    let spec = args
+        .spec
+        .config(args.device, target, args.mmproj.is_some())?;
     let kv = args.kv.for_device(args.device)?;
     crate::limits::check_context(&path, args.max_context, args.max_sessions, args.device, kv)?;
     let model_id = args
@@ -247,7 +255,9 @@ fn drafters<B: Backend + 'static>(f: Option<DrafterFactory<B>>) -> Option<Arc<dy
 fn default_model_id(arg: Option<&str>, path: &Path) -> String {
     match arg {
         Some(a) if !Path::new(a).is_file() => a.to_string(),
-        None => crate::registry::registry().default.clone(),
+        None => crate::registry::registry()
+            .map(|r| r.default)
+            .unwrap_or_default(),
         _ => path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())

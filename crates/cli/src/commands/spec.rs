@@ -1,21 +1,41 @@
 //! Speculative-decoding flags shared by `hearth run` and `hearth serve`. They
 //! resolve to the engine's plain `SpecConfig`; the engine's factory builds
 //! the drafters (`hearth_engine::spec::factory`).
+//!
+//! `--spec auto` (the default) speculates with the target's packaged drafter
+//! when the registry has one (models/registry.json, `drafters`) and
+//! otherwise decodes plainly, as `--spec none` does.
+
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use hearth_engine::spec::factory::SpecConfig;
 use hearth_engine::spec::SpecKind;
 
 use crate::device::Device;
+use crate::registry::{models_dir, registry, PackagedModel, Registry};
+use crate::store::{self, ModelName};
+
+/// What `--spec` asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecChoice {
+    /// The target's packaged drafter if it has one, else none.
+    Auto,
+    Kind(SpecKind),
+}
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SpecArgs {
-    /// Speculative decoding: none, dflash (a DFlash draft GGUF, --draft-model),
-    /// draft (a small model with the same vocabulary, --draft-model) or ngram
-    /// (prompt lookup, no extra model). Output is the same as without it.
-    #[arg(long, default_value = "none", value_parser = parse_kind)]
-    pub spec: SpecKind,
-    /// The drafter's model: a model name or .gguf path (draft), or a dflash GGUF (dflash).
+    /// Speculative decoding: auto (the target's packaged DFlash drafter when
+    /// the registry has one and the run can use it: CPU, no images; else
+    /// none), none, dflash (a DFlash draft GGUF: --draft-model, or the
+    /// target's packaged drafter), draft (a small model with the same
+    /// vocabulary, --draft-model) or ngram (prompt lookup, no extra model).
+    /// Output is the same as without it.
+    #[arg(long, default_value = "auto", value_parser = parse_choice)]
+    pub spec: SpecChoice,
+    /// The drafter's model: a model name or .gguf path (draft), or a dflash
+    /// GGUF (dflash; default: the target's packaged drafter).
     #[arg(long)]
     pub draft_model: Option<String>,
     /// DFlash block length B (2..=the draft's trained block size) [default: the trained size].
@@ -24,36 +44,265 @@ pub struct SpecArgs {
     /// Most draft tokens per verify pass [default: dflash B-1, draft 3, ngram 3].
     #[arg(long)]
     pub n_draft: Option<usize>,
+    /// Pick the number of draft tokens per cycle from recent acceptance (up
+    /// to --n-draft; DFlash then runs blocks of that length plus one), and
+    /// decode plainly for a while when drafts are mostly rejected. Output is
+    /// unchanged; only speed. [default: on for --spec auto, off for an
+    /// explicit --spec, which then drafts exactly --n-draft tokens per cycle]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub spec_adaptive: Option<bool>,
 }
 
-fn parse_kind(s: &str) -> Result<SpecKind, String> {
-    SpecKind::parse(s).ok_or_else(|| format!("unknown --spec '{s}' (none, dflash, draft, ngram)"))
+fn parse_choice(s: &str) -> Result<SpecChoice, String> {
+    if s == "auto" {
+        return Ok(SpecChoice::Auto);
+    }
+    SpecKind::parse(s)
+        .map(SpecChoice::Kind)
+        .ok_or_else(|| format!("unknown --spec '{s}' (auto, none, dflash, draft, ngram)"))
 }
+
+/// The model being served: as named on the command line (`None`: the
+/// default) and the file it resolved to.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub arg: Option<&'a str>,
+    pub path: &'a Path,
+}
+
+const CUDA_DFLASH: &str =
+    "--spec dflash needs the target's hidden states, which the CUDA backend does not expose: \
+     use --device cpu, or --spec ngram|draft with --device cuda";
 
 impl SpecArgs {
-    /// The engine's configuration for these flags on `device`, the draft
-    /// model's name resolved to a file (downloading a packaged one). Fails
-    /// before anything loads on a bad combination, and for drafters the device
-    /// cannot serve: DFlash reads the target's hidden states, which only the
-    /// CPU backend taps.
-    pub fn config(&self, device: Device) -> Result<SpecConfig> {
-        if device == Device::Cuda && self.spec == SpecKind::Dflash {
-            bail!(
-                "--spec dflash needs the target's hidden states, which the CUDA backend does not expose: \
-                 use --device cpu, or --spec ngram|draft with --device cuda"
-            );
+    /// The flags' own consistency, before the target is resolved (nothing is
+    /// loaded or downloaded for a bad combination).
+    pub fn precheck(&self, device: Device) -> Result<()> {
+        match self.spec {
+            SpecChoice::Auto => {
+                if self.draft_model.is_some() {
+                    bail!("--draft-model needs --spec dflash|draft (--spec auto uses the target's packaged drafter)");
+                }
+                if self.n_draft == Some(0) {
+                    bail!("--n-draft must be at least 1");
+                }
+                Ok(())
+            }
+            SpecChoice::Kind(kind) => {
+                if device == Device::Cuda && kind == SpecKind::Dflash {
+                    bail!(CUDA_DFLASH);
+                }
+                let mut c = self.explicit(kind);
+                if kind == SpecKind::Dflash && c.draft_model.is_none() {
+                    // Checked once the target's packaged drafter is known.
+                    c.draft_model = Some(PathBuf::new());
+                }
+                Ok(c.check()?)
+            }
         }
-        let mut config = SpecConfig {
-            kind: self.spec,
-            draft_model: None,
+    }
+
+    fn explicit(&self, kind: SpecKind) -> SpecConfig {
+        SpecConfig {
+            kind,
+            draft_model: self.draft_model.as_ref().map(PathBuf::from),
             block_length: self.block_length,
             n_draft: self.n_draft,
+            adaptive: self.spec_adaptive.unwrap_or(false),
+        }
+    }
+
+    /// The engine's configuration for these flags on `device` for `target`
+    /// (`images`: the run may carry images), the draft model's name resolved
+    /// to a file (downloading a packaged one, copying a packaged drafter
+    /// from the repository). Fails for drafters the device cannot serve:
+    /// DFlash reads the target's hidden states, which only the CPU backend
+    /// taps; `auto` then decodes without a drafter instead.
+    pub fn config(&self, device: Device, target: Target, images: bool) -> Result<SpecConfig> {
+        self.precheck(device)?;
+        let kind = match self.spec {
+            SpecChoice::Auto => return self.auto(device, target, images),
+            SpecChoice::Kind(k) => k,
         };
-        config.draft_model = self.draft_model.as_ref().map(std::path::PathBuf::from);
-        config.check()?;
-        if let (SpecKind::Draft, Some(name)) = (self.spec, &self.draft_model) {
-            config.draft_model = Some(crate::registry::resolve_model(Some(name))?);
+        if images && kind != SpecKind::None {
+            bail!("speculative decoding does not take images (its drafters see token ids only): use --spec none");
+        }
+        let mut config = self.explicit(kind);
+        match (kind, &self.draft_model) {
+            (SpecKind::Draft, Some(name)) => {
+                config.draft_model = Some(crate::registry::resolve_model(Some(name))?);
+            }
+            (SpecKind::Dflash, None) => {
+                let reg = registry()?;
+                let Some(d) =
+                    packaged_target(&reg, target).and_then(|m| reg.drafter_for(&m.name, "dflash"))
+                else {
+                    bail!(
+                        "--spec dflash needs --draft-model FILE (a dflash GGUF): {} has no packaged DFlash drafter \
+                         (`hearth pull --list` shows the drafters; `hearth synth --arch dflash --target MODEL.gguf -o draft.gguf` writes a synthetic one)",
+                        target_label(&reg, target)
+                    );
+                };
+                config.draft_model = Some(install_drafter(&reg, d)?);
+            }
+            _ => {}
         }
         Ok(config)
+    }
+
+    /// `--spec auto`: the packaged DFlash drafter of a packaged target on
+    /// the CPU without images, else no speculation (quietly: one stderr line
+    /// says which drafter was picked, or why a registered one could not be).
+    fn auto(&self, device: Device, target: Target, images: bool) -> Result<SpecConfig> {
+        let none = SpecConfig::default();
+        if device != Device::Cpu || images {
+            return Ok(none);
+        }
+        let reg = registry()?;
+        let Some(m) = packaged_target(&reg, target) else {
+            return Ok(none);
+        };
+        let Some(d) = reg.drafter_for(&m.name, "dflash") else {
+            return Ok(none);
+        };
+        let path = match install_drafter(&reg, d) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("spec auto: the packaged drafter {} is not usable ({e:#}); decoding without one", d.name);
+                return Ok(none);
+            }
+        };
+        let adaptive = self.spec_adaptive.unwrap_or(true);
+        eprintln!(
+            "spec auto: DFlash drafter {} for {}{} (--spec none turns it off)",
+            d.name,
+            m.name,
+            if adaptive { ", adaptive length" } else { "" }
+        );
+        Ok(SpecConfig {
+            kind: SpecKind::Dflash,
+            draft_model: Some(path),
+            block_length: self.block_length,
+            n_draft: self.n_draft,
+            adaptive,
+        })
+    }
+}
+
+/// The packaged model `target` is: named by its packaged name, or a file
+/// whose `.hearth.json` record (kept current: same length and modification
+/// time as when it was hashed) carries a packaged model's sha256. A file
+/// without a record is not hashed to find out (that would read the whole
+/// model on every start).
+pub fn packaged_target<'r>(reg: &'r Registry, target: Target) -> Option<&'r PackagedModel> {
+    let name = target.arg.unwrap_or(&reg.default);
+    if let Ok(ModelName::Packaged(m)) = ModelName::parse(name, reg) {
+        return Some(m);
+    }
+    let rec = store::read_record(target.path)?;
+    let stamp = store::stamp_of(target.path).ok()?;
+    if rec.stamp != Some(stamp) {
+        return None;
+    }
+    reg.models
+        .iter()
+        .find(|m| m.sha256 == rec.sha256 && m.size == stamp.len)
+}
+
+fn target_label(reg: &Registry, target: Target) -> String {
+    match packaged_target(reg, target) {
+        Some(m) => format!("packaged model {}", m.name),
+        None => format!("{} (not a packaged model)", target.path.display()),
+    }
+}
+
+/// A packaged drafter's file in the models folder: checked if there,
+/// otherwise (or when the file there is stale: a retrained drafter)
+/// installed from the repository or its wheels.
+pub fn install_drafter(reg: &Registry, d: &PackagedModel) -> Result<PathBuf> {
+    let dest = models_dir().join(&d.file);
+    if dest.is_file() {
+        match store::verify_packaged(&dest, d) {
+            Ok(()) => return Ok(dest),
+            Err(e) if reg.local_path(d).is_some_and(|p| p.is_file()) => {
+                eprintln!("{}: {e:#}; installing it again from the repository", d.name);
+                std::fs::remove_file(&dest)?;
+                let _ = std::fs::remove_file(store::record_path(&dest));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    crate::registry::pull(reg, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        spec: SpecArgs,
+    }
+
+    fn args(a: &[&str]) -> SpecArgs {
+        Cli::try_parse_from(std::iter::once("t").chain(a.iter().copied()))
+            .unwrap()
+            .spec
+    }
+
+    #[test]
+    fn auto_is_the_default_and_adaptive_follows_it() {
+        let a = args(&[]);
+        assert_eq!(a.spec, SpecChoice::Auto);
+        assert_eq!(a.spec_adaptive, None);
+        assert_eq!(args(&["--spec-adaptive"]).spec_adaptive, Some(true));
+        assert_eq!(args(&["--spec-adaptive=false"]).spec_adaptive, Some(false));
+        let e = args(&["--spec", "ngram", "--n-draft", "4"]);
+        assert!(!e.explicit(SpecKind::Ngram).adaptive, "explicit: fixed K");
+        assert!(Cli::try_parse_from(["t", "--spec", "fast"]).is_err());
+    }
+
+    #[test]
+    fn auto_falls_back_quietly_on_cuda_and_with_images() {
+        let a = args(&[]);
+        let t = Target {
+            arg: None,
+            path: Path::new("/nonexistent.gguf"),
+        };
+        // No registry lookup happens for these: plain decoding.
+        for (device, images) in [(Device::Cuda, false), (Device::Cpu, true)] {
+            let c = a.config(device, t, images).unwrap();
+            assert_eq!(c.kind, SpecKind::None);
+            assert!(c.check().is_ok());
+        }
+        // Explicit dflash on cuda, and explicit drafters with images, fail.
+        let e = args(&["--spec", "dflash"]).config(Device::Cuda, t, false);
+        assert!(format!("{:#}", e.unwrap_err()).contains("CUDA backend"));
+        let e = args(&["--spec", "ngram"]).config(Device::Cpu, t, true);
+        assert!(format!("{:#}", e.unwrap_err()).contains("images"));
+    }
+
+    #[test]
+    fn bad_combinations_fail_before_loading() {
+        for (a, want) in [
+            (
+                &["--draft-model", "x.gguf"][..],
+                "--draft-model needs --spec dflash|draft",
+            ),
+            (
+                &["--spec", "none", "--spec-adaptive"],
+                "--spec-adaptive needs a drafter",
+            ),
+            (&["--spec", "none", "--n-draft", "3"], "need --spec"),
+            (&["--n-draft", "0"], "at least 1"),
+            (&["--spec", "draft"], "--spec draft needs --draft-model"),
+        ] {
+            let err = format!("{:#}", args(a).precheck(Device::Cpu).unwrap_err());
+            assert!(err.contains(want), "{a:?}: {err}");
+        }
+        // dflash without --draft-model waits for the registry's drafter.
+        assert!(args(&["--spec", "dflash"]).precheck(Device::Cpu).is_ok());
     }
 }
