@@ -37,6 +37,10 @@ class Server:
         self.log_path = log_dir / f"hearth-serve-{os.getpid()}-{id(self)}.log"
         self.log = open(self.log_path, "w")
         self.api_key = api_key
+        # Plain decoding unless a test asks for a drafter: `--spec auto` (the
+        # default) would pick the packaged model's drafter once it has one.
+        if "--spec" not in extra:
+            extra = (*extra, "--spec", "none")
         self.proc = subprocess.Popen(
             [BIN, "serve", "-m", model or model_path(), "--model-id", model_id, "--port", "0", "-c", str(ctx), *extra],
             stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,

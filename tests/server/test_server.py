@@ -400,7 +400,8 @@ def test_speculative_servers_generate_what_the_plain_server_does():
                 assert again == want[-1], (extra, again, want[-1])
                 status, text = http(spec, "GET", "/metrics")
                 assert status == 200
-                assert re.search(rf'^hearth_spec_info\{{spec="{extra[1]}",n_draft="\d+"\}} 1$', text, re.M), text
+                assert re.search(rf'^hearth_spec_info\{{spec="{extra[1]}",n_draft="\d+",adaptive="false"\}} 1$', text, re.M), text
+                assert re.search(r'^hearth_spec_drafted_at_position_total\{position="0"\} [1-9]', text, re.M), text
                 forwards = int(re.search(r"^hearth_spec_target_forwards_total (\d+)", text, re.M).group(1))
                 assert forwards > 0
                 assert re.search(r'^hearth_spec_acceptance_by_position\{position="0"\} \S+', text, re.M)
