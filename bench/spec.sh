@@ -5,6 +5,9 @@
 #   bench/spec.sh MODEL N_TOKENS TEMP THREADS CONFIG... [-- PROMPT_GLOB]
 #
 # CONFIG: none | ngram:K | draft:DRAFT_MODEL:K | dflash:DRAFT_GGUF:B:K
+#   | dflash-adaptive:DRAFT_GGUF:B:K (--spec-adaptive: K is the most drafted per cycle)
+#   | auto (what `hearth run` does by default: the packaged drafter, adaptive)
+# HEARTH_BIN=path uses that binary instead of building target/release/hearth.
 # Every prompt runs every config back to back (A B C, A B C, ...), so load
 # changes on a shared machine hit all configs alike. Prints per config the
 # decode tok/s over all prompts (generated tokens after the first / decode
@@ -20,8 +23,12 @@ while [[ $# -gt 0 ]]; do
   if [[ "$1" == "--" ]]; then glob="$2"; break; fi
   configs+=("$1"); shift
 done
-cargo build --release -q -p hearth
-hearth=target/release/hearth
+if [[ -n "${HEARTH_BIN:-}" ]]; then
+  hearth=$HEARTH_BIN
+else
+  cargo build --release -q -p hearth
+  hearth=target/release/hearth
+fi
 out=$(mktemp -d)
 echo "results in $out" >&2
 for prompt in $glob; do
@@ -30,10 +37,12 @@ for prompt in $glob; do
     IFS=: read -r kind a b c <<< "$cfg"
     flags=()
     case "$kind" in
-      none) ;;
+      none) flags=(--spec none) ;;
+      auto) flags=(--spec auto) ;;
       ngram) flags=(--spec ngram --n-draft "$a") ;;
       draft) flags=(--spec draft --draft-model "$a" --n-draft "$b") ;;
       dflash) flags=(--spec dflash --draft-model "$a" --block-length "$b" --n-draft "$c") ;;
+      dflash-adaptive) flags=(--spec dflash --draft-model "$a" --block-length "$b" --n-draft "$c" --spec-adaptive) ;;
       *) echo "unknown config $cfg" >&2; exit 1 ;;
     esac
     tag=$(echo "$cfg" | tr ':/' '__')

@@ -26,6 +26,17 @@
 //!   cycles are plain target steps (no draft). Then one probe cycle drafts
 //!   2 tokens; if it accepts nothing the pause repeats, twice as long each
 //!   time (up to 64 steps); if it accepts any, drafting resumes from there.
+//! - cost (the wrapper times every cycle, from the proposal to the commit
+//!   that brings its verdict): tokens per second of plain steps and of
+//!   drafted cycles, each a moving average (same α). A session starts with
+//!   [`WARMUP_PLAIN`] plain steps to measure the plain rate; from then on,
+//!   once 4 drafted cycles in a row have run below the plain rate, drafting
+//!   pauses as above (8, 16, … plain steps, then a probe). Acceptance alone
+//!   does not say whether drafting pays: a verify pass of K+1 rows costs
+//!   about K+1 plain steps where decode is compute-bound (small models on
+//!   a few CPU cores: 3.2x a plain step for 4 rows on a 2-core AVX2 machine,
+//!   measured), but hardly more than one where it is bandwidth-bound (GPUs,
+//!   wide CPUs). The measured rates decide, on the machine at hand.
 
 use super::{Draft, Drafter, SpecError};
 use crate::sampler::SamplerConfig;
@@ -43,6 +54,8 @@ const PAUSE_MAX: u32 = 64;
 const INITIAL_EMA: f64 = 1.0;
 /// Tokens drafted by the probe cycle after a pause.
 const PROBE_LEN: usize = 2;
+/// Plain steps a timed controller takes first, to measure the plain rate.
+pub const WARMUP_PLAIN: u32 = 2;
 
 /// The adaptive length controller (no drafter in it: see the module docs).
 #[derive(Clone, Debug, PartialEq)]
@@ -57,6 +70,14 @@ pub struct AdaptiveK {
     pause_len: u32,
     /// The next drafted cycle is the probe after a pause.
     probing: bool,
+    /// Tokens per second of plain steps and of drafted cycles (moving
+    /// averages; `None` until measured).
+    plain_rate: Option<f64>,
+    draft_rate: Option<f64>,
+    /// Drafted cycles in a row below the plain rate.
+    slow_cycles: u32,
+    /// Plain steps still to take before the first draft (timed controllers).
+    warmup_left: u32,
 }
 
 impl AdaptiveK {
@@ -72,12 +93,84 @@ impl AdaptiveK {
             pause_left: 0,
             pause_len: PAUSE,
             probing: false,
+            plain_rate: None,
+            draft_rate: None,
+            slow_cycles: 0,
+            warmup_left: 0,
+        }
+    }
+
+    /// A controller fed with cycle timings ([`AdaptiveK::observe_timed`]):
+    /// it starts with [`WARMUP_PLAIN`] plain steps that measure the plain
+    /// rate, and pauses drafting while drafted cycles yield fewer tokens per
+    /// second than plain steps.
+    pub fn timed(max: usize) -> AdaptiveK {
+        AdaptiveK {
+            warmup_left: if max == 0 { 0 } else { WARMUP_PLAIN },
+            ..AdaptiveK::new(max)
+        }
+    }
+
+    /// Tokens per second of plain steps and of drafted cycles, as measured.
+    pub fn rates(&self) -> (Option<f64>, Option<f64>) {
+        (self.plain_rate, self.draft_rate)
+    }
+
+    fn ema_rate(slot: &mut Option<f64>, rate: f64) {
+        *slot = Some(match *slot {
+            None => rate,
+            Some(r) => ALPHA * rate + (1.0 - ALPHA) * r,
+        });
+    }
+
+    /// [`AdaptiveK::observe_plain`] of a plain step that took `secs`.
+    pub fn observe_plain_timed(&mut self, secs: f64) {
+        if secs > 0.0 {
+            Self::ema_rate(&mut self.plain_rate, 1.0 / secs);
+        }
+        if self.warmup_left > 0 {
+            self.warmup_left -= 1;
+            return;
+        }
+        self.observe_plain();
+    }
+
+    /// [`AdaptiveK::observe`] of a drafted cycle that took `secs` (draft,
+    /// verify and commit), then the cost rule.
+    pub fn observe_timed(&mut self, drafted: usize, accepted: usize, secs: f64) {
+        if secs > 0.0 {
+            Self::ema_rate(&mut self.draft_rate, (accepted + 1) as f64 / secs);
+        }
+        self.observe(drafted, accepted);
+        if self.pause_left > 0 {
+            self.slow_cycles = 0;
+            return;
+        }
+        match (self.plain_rate, self.draft_rate) {
+            (Some(plain), Some(draft)) if draft < plain => {
+                self.slow_cycles += 1;
+                if self.slow_cycles >= PATIENCE {
+                    self.slow_cycles = 0;
+                    self.low_cycles = 0;
+                    self.pause_left = self.pause_len;
+                    self.pause_len = (self.pause_len * 2).min(PAUSE_MAX);
+                }
+            }
+            _ => self.slow_cycles = 0,
+        }
+    }
+
+    /// Drafting pays on the measured rates (or they are not known yet).
+    fn pays(&self) -> bool {
+        match (self.plain_rate, self.draft_rate) {
+            (Some(plain), Some(draft)) => draft >= plain,
+            _ => true,
         }
     }
 
     /// Tokens to draft this cycle: 0 during a pause (a plain target step).
     pub fn next_len(&self) -> usize {
-        if self.max == 0 || self.pause_left > 0 {
+        if self.max == 0 || self.pause_left > 0 || self.warmup_left > 0 {
             return 0;
         }
         if self.probing {
@@ -117,10 +210,13 @@ impl AdaptiveK {
                 self.pause_len = (self.pause_len * 2).min(PAUSE_MAX);
                 return;
             }
-            // Drafting pays again: continue from what the probe saw.
+            // The drafts match again: continue from what the probe saw
+            // (the pauses shrink back only once drafting also pays).
             self.ema = accepted as f64;
             self.low_cycles = 0;
-            self.pause_len = PAUSE;
+            if self.pays() {
+                self.pause_len = PAUSE;
+            }
             return;
         }
         self.ema = ALPHA * accepted as f64 + (1.0 - ALPHA) * self.ema;
@@ -133,7 +229,7 @@ impl AdaptiveK {
             }
         } else {
             self.low_cycles = 0;
-            if self.ema >= 1.0 {
+            if self.ema >= 1.0 && self.pays() {
                 self.pause_len = PAUSE;
             }
         }
@@ -144,8 +240,9 @@ impl AdaptiveK {
 pub struct AdaptiveDrafter<D> {
     inner: D,
     ctl: AdaptiveK,
-    /// Tokens of the proposal whose verdict the next commit brings.
-    outstanding: Option<usize>,
+    /// Tokens of the proposal whose verdict the next commit brings, and
+    /// when the proposal began (the cycle's time runs to that commit).
+    outstanding: Option<(usize, std::time::Instant)>,
 }
 
 impl<D: Drafter> AdaptiveDrafter<D> {
@@ -153,7 +250,7 @@ impl<D: Drafter> AdaptiveDrafter<D> {
     pub fn new(inner: D, max: usize) -> Self {
         AdaptiveDrafter {
             inner,
-            ctl: AdaptiveK::new(max),
+            ctl: AdaptiveK::timed(max),
             outstanding: None,
         }
     }
@@ -173,6 +270,7 @@ impl<D: Drafter> Drafter for AdaptiveDrafter<D> {
     }
 
     fn propose(&mut self, context: &[u32], k: usize) -> Result<Draft, SpecError> {
+        let start = std::time::Instant::now();
         let n = self.ctl.next_len().min(k);
         let draft = if n == 0 {
             Draft::default()
@@ -184,7 +282,7 @@ impl<D: Drafter> Drafter for AdaptiveDrafter<D> {
             }
             d
         };
-        self.outstanding = Some(draft.tokens.len());
+        self.outstanding = Some((draft.tokens.len(), start));
         Ok(draft)
     }
 
@@ -192,10 +290,13 @@ impl<D: Drafter> Drafter for AdaptiveDrafter<D> {
         // A commit right after a proposal is that cycle's verdict: the
         // pending token plus the accepted drafts. Others are prefill chunks
         // and plain steps of turns that do not speculate.
-        if let Some(drafted) = self.outstanding.take() {
+        if let Some((drafted, start)) = self.outstanding.take() {
+            let secs = start.elapsed().as_secs_f64();
             match drafted {
-                0 => self.ctl.observe_plain(),
-                d => self.ctl.observe(d, tokens.len().saturating_sub(1).min(d)),
+                0 => self.ctl.observe_plain_timed(secs),
+                d => self
+                    .ctl
+                    .observe_timed(d, tokens.len().saturating_sub(1).min(d), secs),
             }
         }
         self.inner.commit(tokens, hidden)
@@ -323,7 +424,13 @@ mod tests {
         let mut d = AdaptiveDrafter::new(Ones::default(), 6);
         // A prefill commit is not a verdict.
         d.commit(&[5, 6, 7], &[]).unwrap();
-        assert_eq!(d.controller(), &AdaptiveK::new(6));
+        assert_eq!(d.controller(), &AdaptiveK::timed(6));
+        // The warm-up: plain steps that measure the plain rate.
+        for _ in 0..WARMUP_PLAIN {
+            assert!(d.propose(&[1], 2).unwrap().tokens.is_empty());
+            d.commit(&[1], &[]).unwrap();
+        }
+        assert!(d.controller().rates().0.is_some());
         // The turn may ask for fewer than the controller's length (budget).
         assert_eq!(d.propose(&[1], 2).unwrap().tokens.len(), 2);
         d.commit(&[1, 1, 1], &[]).unwrap(); // pending + 2 accepted
@@ -333,6 +440,56 @@ mod tests {
                                       // ema: 1 -> 0.3*2 + 0.7*1 = 1.3 -> 0.7*1.3 = 0.91.
         assert!((d.controller().ema() - 0.91).abs() < 1e-9);
         assert_eq!(d.inner().asked, vec![2, n]);
-        assert_eq!(d.inner().committed, vec![3, 3, 1]);
+        assert_eq!(d.inner().committed, vec![3, 1, 1, 3, 1]);
+    }
+
+    /// Cycles where a plain step takes 1 s and a drafted cycle of n tokens
+    /// takes `cost(n)` seconds and keeps `accept(n)`.
+    fn run_timed(
+        ctl: &mut AdaptiveK,
+        cycles: usize,
+        accept: impl Fn(usize) -> usize,
+        cost: impl Fn(usize) -> f64,
+    ) -> Vec<usize> {
+        (0..cycles)
+            .map(|_| {
+                let n = ctl.next_len();
+                if n == 0 {
+                    ctl.observe_plain_timed(1.0);
+                } else {
+                    ctl.observe_timed(n, accept(n).min(n), cost(n));
+                }
+                n
+            })
+            .collect()
+    }
+
+    #[test]
+    fn drafting_that_does_not_pay_pauses_even_when_drafts_match() {
+        // Half the drafts accepted, but every verify row costs a whole plain
+        // step (compute-bound): (1 + n/2) tokens per (n + 1) s < 1 token/s.
+        let mut c = AdaptiveK::timed(7);
+        let lens = run_timed(&mut c, 200, |n| n / 2, |n| (n + 1) as f64);
+        assert_eq!(&lens[..2], &[0, 0], "warm-up: {lens:?}");
+        let drafted = lens.iter().filter(|&&n| n > 0).count();
+        assert!(
+            drafted < 40,
+            "mostly plain steps: {drafted} drafted, {lens:?}"
+        );
+        // The pauses grow: the last 100 cycles draft less than the first 100.
+        let early = lens[..100].iter().filter(|&&n| n > 0).count();
+        let late = lens[100..].iter().filter(|&&n| n > 0).count();
+        assert!(late < early, "{early} then {late}: {lens:?}");
+    }
+
+    #[test]
+    fn drafting_that_pays_continues() {
+        // The same acceptance where a verify pass costs about one plain step
+        // (bandwidth-bound): drafting never pauses after the warm-up.
+        let mut c = AdaptiveK::timed(7);
+        let lens = run_timed(&mut c, 100, |n| n / 2 + 1, |n| 1.0 + 0.05 * n as f64);
+        assert!(lens[2..].iter().all(|&n| n > 0), "{lens:?}");
+        let (plain, draft) = c.rates();
+        assert!(draft.unwrap() > plain.unwrap());
     }
 }
