@@ -96,13 +96,22 @@ impl State {
     /// Everything the positions `0..pos` need, as bytes ([`State::load`]).
     pub fn save(&self) -> Vec<u8> {
         let shape = self.shape();
-        let mut out = Vec::with_capacity(shape.len() + 16);
+        // One allocation of the exact size: the caches' bytes are copied once.
+        let len = 16
+            + shape.len()
+            + self
+                .caches
+                .iter()
+                .map(|c| c.saved_len(self.pos))
+                .sum::<usize>();
+        let mut out = Vec::with_capacity(len);
         out.extend_from_slice(&(shape.len() as u64).to_le_bytes());
         out.extend_from_slice(&shape);
         out.extend_from_slice(&(self.pos as u64).to_le_bytes());
         for c in &self.caches {
             c.save(self.pos, &mut out);
         }
+        debug_assert_eq!(out.len(), len);
         out
     }
 

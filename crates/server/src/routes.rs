@@ -193,10 +193,8 @@ async fn save_session(
         .map_err(|e| store_error(&id, e))?;
     let app2 = app.clone();
     let (n, bytes) = tokio::task::spawn_blocking(move || {
-        let file = crate::session_file::encode(&app2.model_fingerprint, &ids, &state);
-        let tmp = path.with_extension("hsession.tmp");
-        std::fs::write(&tmp, &file).and_then(|_| std::fs::rename(&tmp, &path))?;
-        Ok::<_, std::io::Error>((ids.len(), file.len()))
+        let bytes = crate::session_file::write_file(&path, &app2.model_fingerprint, &ids, &state)?;
+        Ok::<_, std::io::Error>((ids.len(), bytes))
     })
     .await
     .map_err(|e| ApiError::server(format!("saving the session: {e}")))?
@@ -214,10 +212,17 @@ async fn restore_session(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let path = session_path(&app, &id)?;
     let app2 = app.clone();
-    let saved = tokio::task::spawn_blocking(move || match std::fs::read(&path) {
-        Ok(data) => crate::session_file::decode(&app2.model_fingerprint, &data).map_err(Some),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(None),
-        Err(e) => Err(Some(format!("reading the session file: {e}"))),
+    let saved = tokio::task::spawn_blocking(move || {
+        use crate::session_file::{read_file, ReadError};
+        match read_file(&path, &app2.model_fingerprint) {
+            Ok(saved) => Ok(saved),
+            Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => Err(None),
+            Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Some(
+                "the session file is truncated (shorter than its lengths say)".to_string(),
+            )),
+            Err(ReadError::Io(e)) => Err(Some(format!("reading the session file: {e}"))),
+            Err(ReadError::Invalid(m)) => Err(Some(m)),
+        }
     })
     .await
     .map_err(|e| ApiError::server(format!("restoring the session: {e}")))?;

@@ -377,51 +377,45 @@ impl LayerKvCache {
         self.oldest_intact = 0;
     }
 
+    /// Rows per head that [`LayerKvCache::save`] writes for `pos`.
+    fn saved_rows(&self, pos: usize) -> usize {
+        match self.layout {
+            CacheLayout::Flat => pos.min(self.slots),
+            CacheLayout::Ring { .. } => self.slots,
+        }
+    }
+
+    /// The number of bytes [`LayerKvCache::save`] appends for `pos`.
+    pub fn saved_len(&self, pos: usize) -> usize {
+        8 + self.n_kv_heads * self.saved_rows(pos) * self.types.slot_bytes(1, self.head_dim)
+    }
+
     /// The entries positions `0..pos` need, as little-endian bytes: a flat
     /// cache's first `pos` rows per head, a ring's every slot (with the
     /// lowest intact position first). [`LayerKvCache::load`] reads it back
-    /// into a cache of the same shape.
+    /// into a cache of the same shape. Each head's rows are one contiguous
+    /// run of the cache, copied as a whole.
     pub fn save(&self, pos: usize, out: &mut Vec<u8>) {
+        out.reserve(self.saved_len(pos));
         out.extend_from_slice(&(self.oldest_intact as u64).to_le_bytes());
-        let rows = match self.layout {
-            CacheLayout::Flat => pos.min(self.slots),
-            CacheLayout::Ring { .. } => self.slots,
-        };
-        // Little-endian bytes of each element, `N` per element, head by head.
-        fn put<E: Copy, const N: usize>(
-            out: &mut Vec<u8>,
-            x: &[E],
-            c: &LayerKvCache,
-            rows: usize,
-            le: fn(E) -> [u8; N],
-        ) {
-            out.reserve(c.n_kv_heads * rows * c.head_dim * N);
-            for h in 0..c.n_kv_heads {
-                let at = h * c.slots * c.head_dim;
-                out.extend(x[at..at + rows * c.head_dim].iter().flat_map(|&e| le(e)));
+        let rows = self.saved_rows(pos);
+        let (n_kv, slots, hd) = (self.n_kv_heads, self.slots, self.head_dim);
+        fn put<E: PlainElem>(out: &mut Vec<u8>, x: &[E], dims: (usize, usize, usize, usize)) {
+            let (n_kv, slots, hd, rows) = dims;
+            for h in 0..n_kv {
+                put_le(out, &x[h * slots * hd..][..rows * hd]);
             }
         }
+        let dims = (n_kv, slots, hd, rows);
         match &self.data {
-            KvData::F16 { k, v } => {
-                for x in [k, v] {
-                    put(out, x, self, rows, |e| e.to_bits().to_le_bytes());
-                }
-            }
-            KvData::Bf16 { k, v } => {
-                for x in [k, v] {
-                    put(out, x, self, rows, |e| e.to_bits().to_le_bytes());
-                }
-            }
-            KvData::F32 { k, v } => {
-                for x in [k, v] {
-                    put(out, x, self, rows, |e| e.to_bits().to_le_bytes());
-                }
-            }
+            KvData::F16 { k, v } => [k, v].into_iter().for_each(|x| put(out, x, dims)),
+            KvData::Bf16 { k, v } => [k, v].into_iter().for_each(|x| put(out, x, dims)),
+            KvData::F32 { k, v } => [k, v].into_iter().for_each(|x| put(out, x, dims)),
             KvData::Rows { k, v } => {
                 for (x, t) in [(k, self.types.k), (v, self.types.v)] {
-                    let rb = t.bytes_for(self.head_dim);
-                    for h in 0..self.n_kv_heads {
-                        out.extend_from_slice(&x[h * self.slots * rb..][..rows * rb]);
+                    let rb = t.bytes_for(hd);
+                    for h in 0..n_kv {
+                        out.extend_from_slice(&x[h * slots * rb..][..rows * rb]);
                     }
                 }
             }
@@ -432,61 +426,31 @@ impl LayerKvCache {
     /// consumed, or `None` when `data` is too short.
     pub fn load(&mut self, pos: usize, data: &[u8]) -> Option<usize> {
         let oldest = u64::from_le_bytes(data.get(..8)?.try_into().ok()?) as usize;
-        let rows = match self.layout {
-            CacheLayout::Flat => pos.min(self.slots),
-            CacheLayout::Ring { .. } => self.slots,
-        };
-        let (n_kv, slots, hd) = (self.n_kv_heads, self.slots, self.head_dim);
-        let need = 8 + n_kv * rows * self.types.slot_bytes(1, hd);
+        let rows = self.saved_rows(pos);
+        let need = self.saved_len(pos);
         if data.len() < need {
             return None;
         }
-        // Element size of the unquantized types.
-        let per = match self.types.k {
-            KvDtype::F32 => 4,
-            _ => 2,
-        };
+        let (n_kv, slots, hd) = (self.n_kv_heads, self.slots, self.head_dim);
         let mut at = 8;
-        fn get<E: Copy>(
+        fn get<E: PlainElem>(
             x: &mut [E],
             data: &[u8],
             at: &mut usize,
             dims: (usize, usize, usize, usize),
-            per: usize,
-            from: fn(&[u8]) -> E,
         ) {
             let (n_kv, slots, hd, rows) = dims;
+            let n = rows * hd * std::mem::size_of::<E>();
             for h in 0..n_kv {
-                let base = h * slots * hd;
-                for e in &mut x[base..base + rows * hd] {
-                    *e = from(&data[*at..*at + per]);
-                    *at += per;
-                }
+                get_le(&mut x[h * slots * hd..][..rows * hd], &data[*at..*at + n]);
+                *at += n;
             }
         }
         let dims = (n_kv, slots, hd, rows);
         match &mut self.data {
-            KvData::F16 { k, v } => {
-                for x in [k, v] {
-                    get(x, data, &mut at, dims, per, |b| {
-                        f16::from_bits(u16::from_le_bytes([b[0], b[1]]))
-                    });
-                }
-            }
-            KvData::Bf16 { k, v } => {
-                for x in [k, v] {
-                    get(x, data, &mut at, dims, per, |b| {
-                        bf16::from_bits(u16::from_le_bytes([b[0], b[1]]))
-                    });
-                }
-            }
-            KvData::F32 { k, v } => {
-                for x in [k, v] {
-                    get(x, data, &mut at, dims, per, |b| {
-                        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
-                    });
-                }
-            }
+            KvData::F16 { k, v } => [k, v].into_iter().for_each(|x| get(x, data, &mut at, dims)),
+            KvData::Bf16 { k, v } => [k, v].into_iter().for_each(|x| get(x, data, &mut at, dims)),
+            KvData::F32 { k, v } => [k, v].into_iter().for_each(|x| get(x, data, &mut at, dims)),
             KvData::Rows { k, v } => {
                 for (x, t) in [(k, self.types.k), (v, self.types.v)] {
                     let rb = t.bytes_for(hd);
@@ -497,8 +461,76 @@ impl LayerKvCache {
                 }
             }
         }
+        debug_assert_eq!(at, need);
         self.oldest_intact = oldest;
         Some(at)
+    }
+}
+
+/// The unquantized cache elements, saved as their little-endian bytes.
+///
+/// # Safety
+/// Implementors are plain data: no padding, and every byte pattern of
+/// `size_of::<Self>()` bytes is a valid value (so their memory can be viewed
+/// and filled as bytes).
+unsafe trait PlainElem: Copy {
+    fn to_le(self, out: &mut [u8]);
+    fn from_le(b: &[u8]) -> Self;
+}
+
+macro_rules! plain_elem {
+    ($($t:ty => $bits:ty),*) => {$(
+        // SAFETY: f16, bf16 (a u16) and f32 (a u32) have no padding and no
+        // invalid bit patterns.
+        unsafe impl PlainElem for $t {
+            #[inline]
+            fn to_le(self, out: &mut [u8]) {
+                out.copy_from_slice(&self.to_bits().to_le_bytes());
+            }
+            #[inline]
+            fn from_le(b: &[u8]) -> Self {
+                <$t>::from_bits(<$bits>::from_le_bytes(b.try_into().expect("element bytes")))
+            }
+        }
+    )*};
+}
+plain_elem!(f16 => u16, bf16 => u16, f32 => u32);
+
+/// Appends the little-endian bytes of `x` (on little-endian machines its
+/// memory as it is, one copy).
+fn put_le<E: PlainElem>(out: &mut Vec<u8>, x: &[E]) {
+    if cfg!(target_endian = "little") {
+        // SAFETY: `PlainElem` types have no padding, so all
+        // `size_of_val(x)` bytes of `x` are initialized.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x))
+        };
+        out.extend_from_slice(bytes);
+    } else {
+        let n = std::mem::size_of::<E>();
+        let at = out.len();
+        out.resize(at + std::mem::size_of_val(x), 0);
+        for (e, b) in x.iter().zip(out[at..].chunks_exact_mut(n)) {
+            e.to_le(b);
+        }
+    }
+}
+
+/// Fills `x` from the little-endian bytes of as many elements (`data.len()
+/// == size_of_val(x)`).
+fn get_le<E: PlainElem>(x: &mut [E], data: &[u8]) {
+    if cfg!(target_endian = "little") {
+        // SAFETY: `PlainElem` types accept every byte pattern and have no
+        // padding, so `x` may be written as bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(x.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(x))
+        };
+        bytes.copy_from_slice(data);
+    } else {
+        let n = std::mem::size_of::<E>();
+        for (e, b) in x.iter_mut().zip(data.chunks_exact(n)) {
+            *e = E::from_le(b);
+        }
     }
 }
 
@@ -602,6 +634,39 @@ mod tests {
             }
         }
         (k, v)
+    }
+
+    #[test]
+    fn saved_bytes_are_each_heads_rows_element_by_element_little_endian() {
+        // The session file format: oldest intact position, then K's rows head
+        // by head, then V's, each element's little-endian bits.
+        let hd = 8;
+        for t in [KvDtype::F16, KvDtype::Bf16, KvDtype::F32] {
+            let mut c = LayerKvCache::new(CacheLayout::Flat, KvTypes::same(t), 2, hd, 5);
+            let k: Vec<f32> = (0..3 * 2 * hd).map(|x| x as f32 * 0.37 - 2.0).collect();
+            let v: Vec<f32> = k.iter().map(|x| x * 1.5).collect();
+            c.write(0, &k, &v);
+            let mut expected = 0u64.to_le_bytes().to_vec();
+            for x in [&k, &v] {
+                for h in 0..2 {
+                    for p in 0..3 {
+                        for &e in &x[(p * 2 + h) * hd..][..hd] {
+                            match t {
+                                KvDtype::F16 => expected
+                                    .extend_from_slice(&f16::from_f32(e).to_bits().to_le_bytes()),
+                                KvDtype::Bf16 => expected
+                                    .extend_from_slice(&bf16::from_f32(e).to_bits().to_le_bytes()),
+                                _ => expected.extend_from_slice(&e.to_bits().to_le_bytes()),
+                            }
+                        }
+                    }
+                }
+            }
+            let mut bytes = Vec::new();
+            c.save(3, &mut bytes);
+            assert_eq!(bytes, expected, "{t:?}");
+            assert_eq!(bytes.len(), c.saved_len(3));
+        }
     }
 
     #[test]
