@@ -31,7 +31,8 @@
 //!   drafted cycles, each a moving average (same α). A session starts with
 //!   [`WARMUP_PLAIN`] plain steps to measure the plain rate; from then on,
 //!   once 4 drafted cycles in a row have run below the plain rate, drafting
-//!   pauses as above (8, 16, … plain steps, then a probe). Acceptance alone
+//!   pauses as above (8, 16, … plain steps, then a probe, which resumes
+//!   drafting only if its own cycle beat the plain rate). Acceptance alone
 //!   does not say whether drafting pays: a verify pass of K+1 rows costs
 //!   about K+1 plain steps where decode is compute-bound (small models on
 //!   a few CPU cores: 3.2x a plain step for 4 rows on a 2-core AVX2 machine,
@@ -138,8 +139,22 @@ impl AdaptiveK {
     /// [`AdaptiveK::observe`] of a drafted cycle that took `secs` (draft,
     /// verify and commit), then the cost rule.
     pub fn observe_timed(&mut self, drafted: usize, accepted: usize, secs: f64) {
-        if secs > 0.0 {
-            Self::ema_rate(&mut self.draft_rate, (accepted + 1) as f64 / secs);
+        let rate = (secs > 0.0).then(|| (accepted + 1) as f64 / secs);
+        if let Some(r) = rate {
+            Self::ema_rate(&mut self.draft_rate, r);
+        }
+        // A probe after a pause resumes drafting only if it beat plain steps
+        // itself: otherwise the next, longer pause starts at once (a probe
+        // whose drafts matched but cost too much would else buy 4 more slow
+        // cycles every time).
+        if let (true, Some(r), Some(plain)) = (self.probing, rate, self.plain_rate) {
+            if r < plain {
+                self.probing = false;
+                self.slow_cycles = 0;
+                self.pause_left = self.pause_len;
+                self.pause_len = (self.pause_len * 2).min(PAUSE_MAX);
+                return;
+            }
         }
         self.observe(drafted, accepted);
         if self.pause_left > 0 {
@@ -480,6 +495,9 @@ mod tests {
         let early = lens[..100].iter().filter(|&&n| n > 0).count();
         let late = lens[100..].iter().filter(|&&n| n > 0).count();
         assert!(late < early, "{early} then {late}: {lens:?}");
+        // After the first pause only lone probes draft: 4 slow cycles once,
+        // then pauses of 8, 16, 32, 64, 64 each ended by one probe.
+        assert_eq!(drafted, 4 + 5, "{lens:?}");
     }
 
     #[test]
