@@ -68,11 +68,22 @@ pub fn write_to<W: Write>(
 
 /// Writes session file `path` (through a temporary file renamed over it, so
 /// a reader never sees half a file); the bytes written.
+///
+/// Renaming over an existing file frees the old file's pages and blocks
+/// inside the rename (~0.15 s for a 181 MB file on ext4), so a second link
+/// keeps the old file through the rename and a background thread deletes it.
 pub fn write_file(path: &Path, model: &[u8; 32], ids: &[u32], state: &[u8]) -> io::Result<u64> {
+    static REPLACED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = path.with_extension("hsession.tmp");
     let n = write_to(&mut std::fs::File::create(&tmp)?, model, ids, state)?;
-    std::fs::rename(&tmp, path)?;
-    Ok(n)
+    let k = REPLACED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let old = path.with_extension(format!("hsession.old-{}-{k}", std::process::id()));
+    let kept = std::fs::hard_link(path, &old).is_ok();
+    let renamed = std::fs::rename(&tmp, path);
+    if kept {
+        std::thread::spawn(move || std::fs::remove_file(old));
+    }
+    renamed.map(|_| n)
 }
 
 /// Why a session file was not read.
