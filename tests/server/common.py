@@ -37,8 +37,8 @@ class Server:
         self.log_path = log_dir / f"hearth-serve-{os.getpid()}-{id(self)}.log"
         self.log = open(self.log_path, "w")
         self.api_key = api_key
-        # Plain decoding unless a test asks for a drafter: `--spec auto` (the
-        # default) would pick the packaged model's drafter once it has one.
+        # Plain decoding unless a test asks for a drafter (serve's default,
+        # spelled out so the suites do not depend on it).
         if "--spec" not in extra:
             extra = (*extra, "--spec", "none")
         self.proc = subprocess.Popen(

@@ -126,7 +126,10 @@ pub struct Args {
     pub spec: SpecArgs,
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub fn run(mut args: Args) -> Result<()> {
+    // Speculating sessions step alone (no batched passes with other
+    // sessions yet): `serve` speculates only when asked.
+    args.spec.unset_means = super::spec::SpecChoice::Kind(hearth_engine::spec::SpecKind::None);
     crate::device::check(args.device)?;
     crate::cli_args::note_gpu_layers(args.n_gpu_layers, args.device);
     args.spec.precheck(args.device)?;

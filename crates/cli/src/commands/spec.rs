@@ -17,9 +17,10 @@ use crate::registry::{models_dir, registry, PackagedModel, Registry};
 use crate::store::{self, ModelName};
 
 /// What `--spec` asked for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SpecChoice {
     /// The target's packaged drafter if it has one, else none.
+    #[default]
     Auto,
     Kind(SpecKind),
 }
@@ -31,9 +32,14 @@ pub struct SpecArgs {
     /// none), none, dflash (a DFlash draft GGUF: --draft-model, or the
     /// target's packaged drafter), draft (a small model with the same
     /// vocabulary, --draft-model) or ngram (prompt lookup, no extra model).
-    /// Output is the same as without it.
-    #[arg(long, default_value = "auto", value_parser = parse_choice)]
-    pub spec: SpecChoice,
+    /// Output is the same as without it. [default: auto for `run`; none for
+    /// `serve`, whose speculating sessions would not join the batched passes
+    /// of other sessions]
+    #[arg(long, value_parser = parse_choice)]
+    pub spec: Option<SpecChoice>,
+    /// What no `--spec` means (`serve` sets none).
+    #[arg(skip)]
+    pub unset_means: SpecChoice,
     /// The drafter's model: a model name or .gguf path (draft), or a dflash
     /// GGUF (dflash; default: the target's packaged drafter).
     #[arg(long)]
@@ -78,7 +84,7 @@ impl SpecArgs {
     /// The flags' own consistency, before the target is resolved (nothing is
     /// loaded or downloaded for a bad combination).
     pub fn precheck(&self, device: Device) -> Result<()> {
-        match self.spec {
+        match self.choice() {
             SpecChoice::Auto => {
                 if self.draft_model.is_some() {
                     bail!("--draft-model needs --spec dflash|draft (--spec auto uses the target's packaged drafter)");
@@ -102,6 +108,11 @@ impl SpecArgs {
         }
     }
 
+    /// `--spec`, or what its absence means for this command.
+    pub fn choice(&self) -> SpecChoice {
+        self.spec.unwrap_or(self.unset_means)
+    }
+
     fn explicit(&self, kind: SpecKind) -> SpecConfig {
         SpecConfig {
             kind,
@@ -120,7 +131,7 @@ impl SpecArgs {
     /// taps; `auto` then decodes without a drafter instead.
     pub fn config(&self, device: Device, target: Target, images: bool) -> Result<SpecConfig> {
         self.precheck(device)?;
-        let kind = match self.spec {
+        let kind = match self.choice() {
             SpecChoice::Auto => return self.auto(device, target, images),
             SpecChoice::Kind(k) => k,
         };
@@ -255,7 +266,20 @@ mod tests {
     #[test]
     fn auto_is_the_default_and_adaptive_follows_it() {
         let a = args(&[]);
-        assert_eq!(a.spec, SpecChoice::Auto);
+        assert_eq!(a.choice(), SpecChoice::Auto);
+        let serve = SpecArgs {
+            unset_means: SpecChoice::Kind(SpecKind::None),
+            ..args(&[])
+        };
+        assert_eq!(serve.choice(), SpecChoice::Kind(SpecKind::None));
+        assert_eq!(
+            SpecArgs {
+                unset_means: SpecChoice::Kind(SpecKind::None),
+                ..args(&["--spec", "auto"])
+            }
+            .choice(),
+            SpecChoice::Auto
+        );
         assert_eq!(a.spec_adaptive, None);
         assert_eq!(args(&["--spec-adaptive"]).spec_adaptive, Some(true));
         assert_eq!(args(&["--spec-adaptive=false"]).spec_adaptive, Some(false));
