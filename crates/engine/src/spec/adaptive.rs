@@ -79,6 +79,8 @@ pub struct AdaptiveK {
     slow_cycles: u32,
     /// Plain steps still to take before the first draft (timed controllers).
     warmup_left: u32,
+    /// Whether the wrapper feeds it cycle timings.
+    timed: bool,
 }
 
 impl AdaptiveK {
@@ -98,6 +100,7 @@ impl AdaptiveK {
             draft_rate: None,
             slow_cycles: 0,
             warmup_left: 0,
+            timed: false,
         }
     }
 
@@ -108,6 +111,7 @@ impl AdaptiveK {
     pub fn timed(max: usize) -> AdaptiveK {
         AdaptiveK {
             warmup_left: if max == 0 { 0 } else { WARMUP_PLAIN },
+            timed: true,
             ..AdaptiveK::new(max)
         }
     }
@@ -270,6 +274,16 @@ impl<D: Drafter> AdaptiveDrafter<D> {
         }
     }
 
+    /// Wraps `inner` under a given controller (e.g. an untimed
+    /// [`AdaptiveK::new`], whose choices depend on acceptance alone).
+    pub fn with_controller(inner: D, ctl: AdaptiveK) -> Self {
+        AdaptiveDrafter {
+            inner,
+            ctl,
+            outstanding: None,
+        }
+    }
+
     pub fn controller(&self) -> &AdaptiveK {
         &self.ctl
     }
@@ -307,11 +321,12 @@ impl<D: Drafter> Drafter for AdaptiveDrafter<D> {
         // and plain steps of turns that do not speculate.
         if let Some((drafted, start)) = self.outstanding.take() {
             let secs = start.elapsed().as_secs_f64();
-            match drafted {
-                0 => self.ctl.observe_plain_timed(secs),
-                d => self
-                    .ctl
-                    .observe_timed(d, tokens.len().saturating_sub(1).min(d), secs),
+            let accepted = |d: usize| tokens.len().saturating_sub(1).min(d);
+            match (drafted, self.ctl.timed) {
+                (0, true) => self.ctl.observe_plain_timed(secs),
+                (0, false) => self.ctl.observe_plain(),
+                (d, true) => self.ctl.observe_timed(d, accepted(d), secs),
+                (d, false) => self.ctl.observe(d, accepted(d)),
             }
         }
         self.inner.commit(tokens, hidden)
