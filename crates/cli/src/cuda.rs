@@ -54,6 +54,31 @@ pub fn upload(gpu: Arc<Gpu>, model: Arc<Model>) -> Result<GpuModel> {
     Ok(gm)
 }
 
+/// Where DFlash drafts run next to the target `gm` on its GPU: the draft's
+/// weights are uploaded once (at the first session), each session gets its
+/// own cache.
+pub fn dflash_runners(gm: Arc<GpuModel>) -> Arc<hearth_engine::spec::factory::RunnerMaker> {
+    use hearth_cuda::dflash::GpuDraft;
+    let uploaded: std::sync::Mutex<Option<Arc<GpuDraft>>> = Default::default();
+    Arc::new(move |draft, max_ctx| {
+        let mut slot = uploaded
+            .lock()
+            .map_err(|_| "GPU drafter lock poisoned".to_string())?;
+        let weights = match slot.as_ref() {
+            Some(w) if Arc::ptr_eq(w.draft(), draft) => w.clone(),
+            _ => {
+                let w = Arc::new(
+                    GpuDraft::upload(gm.clone(), draft.clone()).map_err(|e| e.to_string())?,
+                );
+                *slot = Some(w.clone());
+                w
+            }
+        };
+        let runner = weights.runner(max_ctx).map_err(|e| e.to_string())?;
+        Ok(Box::new(runner) as Box<dyn hearth_models::dflash::DraftRunner>)
+    })
+}
+
 /// Options of `bench --device cuda`.
 pub struct BenchOpts {
     pub n_prompt: usize,

@@ -59,6 +59,11 @@
 
 #define FA_BK 32  // keys per shared-memory tile
 
+// Masking modes (the kernels' last argument; ops.rs AttnMode).
+#define FA_CAUSAL 0
+#define FA_PER_TOKEN 1
+#define FA_FULL 2
+
 // p0, p1 -> hi (rounded) and lo (rounded remainder) packed pairs.
 template <bool BF16>
 __device__ __forceinline__ void fa_split(float p0, float p1, u32& hi, u32& lo) {
@@ -90,7 +95,7 @@ template <int HD, bool BF16, int WR, int WK, int STAGES, bool DYN>
 __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* __restrict__ kc,
                                         const u16* __restrict__ vc, const int* __restrict__ pos0p, int n_tokens,
                                         int n_heads, int n_kv, int slots, int window, float scale,
-                                        float* __restrict__ part_o, float* __restrict__ part_ml) {
+                                        float* __restrict__ part_o, float* __restrict__ part_ml, int mode) {
     constexpr int NT = WR * WK * WARP;  // threads
     constexpr int KW = FA_BK / WK;      // keys per warp per tile
     constexpr int NKT = KW / 8;         // S column tiles per warp
@@ -104,16 +109,22 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
     u16* const fa_smem = DYN ? fa_dyn_smem : fa_static_smem;
 
     const int kvh = blockIdx.y, s = blockIdx.z, S = gridDim.z;
-    const int G = n_heads / n_kv, R = G * n_tokens;
+    // FA_PER_TOKEN: block x is token x alone, its G rows placed and masked
+    // exactly as a one-token decode pass at position pos0 + x places them
+    // (rows past the token's invalid), so each row's result is bit for bit
+    // that pass's (batch-invariant verify). FA_FULL: every row sees all
+    // n_tokens rows of the pass (the DFlash drafter's non-causal block).
+    const int G = n_heads / n_kv;
+    const int R = mode == FA_PER_TOKEN ? (blockIdx.x + 1) * G : G * n_tokens;
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int gq = lane >> 2, tq = lane & 3;
     const int rt = warp % WR, kg = warp / WR;
     const int pos0 = pos0p[0];
-    const int row0 = blockIdx.x * 16 * WR;
+    const int row0 = mode == FA_PER_TOKEN ? blockIdx.x * G : blockIdx.x * 16 * WR;
 
     // This block's keys: the union of its rows' spans, split y of S.
     const int t_first = row0 / G, t_last = (min(R, row0 + 16 * WR) - 1) / G;
-    const int c_hi = pos0 + t_last;
+    const int c_hi = mode == FA_FULL ? pos0 + n_tokens - 1 : pos0 + t_last;
     const int c_lo = window > 0 ? max(0, pos0 + t_first - window + 1) : 0;
     int chunk = (c_hi - c_lo + S) / S;
     chunk = (max(chunk, FA_BK) + FA_BK - 1) / FA_BK * FA_BK;
@@ -153,7 +164,7 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
         const int r = row0 + rt * 16 + gq + 8 * h;
         rvalid[h] = r < R;
         const int rc = min(r, R - 1), t = rc / G, g = rc % G;
-        const int qp = pos0 + t;
+        const int qp = mode == FA_FULL ? pos0 + n_tokens - 1 : pos0 + t;
         const int lo = window > 0 ? max(0, qp - window + 1) : 0;
         rlo[h] = rvalid[h] ? max(lo, start) : (1 << 30);
         rhi[h] = rvalid[h] ? min(qp, end - 1) : -(1 << 30);
@@ -341,9 +352,9 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
     extern "C" __global__ void __launch_bounds__(WR * WK * WARP) name(                                             \
         const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                        \
         const int* __restrict__ pos0, int n_tokens, int n_heads, int n_kv, int slots, int window, float scale,      \
-        float* __restrict__ part_o, float* __restrict__ part_ml) {                                                  \
+        float* __restrict__ part_o, float* __restrict__ part_ml, int mode) {                                        \
         fa_attn<HD, BF16, WR, WK, STAGES, DYN>(q, kc, vc, pos0, n_tokens, n_heads, n_kv, slots, window, scale,     \
-                                               part_o, part_ml);                                                    \
+                                               part_o, part_ml, mode);                                              \
     }
 
 FA_KERNEL(fa_attn_64_f16_d, 64, false, 1, 2, 4, false)

@@ -1,4 +1,8 @@
 // Quantized matrix-vector products for decode (and small token blocks):
+// (Every kernel also takes grid row y as a block of tokens of its own: a
+// launch over T tokens with grid (x, T) computes each token exactly as T
+// one-token launches would: the batch-invariant verify pass, forward.rs.)
+//
 // y[t, r] = sum_k W[r, k] * x[t, k] for NT activation columns at once, with the
 // activations quantized to 8 bits per 32-value block (quantize_q8 below) so
 // that every weight type is consumed by packed integer dot products (dp4a).
@@ -641,8 +645,18 @@ __device__ __forceinline__ void gemv_x(const u8* __restrict__ w, const u16* __re
         const float* __restrict__ xd, const float* __restrict__ xs, int flags, int s1, int s2, int s3,      \
         float* y0, float* y1, float* y2, float* y3, const float* b0, const float* b1, const float* b2,      \
         const float* b3) {                                                                                 \
-        const Segments sg = {s1, s2, s3, y0, y1, y2, y3, b0, b1, b2, b3};                                  \
-        gemv_x<WT, NT, R, IPT>(w, wd, rows, K, xq, xd, xs, flags, sg);                                     \
+        /* Grid row y: tokens y*NT.. (token_offsets), each computed as a launch of its own. */              \
+        const int tb = blockIdx.y * NT;                                                                    \
+        const Segments sg = {s1,                                                                           \
+                             s2,                                                                           \
+                             s3,                                                                           \
+                             y0 ? y0 + (size_t)tb * s1 : y0,                                               \
+                             y1 ? y1 + (size_t)tb * (s2 - s1) : y1,                                        \
+                             y2 ? y2 + (size_t)tb * (s3 - s2) : y2,                                        \
+                             y3 ? y3 + (size_t)tb * (rows - s3) : y3,                                      \
+                             b0, b1, b2, b3};                                                              \
+        gemv_x<WT, NT, R, IPT>(w, wd, rows, K, xq + (size_t)tb * K, xd + (size_t)tb * (K / 32),              \
+                               xs + (size_t)tb * (K / 32), flags, sg);                                     \
     }
 
 // Tile heights per type are the ones that fit 128 registers without spills.
@@ -676,7 +690,9 @@ GEMV_X_KERNELS(q6_k, WT_Q6_K)
         const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K, const i8* __restrict__ xq,   \
         const float* __restrict__ xd, const float* __restrict__ xs, float* __restrict__ y, int y_stride,   \
         const float* __restrict__ bias, int flags) {                                                       \
-        gemv<WT, NT, U>(w, wd, rows, K, xq, xd, xs, y, y_stride, bias, flags);                                \
+        const size_t tb = (size_t)blockIdx.y * NT;                                                         \
+        gemv<WT, NT, U>(w, wd, rows, K, xq + tb * K, xd + tb * (K / 32), xs + tb * (K / 32),                \
+                        y + tb * y_stride, y_stride, bias, flags);                                         \
     }
 
 #define GEMV_ROWS_KERNEL(name, WT, R)                                                                      \
@@ -684,6 +700,11 @@ GEMV_X_KERNELS(q6_k, WT_Q6_K)
         const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K, const i8* __restrict__ xq,   \
         const float* __restrict__ xd, const float* __restrict__ xs, float* __restrict__ y, int y_stride,   \
         const float* __restrict__ bias, int flags) {                                                       \
+        const size_t tb = blockIdx.y;                                                                      \
+        xq += tb * K;                                                                                      \
+        xd += tb * (K / 32);                                                                               \
+        xs += tb * (K / 32);                                                                               \
+        y += tb * y_stride;                                                                                \
         if (WT == WT_F32 || WT == WT_F16 || WT == WT_BF16)                                                 \
             gemv<WT, 1, 1>(w, wd, rows, K, xq, xd, xs, y, y_stride, bias, flags);                          \
         else                                                                                               \

@@ -3,11 +3,9 @@
 //! on the CPU. Only `GpuModel`'s and `GpuState`'s public API is used here.
 //!
 //! What differs from the CPU backend:
-//! - verify passes are ordinary multi-token passes (`Logits::All`), not
-//!   batch-invariant: accepted tokens are the target's, but a greedy
-//!   speculative run can differ from plain greedy where two logits are
-//!   within rounding of each other;
-//! - hidden-state taps (DFlash) are not exposed: a clear `Unsupported` error;
+//! - verify passes of up to 16 tokens are batch-invariant
+//!   ([`GpuModel::forward_verify`]): greedy speculative output is plain
+//!   greedy output; longer ones are ordinary multi-token passes;
 //! - rings always keep `GPU_CHUNK` spare slots, so any `ring_slack` up to it
 //!   needs no extra memory.
 
@@ -32,16 +30,6 @@ fn model_error(e: CudaError) -> ModelError {
         CudaError::Model(m) => m,
         other => ModelError::Backend(Box::new(other)),
     }
-}
-
-fn no_taps(taps: &[usize]) -> Result<(), ModelError> {
-    if taps.is_empty() {
-        return Ok(());
-    }
-    Err(ModelError::Unsupported {
-        backend: "CUDA",
-        what: format!("hidden-state taps (layers {taps:?}; needed by the DFlash drafter)"),
-    })
 }
 
 impl BackendState for GpuState {
@@ -104,10 +92,26 @@ impl Backend for GpuModel {
         tokens: &[u32],
         want: Logits,
         taps: &[usize],
-        _hidden: &mut Vec<f32>,
+        hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>, ModelError> {
-        no_taps(taps)?;
-        GpuModel::forward(self, state, tokens, want).map_err(model_error)
+        GpuModel::forward_tapped(self, state, tokens, want, taps, hidden).map_err(model_error)
+    }
+
+    /// Blocks of up to 16 tokens batch-invariant (each row as a decode step
+    /// computes it), longer ones as ordinary passes.
+    fn forward_verify(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>, ModelError> {
+        if want != Logits::All || tokens.len() > 16 {
+            return GpuModel::forward_tapped(self, state, tokens, want, taps, hidden)
+                .map_err(model_error);
+        }
+        GpuModel::forward_verify(self, state, tokens, taps, hidden).map_err(model_error)
     }
 }
 
@@ -123,13 +127,6 @@ mod tests {
     fn gpu_model_is_a_backend_whose_state_moves_between_threads() {
         assert_send::<GpuState>();
         assert_backend::<GpuModel>();
-    }
-
-    #[test]
-    fn taps_are_refused_with_a_message_naming_dflash() {
-        assert!(no_taps(&[]).is_ok());
-        let e = no_taps(&[1, 5]).unwrap_err().to_string();
-        assert!(e.contains("CUDA") && e.contains("DFlash"), "{e}");
     }
 
     #[test]

@@ -75,6 +75,9 @@ pub struct GpuState {
     /// Prefill token-block threshold: blocks of more tokens use the tensor-core GEMM.
     pub gemm_min_tokens: usize,
     host_x: Vec<f32>,
+    /// Set for the duration of a batch-invariant pass ([`GpuModel::forward_verify`]):
+    /// every product and attention computes each token as a decode step would.
+    invariant: bool,
 }
 
 /// Splits for a single decode token over a span of `span` keys: about 256
@@ -197,12 +200,18 @@ impl GpuModel {
             use_graph: std::env::var("HEARTH_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             gemm_min_tokens: 16,
             host_x: Vec::new(),
+            invariant: false,
         })
     }
 
     /// Runs `tokens` at positions `state.pos..`, advancing `state.pos`; returns
     /// logits like `Model::forward` ([vocab] for Last, [n, vocab] for All).
     pub fn forward(&self, st: &mut GpuState, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        self.forward_tapped(st, tokens, want, &[], &mut Vec::new())
+    }
+
+    /// Why `tokens` (with hidden-state `taps`) cannot run on `st`, if they cannot.
+    fn check(&self, st: &GpuState, tokens: &[u32], taps: &[usize]) -> Result<()> {
         let c = &self.model.config;
         if tokens.is_empty() {
             return Err(ModelError::Empty.into());
@@ -225,6 +234,30 @@ impl GpuModel {
         if st.caches.iter().any(|k| !k.can_serve(st.pos)) {
             return Err(ModelError::RolledBackTooFar { pos: st.pos }.into());
         }
+        if let Some(&bad) = taps.iter().find(|&&l| l > c.n_layers) {
+            return Err(ModelError::Unsupported {
+                backend: "CUDA",
+                what: format!("a hidden-state tap at layer {bad} of {}", c.n_layers),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// [`GpuModel::forward`] that also appends, for every token, the residual
+    /// stream entering each layer in `taps` (`n_layers`: after the last) to
+    /// `hidden` ([T, taps.len() * dim], taps in the given order; DFlash's
+    /// target hidden states).
+    pub fn forward_tapped(
+        &self,
+        st: &mut GpuState,
+        tokens: &[u32],
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>> {
+        let c = &self.model.config;
+        self.check(st, tokens, taps)?;
         self.gpu.bind()?;
         let mut logits = Vec::new();
         let n_chunks = tokens.len().div_ceil(GPU_CHUNK);
@@ -237,7 +270,19 @@ impl GpuModel {
             self.embed(st, chunk)?;
             self.gpu.upload(st.s.pos.ptr, &[st.pos as i32])?;
             let t = chunk.len();
-            if t == 1 && st.use_graph && !self.gpu.profiling() && want != Logits::All {
+            if !taps.is_empty() {
+                let base = hidden.len();
+                hidden.resize(base + t * taps.len() * c.dim, 0.0);
+                for li in 0..self.layers.len() {
+                    self.tap(st, t, taps, li, &mut hidden[base..])?;
+                    self.layer(st, li, t)?;
+                }
+                self.tap(st, t, taps, c.n_layers, &mut hidden[base..])?;
+                match want {
+                    Logits::Last if rows == 1 => self.head(st, t - 1, 1)?,
+                    _ => {}
+                }
+            } else if t == 1 && st.use_graph && !self.gpu.profiling() && want != Logits::All {
                 if st.graph.is_none() {
                     self.gpu.begin_capture()?;
                     let captured = self.layers_and_head(st, 1, 1);
@@ -271,6 +316,77 @@ impl GpuModel {
         }
         self.gpu.sync()?;
         Ok(logits)
+    }
+
+    /// A batch-invariant pass over `tokens` (at most 16, a speculative verify
+    /// block): every token's logits (and taps) come out bit for bit as a
+    /// one-token decode step at its position computes them (each product is
+    /// the tuned one-token kernel with a grid row per token, each token's
+    /// attention the decode kernel with the decode splits), so greedy
+    /// speculative decoding emits exactly plain greedy decoding's tokens.
+    /// Returns [T, vocab].
+    pub fn forward_verify(
+        &self,
+        st: &mut GpuState,
+        tokens: &[u32],
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>> {
+        let c = &self.model.config;
+        let t = tokens.len();
+        if t > LOGIT_ROWS {
+            return Err(CudaError::Unsupported(format!(
+                "a verify block of {t} tokens (at most {LOGIT_ROWS})"
+            )));
+        }
+        self.check(st, tokens, taps)?;
+        self.gpu.bind()?;
+        self.embed(st, tokens)?;
+        self.gpu.upload(st.s.pos.ptr, &[st.pos as i32])?;
+        let base = hidden.len();
+        hidden.resize(base + t * taps.len() * c.dim, 0.0);
+        st.invariant = true;
+        let run = (|| {
+            for li in 0..self.layers.len() {
+                self.tap(st, t, taps, li, &mut hidden[base..])?;
+                self.layer(st, li, t)?;
+            }
+            self.tap(st, t, taps, c.n_layers, &mut hidden[base..])?;
+            self.head(st, 0, t)
+        })();
+        st.invariant = false;
+        run?;
+        let mut logits = vec![0.0f32; t * c.vocab_size];
+        self.gpu.download(&mut logits, st.s.logits.ptr)?;
+        let end = st.pos + t;
+        for k in st.caches.iter_mut().filter(|k| k.window > 0) {
+            k.oldest_intact = k.oldest_intact.max(end.saturating_sub(k.slots));
+        }
+        st.pos = end;
+        self.gpu.sync()?;
+        Ok(logits)
+    }
+
+    /// Copies x ([t, dim], the residual stream entering `layer`) into tap
+    /// slot `taps.position(layer)` of `out` ([t, taps.len() * dim]).
+    fn tap(
+        &self,
+        st: &GpuState,
+        t: usize,
+        taps: &[usize],
+        layer: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let dim = self.model.config.dim;
+        let width = taps.len() * dim;
+        for (slot, _) in taps.iter().enumerate().filter(|(_, &l)| l == layer) {
+            let mut rows = vec![0.0f32; t * dim];
+            self.gpu.download(&mut rows, st.s.x.ptr)?;
+            for (r, row) in rows.chunks_exact(dim).enumerate() {
+                out[r * width + slot * dim..][..dim].copy_from_slice(row);
+            }
+        }
+        Ok(())
     }
 
     /// Token embeddings [T, dim], dequantized on the host from the mapping, uploaded into x.
@@ -327,7 +443,14 @@ impl GpuModel {
         flags: i32,
     ) -> Result<()> {
         let product = |dst: u64, bias: u64, flags: i32| {
-            if t >= st.gemm_min_tokens && crate::gemm::supported(w) {
+            if st.invariant {
+                let seg = [Segment {
+                    y: dst,
+                    bias,
+                    rows: w.rows,
+                }];
+                ops::gemv_tokens(&self.gpu, w, Self::q8(st), t, &seg, flags)
+            } else if t >= st.gemm_min_tokens && crate::gemm::supported(w) {
                 crate::gemm::gemm(
                     &self.gpu,
                     w,
@@ -387,9 +510,10 @@ impl GpuModel {
     ) -> Result<()> {
         // Fused launches only where the register kernels are the faster ones
         // (one or two tokens; see ops::gemv), and only of unscaled products.
+        // A batch-invariant pass does what a one-token step does, per token.
         let together = fused.parts.len() > 1
             && fused.m.tune.x
-            && t <= 2
+            && (t <= 2 || st.invariant)
             && items
                 .iter()
                 .all(|(p, w, ..)| !fused.parts.contains(p) || w.scale.is_none());
@@ -410,7 +534,10 @@ impl GpuModel {
                     rows: w.rows,
                 });
             }
-            ops::gemv_segments(&self.gpu, &fused.m, Self::q8(st), t, &segs, flags)?;
+            match st.invariant {
+                true => ops::gemv_tokens(&self.gpu, &fused.m, Self::q8(st), t, &segs, flags)?,
+                false => ops::gemv_segments(&self.gpu, &fused.m, Self::q8(st), t, &segs, flags)?,
+            }
         }
         Ok(())
     }
@@ -487,6 +614,20 @@ impl GpuModel {
     ) -> Result<()> {
         let kv = &st.caches[li];
         let args = self.attn_args(li, kv);
+        if st.invariant {
+            return ops::attention_mode(
+                &self.gpu,
+                &args,
+                ops::AttnMode::PerToken,
+                t,
+                kv.decode_splits,
+                (st.s.q.ptr, kv.k.ptr, kv.v.ptr, st.s.pos.ptr),
+                (st.s.part_o.ptr, st.s.part_ml.ptr),
+                st.s.att.ptr,
+                out_flags,
+                quantize.then(|| Self::q8(st)),
+            );
+        }
         let splits = if t == 1 {
             kv.decode_splits
         } else {

