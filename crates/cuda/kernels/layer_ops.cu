@@ -250,3 +250,43 @@ extern "C" __global__ void fill_random_kv(u16* __restrict__ dst, u64 n, u32 seed
         dst[i] = bf16 ? f32_to_bf16(v) : f32_to_f16(v);
     }
 }
+
+// out[r] = the index of row r's largest value (the lowest such index on a
+// tie, as a front-to-back scan keeping the first maximum finds it), for rows
+// of n values. One block per row.
+extern "C" __global__ void argmax_rows(const float* __restrict__ x, int n, int* __restrict__ out) {
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    const float* row = x + (size_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int idx = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = row[i];
+        if (v > best) {
+            best = v;
+            idx = i;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v2 = __shfl_xor_sync(0xffffffffu, best, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (v2 > best || (v2 == best && i2 < idx)) {
+            best = v2;
+            idx = i2;
+        }
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+        bv[warp] = best;
+        bi[warp] = idx;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x / 32); w++)
+            if (bv[w] > best || (bv[w] == best && bi[w] < idx)) {
+                best = bv[w];
+                idx = bi[w];
+            }
+        out[blockIdx.x] = idx == 0x7fffffff ? 0 : idx;
+    }
+}

@@ -113,6 +113,25 @@ impl Backend for GpuModel {
         }
         GpuModel::forward_verify(self, state, tokens, taps, hidden).map_err(model_error)
     }
+
+    /// The argmax of each row found on the GPU (blocks of up to 16 tokens).
+    fn verify_argmax(
+        &self,
+        state: &mut GpuState,
+        tokens: &[u32],
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<u32>, ModelError> {
+        if tokens.len() > 16 {
+            let rows = Backend::forward_verify(self, state, tokens, Logits::All, taps, hidden)?;
+            let vocab = self.model.config.vocab_size;
+            return Ok(rows
+                .chunks_exact(vocab)
+                .map(hearth_models::backend::first_argmax)
+                .collect());
+        }
+        GpuModel::forward_verify_argmax(self, state, tokens, taps, hidden).map_err(model_error)
+    }
 }
 
 #[cfg(test)]

@@ -19,17 +19,18 @@ use std::sync::Arc;
 
 use hearth_models::dflash::{DflashError, DflashModel, DraftMatrix, DraftRunner, PlainDraft};
 
-use crate::driver::{DevBuf, Gpu};
+use crate::driver::{DevBuf, Gpu, Graph};
 use crate::error::{CudaError, Result};
-use crate::forward::block_splits;
 use crate::model::GpuModel;
 use crate::ops::{self, AttnArgs, AttnMode, GpuMatrix, HeadPrep, Q8};
 use crate::repack::{split_blocks, split_sizes, WeightKind};
 
 /// Context rows written per pass (the backlog after a prompt is split).
 const INJECT_ROWS: usize = 64;
-/// Most key splits of the block attention.
-const MAX_SPLITS: usize = 32;
+/// Key splits of the block attention (fixed, so that a block pass captured
+/// as a graph stays valid as the context grows: the kernel cuts the keys it
+/// sees into this many chunks).
+const SPLITS: usize = 16;
 
 struct Layer {
     attn_norm: DevBuf,
@@ -186,9 +187,10 @@ impl GpuDraft {
             aq: g.alloc(widest, "the DFlash draft's scratch")?,
             ad: f(widest / 32)?,
             as_: f(widest / 32)?,
-            part_o: f(b * nh * MAX_SPLITS * hd)?,
-            part_ml: f(b * nh * MAX_SPLITS * 2)?,
+            part_o: f(b * nh * SPLITS * hd)?,
+            part_ml: f(b * nh * SPLITS * 2)?,
             logits: f(b * vocab)?,
+            ids: f(b)?,
             pos: g.alloc_zeroed(4, "the DFlash draft's scratch")?,
         };
         let k = (0..c.n_layers).map(cache).collect::<Result<Vec<_>>>()?;
@@ -202,7 +204,8 @@ impl GpuDraft {
             v,
             s,
             host_x: Vec::new(),
-            host_logits: Vec::new(),
+            graphs: Vec::new(),
+            use_graph: std::env::var("HEARTH_CUDA_GRAPHS").map_or(true, |v| v != "0"),
         })
     }
 }
@@ -224,6 +227,8 @@ struct Scratch {
     part_o: DevBuf,
     part_ml: DevBuf,
     logits: DevBuf,
+    /// Argmax of each drafted row (i32).
+    ids: DevBuf,
     pos: DevBuf,
 }
 
@@ -237,8 +242,16 @@ pub struct GpuRunner {
     v: Vec<DevBuf>,
     s: Scratch,
     host_x: Vec<f32>,
-    host_logits: Vec<f32>,
+    /// Block passes captured as graphs: (block length, drafted rows, graph).
+    graphs: Vec<(usize, usize, Graph)>,
+    use_graph: bool,
 }
+
+// SAFETY: the runner owns device allocations and captured graphs (plain
+// driver handles, not tied to a thread); every use binds the context on the
+// calling thread first. A session moves its runner to the engine thread and
+// uses it there only (`Send`, not `Sync`), as `GpuState`.
+unsafe impl Send for GpuRunner {}
 
 impl GpuRunner {
     fn gpu(&self) -> &Gpu {
@@ -344,6 +357,40 @@ impl GpuRunner {
         }
         g.upload(self.s.x.ptr, &self.host_x)?;
         g.upload(self.s.pos.ptr, &[self.ctx_len as i32])?;
+        // Everything after the uploads reads the position from the device:
+        // one captured graph per (block length, rows) serves every later pass.
+        if !self.use_graph || g.profiling() {
+            self.block_body(b, n)?;
+        } else {
+            let i = match self
+                .graphs
+                .iter()
+                .position(|(bb, nn, _)| (*bb, *nn) == (b, n))
+            {
+                Some(i) => i,
+                None => {
+                    g.begin_capture()?;
+                    let captured = self.block_body(b, n);
+                    let graph = g.end_capture();
+                    captured?;
+                    self.graphs.push((b, n, graph?));
+                    self.graphs.len() - 1
+                }
+            };
+            g.replay(&self.graphs[i].2)?;
+        }
+        let mut ids = vec![0i32; n];
+        g.download(&mut ids, self.s.ids.ptr)?;
+        Ok(ids.into_iter().map(|i| i as u32).collect())
+    }
+
+    /// The block's layers, output norm, LM head and argmax (kernel launches only).
+    fn block_body(&self, b: usize, n: usize) -> Result<()> {
+        let dr = &*self.draft;
+        let c = &dr.draft.config;
+        let target = &*dr.target;
+        let g = &*target.gpu;
+        let d = c.dim;
         let args = AttnArgs {
             n_heads: c.n_heads,
             n_kv: c.n_kv_heads,
@@ -353,9 +400,6 @@ impl GpuRunner {
             scale: c.attn_scale,
             kv_bf16: false,
         };
-        let span = self.ctx_len + b;
-        let splits =
-            block_splits(span, b, c.n_kv_heads * ops::attn_row_blocks(&args, b)).min(MAX_SPLITS);
         let s = &self.s;
         for (li, l) in dr.layers.iter().enumerate() {
             ops::rmsnorm(
@@ -390,7 +434,7 @@ impl GpuRunner {
                 &args,
                 AttnMode::Full,
                 b,
-                splits,
+                SPLITS,
                 (s.q.ptr, self.k[li].ptr, self.v[li].ptr, s.pos.ptr),
                 (s.part_o.ptr, s.part_ml.ptr),
                 s.att.ptr,
@@ -423,7 +467,7 @@ impl GpuRunner {
             )?;
             self.linear(&l.down, b, s.x.ptr, true)?;
         }
-        // Output norm of rows 1..=n, the target's LM head.
+        // Output norm of rows 1..=n, the target's LM head, argmax per row.
         ops::rmsnorm(
             g,
             s.x.at(d * 4),
@@ -441,21 +485,7 @@ impl GpuRunner {
         if let Some(scale) = head.scale {
             ops::scale_bias(g, s.logits.ptr, s.logits.ptr, n * vocab, vocab, scale, 0, 0)?;
         }
-        self.host_logits.resize(n * vocab, 0.0);
-        g.download(&mut self.host_logits, s.logits.ptr)?;
-        Ok(self
-            .host_logits
-            .chunks_exact(vocab)
-            .map(|row| {
-                let mut best = 0;
-                for (i, &v) in row.iter().enumerate() {
-                    if v > row[best] {
-                        best = i;
-                    }
-                }
-                best as u32
-            })
-            .collect())
+        ops::argmax_rows(g, s.logits.ptr, n, vocab, s.ids.ptr)
     }
 
     /// [`DraftRunner::draft`] that returns the logits of rows 1..=n ([n, vocab]) too.
@@ -466,7 +496,10 @@ impl GpuRunner {
         n: usize,
     ) -> Result<(Vec<u32>, Vec<f32>)> {
         let tokens = self.run(hidden, block, n)?;
-        Ok((tokens, self.host_logits.clone()))
+        let vocab = self.draft.target.model.config.vocab_size;
+        let mut logits = vec![0.0f32; n * vocab];
+        self.gpu().download(&mut logits, self.s.logits.ptr)?;
+        Ok((tokens, logits))
     }
 
     fn run(&mut self, hidden: &[f32], block: &[u32], n: usize) -> Result<Vec<u32>> {

@@ -78,6 +78,12 @@ pub struct GpuState {
     /// Set for the duration of a batch-invariant pass ([`GpuModel::forward_verify`]):
     /// every product and attention computes each token as a decode step would.
     invariant: bool,
+    /// Verify passes captured as graphs: ((tokens, argmax only), taps, graph).
+    verify_graphs: Vec<((usize, bool), Vec<usize>, Graph)>,
+    /// Each verify row's argmax (i32, LOGIT_ROWS of them).
+    ids: DevBuf,
+    /// Hidden-state taps of a verify pass on the device, [taps, LOGIT_ROWS, dim].
+    tap_buf: Option<(usize, DevBuf)>,
 }
 
 /// Splits for a single decode token over a span of `span` keys: about 256
@@ -201,6 +207,9 @@ impl GpuModel {
             gemm_min_tokens: 16,
             host_x: Vec::new(),
             invariant: false,
+            verify_graphs: Vec::new(),
+            tap_buf: None,
+            ids: g.alloc(LOGIT_ROWS * 4, "scratch")?,
         })
     }
 
@@ -332,6 +341,37 @@ impl GpuModel {
         taps: &[usize],
         hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>> {
+        self.verify(st, tokens, taps, hidden, false)?;
+        let mut logits = vec![0.0f32; tokens.len() * self.model.config.vocab_size];
+        self.gpu.download(&mut logits, st.s.logits.ptr)?;
+        Ok(logits)
+    }
+
+    /// [`GpuModel::forward_verify`] for a greedy sampler: each row's argmax
+    /// (the lowest id among equal maxima), found on the GPU.
+    pub fn forward_verify_argmax(
+        &self,
+        st: &mut GpuState,
+        tokens: &[u32],
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<u32>> {
+        self.verify(st, tokens, taps, hidden, true)?;
+        let mut ids = vec![0i32; tokens.len()];
+        self.gpu.download(&mut ids, st.ids.ptr)?;
+        Ok(ids.into_iter().map(|i| i as u32).collect())
+    }
+
+    /// The verify pass (logits in the logits buffer; with `argmax`, each
+    /// row's argmax in `ids` too), taps appended to `hidden`.
+    fn verify(
+        &self,
+        st: &mut GpuState,
+        tokens: &[u32],
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+        argmax: bool,
+    ) -> Result<()> {
         let c = &self.model.config;
         let t = tokens.len();
         if t > LOGIT_ROWS {
@@ -343,28 +383,85 @@ impl GpuModel {
         self.gpu.bind()?;
         self.embed(st, tokens)?;
         self.gpu.upload(st.s.pos.ptr, &[st.pos as i32])?;
-        let base = hidden.len();
-        hidden.resize(base + t * taps.len() * c.dim, 0.0);
+        if !taps.is_empty() && st.tap_buf.as_ref().is_none_or(|b| b.0 < taps.len()) {
+            let bytes = taps.len() * LOGIT_ROWS * c.dim * 4;
+            st.tap_buf = Some((taps.len(), self.gpu.alloc(bytes, "hidden-state taps")?));
+            st.verify_graphs.clear();
+        }
+        // Everything from the embeddings to the logits (and the taps) reads
+        // the position from the device, so one captured graph per block
+        // length (and set of taps) serves every later pass.
         st.invariant = true;
         let run = (|| {
-            for li in 0..self.layers.len() {
-                self.tap(st, t, taps, li, &mut hidden[base..])?;
-                self.layer(st, li, t)?;
+            if !st.use_graph || self.gpu.profiling() {
+                return self.verify_body(st, t, taps, argmax);
             }
-            self.tap(st, t, taps, c.n_layers, &mut hidden[base..])?;
-            self.head(st, 0, t)
+            let i = match st
+                .verify_graphs
+                .iter()
+                .position(|(key, tp, _)| *key == (t, argmax) && tp == taps)
+            {
+                Some(i) => i,
+                None => {
+                    self.gpu.begin_capture()?;
+                    let captured = self.verify_body(st, t, taps, argmax);
+                    let graph = self.gpu.end_capture();
+                    captured?;
+                    st.verify_graphs.push(((t, argmax), taps.to_vec(), graph?));
+                    st.verify_graphs.len() - 1
+                }
+            };
+            self.gpu.replay(&st.verify_graphs[i].2)
         })();
         st.invariant = false;
         run?;
-        let mut logits = vec![0.0f32; t * c.vocab_size];
-        self.gpu.download(&mut logits, st.s.logits.ptr)?;
+        let base = hidden.len();
+        hidden.resize(base + t * taps.len() * c.dim, 0.0);
+        if let Some((_, buf)) = &st.tap_buf {
+            let mut rows = vec![0.0f32; taps.len() * LOGIT_ROWS * c.dim];
+            if !taps.is_empty() {
+                self.gpu.download(&mut rows, buf.ptr)?;
+            }
+            let width = taps.len() * c.dim;
+            for slot in 0..taps.len() {
+                for r in 0..t {
+                    hidden[base + r * width + slot * c.dim..][..c.dim]
+                        .copy_from_slice(&rows[(slot * LOGIT_ROWS + r) * c.dim..][..c.dim]);
+                }
+            }
+        }
         let end = st.pos + t;
         for k in st.caches.iter_mut().filter(|k| k.window > 0) {
             k.oldest_intact = k.oldest_intact.max(end.saturating_sub(k.slots));
         }
         st.pos = end;
-        self.gpu.sync()?;
-        Ok(logits)
+        Ok(())
+    }
+
+    /// The layers and head of a batch-invariant pass, the taps copied on the
+    /// device into `tap_buf` (no host transfer: capturable).
+    fn verify_body(&self, st: &GpuState, t: usize, taps: &[usize], argmax: bool) -> Result<()> {
+        let c = &self.model.config;
+        let tap_dev = |layer: usize| -> Result<()> {
+            let Some((_, buf)) = &st.tap_buf else {
+                return Ok(());
+            };
+            for (slot, _) in taps.iter().enumerate().filter(|(_, &l)| l == layer) {
+                let dst = buf.ptr + (slot * LOGIT_ROWS * c.dim * 4) as u64;
+                self.gpu.copy_dtod(dst, st.s.x.ptr, t * c.dim * 4)?;
+            }
+            Ok(())
+        };
+        for li in 0..self.layers.len() {
+            tap_dev(li)?;
+            self.layer(st, li, t)?;
+        }
+        tap_dev(c.n_layers)?;
+        self.head(st, 0, t)?;
+        if argmax {
+            ops::argmax_rows(&self.gpu, st.s.logits.ptr, t, c.vocab_size, st.ids.ptr)?;
+        }
+        Ok(())
     }
 
     /// Copies x ([t, dim], the residual stream entering `layer`) into tap

@@ -35,6 +35,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "to_half",
     "scale_bias",
     "logit_transform",
+    "argmax_rows",
 ];
 
 /// Whether a kernel is written for programmatic dependent launch (it calls
@@ -398,6 +399,16 @@ pub fn logit_transform(g: &Gpu, z: u64, n: usize, scale: f32, cap: f32) -> Resul
             Arg::F32(scale),
             Arg::F32(cap),
         ],
+    )
+}
+
+/// out[r] (i32) = argmax of row r of x ([rows, n]; the lowest index on a tie).
+pub fn argmax_rows(g: &Gpu, x: u64, rows: usize, n: usize, out: u64) -> Result<()> {
+    g.launch(
+        "argmax_rows",
+        (rows as u32, 1, 1),
+        1024,
+        &[Arg::Ptr(x), Arg::I32(n as i32), Arg::Ptr(out)],
     )
 }
 

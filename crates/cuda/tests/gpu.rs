@@ -1088,6 +1088,17 @@ fn verify_pass_is_bit_identical_to_decode_steps() {
                     "{name} prefix {prefix} block {t}: {dl} logits and {dt} tap values differ"
                 );
                 assert_eq!((dl, dt), (0, 0), "{name} prefix {prefix} block {t}");
+                // The greedy form: each row's argmax found on the GPU.
+                let mut c = gm.new_state(1024).unwrap();
+                gm.forward(&mut c, &tokens[..prefix], Logits::Last).unwrap();
+                let ids = gm
+                    .forward_verify_argmax(&mut c, block, &taps, &mut Vec::new())
+                    .unwrap();
+                let want: Vec<u32> = dec_logits
+                    .chunks_exact(vocab as usize)
+                    .map(hearth_models::backend::first_argmax)
+                    .collect();
+                assert_eq!(ids, want, "{name} prefix {prefix} block {t}: argmax");
                 assert_eq!(a.pos, b.pos);
                 // The next step continues identically from both states.
                 let next = [tokens[prefix + 15]];
@@ -1201,6 +1212,7 @@ fn greedy_speculative_equals_plain_greedy_qwen_05b() {
     use hearth_cuda::dflash::GpuDraft;
     use hearth_engine::generate::{generate, Flow, GenerateParams};
     use hearth_engine::sampler::{Sampler, SamplerConfig};
+    use hearth_engine::spec::adaptive::AdaptiveDrafter;
     use hearth_engine::spec::dflash::DflashDrafter;
     use hearth_engine::spec::ngram::NgramDrafter;
     use hearth_engine::spec::{generate_speculative, Drafter, SpecParams, SpecStats};
@@ -1254,11 +1266,26 @@ fn greedy_speculative_equals_plain_greedy_qwen_05b() {
     let ctx = 4096;
     let greedy = || Sampler::new(SamplerConfig::greedy()).unwrap();
     // (config, tokens, decode seconds, stats) per prompt and config.
-    let configs: [(&str, usize, usize); 3] = [
-        ("dflash b8", 8, 7),
-        ("dflash b16", 16, 15),
-        ("ngram k3", 0, 3),
+    // (name, block length (0: n-gram), K, adaptive length)
+    let configs: [(&str, usize, usize, bool); 4] = [
+        ("dflash b8", 8, 7, false),
+        ("dflash b16", 16, 15, false),
+        ("dflash adapt", 16, 15, true),
+        ("ngram k3", 0, 3, false),
     ];
+    let dflash = |b: usize, adaptive: bool| -> Box<dyn Drafter> {
+        let mut drafter = DflashDrafter::with_runner(
+            d.clone(),
+            Box::new(weights.runner(ctx + 16).unwrap()),
+            Some(b),
+        )
+        .unwrap();
+        drafter.set_block_follows_draft(adaptive);
+        match adaptive {
+            true => Box::new(AdaptiveDrafter::new(drafter, b - 1)),
+            false => Box::new(drafter),
+        }
+    };
     let mut totals = vec![(0usize, 0.0f64, SpecStats::default(), 0usize); configs.len()];
     let (mut plain_tokens, mut plain_secs) = (0usize, 0.0f64);
     let mut failures = Vec::new();
@@ -1270,17 +1297,10 @@ fn greedy_speculative_equals_plain_greedy_qwen_05b() {
         .unwrap();
         plain_tokens += plain.tokens.len().saturating_sub(1);
         plain_secs += plain.decode_time.as_secs_f64();
-        for (ci, &(cfg, b, k)) in configs.iter().enumerate() {
+        for (ci, &(cfg, b, k, adaptive)) in configs.iter().enumerate() {
             let mut drafter: Box<dyn Drafter> = match b {
                 0 => Box::new(NgramDrafter::default()),
-                _ => Box::new(
-                    DflashDrafter::with_runner(
-                        d.clone(),
-                        Box::new(weights.runner(ctx + 16).unwrap()),
-                        Some(b),
-                    )
-                    .unwrap(),
-                ),
+                _ => dflash(b, adaptive),
             };
             let mut st = Backend::new_state(&*gm, ctx, k).unwrap();
             let (g, s) = generate_speculative(
@@ -1338,5 +1358,50 @@ fn greedy_speculative_equals_plain_greedy_qwen_05b() {
             by.join(", ")
         );
     }
+    // T = 0.7 (the rejection sampler; outputs differ by design, so only
+    // rates): plain against DFlash at block 8, seeded, on the same prompts.
+    let sampler = || {
+        Sampler::new(SamplerConfig {
+            temperature: 0.7,
+            seed: 1,
+            ..SamplerConfig::greedy()
+        })
+        .unwrap()
+    };
+    let (mut pt, mut ps, mut dt, mut ds) = (0usize, 0.0f64, 0usize, 0.0f64);
+    let mut sstats = SpecStats::default();
+    for (_, ids) in &prompts {
+        let mut st = Backend::new_state(&*gm, ctx, 0).unwrap();
+        let p = generate(&*gm, &mut st, &tok, &mut sampler(), ids, &params, |_| {
+            Flow::Continue
+        })
+        .unwrap();
+        pt += p.tokens.len().saturating_sub(1);
+        ps += p.decode_time.as_secs_f64();
+        let mut drafter = dflash(8, false);
+        let mut st = Backend::new_state(&*gm, ctx, 7).unwrap();
+        let (g, s) = generate_speculative(
+            &*gm,
+            &mut st,
+            &tok,
+            &mut sampler(),
+            &mut *drafter,
+            ids,
+            &params,
+            SpecParams { n_draft: 7 },
+            |_| Flow::Continue,
+        )
+        .unwrap();
+        dt += g.tokens.len().saturating_sub(1);
+        ds += g.decode_time.as_secs_f64();
+        sstats.merge(&s);
+    }
+    println!(
+        "T=0.7: plain {:.1} tok/s, dflash b8 {:.1} tok/s ({:.2}x), mean accepted {:.2}",
+        pt as f64 / ps,
+        dt as f64 / ds,
+        (dt as f64 / ds) / (pt as f64 / ps),
+        sstats.accepted as f64 / sstats.target_forwards.max(1) as f64
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -284,17 +284,7 @@ pub fn apply_penalties(
 /// Index of the largest value, lowest index on ties (§7.2). NaNs never win;
 /// an all-NaN row gives 0.
 pub fn argmax(values: &[f32]) -> u32 {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &x) in values.iter().enumerate() {
-        if x.is_nan() {
-            continue;
-        }
-        match best {
-            Some((_, b)) if x <= b => {}
-            _ => best = Some((i, x)),
-        }
-    }
-    best.map_or(0, |(i, _)| i as u32)
+    hearth_models::backend::first_argmax(values)
 }
 
 /// The categorical draw of §7.4: walk indices in order with an f32 cumulative

@@ -23,7 +23,7 @@ use hearth_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::prompt::Prompt;
 use crate::sampler::Sampler;
-use crate::spec::verify::verify_block;
+use crate::spec::verify::{verify_block, verify_greedy_ids};
 use crate::spec::{Drafter, SpecError, SpecStats};
 
 /// Why a turn ended.
@@ -635,15 +635,22 @@ impl<'t> Turn<'t> {
         block.push(pending);
         block.extend_from_slice(&draft.tokens);
         let mut hidden = Vec::new();
-        let rows = model.forward_verify(state, &block, Logits::All, &taps, &mut hidden)?;
-        let vocab = model.config().vocab_size;
-        let out = verify_block(
-            &mut self.sampler,
-            &rows,
-            vocab,
-            &draft.tokens,
-            draft.probs.as_deref(),
-        );
+        let out = if self.sampler.is_greedy() && !self.sampler.has_penalties() {
+            // Only each row's argmax matters (the backend may find it where
+            // the logits are).
+            let ids = model.verify_argmax(state, &block, &taps, &mut hidden)?;
+            verify_greedy_ids(&mut self.sampler, &ids, &draft.tokens)
+        } else {
+            let rows = model.forward_verify(state, &block, Logits::All, &taps, &mut hidden)?;
+            let vocab = model.config().vocab_size;
+            verify_block(
+                &mut self.sampler,
+                &rows,
+                vocab,
+                &draft.tokens,
+                draft.probs.as_deref(),
+            )
+        };
         let kept = out.accepted + 1;
         state.rollback(pos + kept)?;
         drafter.commit(&block[..kept], &hidden[..kept * width])?;

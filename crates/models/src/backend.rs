@@ -135,6 +135,22 @@ pub trait Backend: Send + Sync {
         "this"
     }
 
+    /// [`Backend::forward_verify`] for a greedy sampler: only each row's
+    /// argmax (the lowest id among equal maxima, NaN skipped), which a
+    /// backend can compute where the logits are instead of handing every
+    /// row over.
+    fn verify_argmax(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<u32>, ModelError> {
+        let rows = self.forward_verify(state, tokens, Logits::All, taps, hidden)?;
+        let vocab = self.config().vocab_size;
+        Ok(rows.chunks_exact(vocab).map(first_argmax).collect())
+    }
+
     /// A speculative verify pass over `[pending, drafts...]` (taps as in
     /// [`Backend::forward_tapped`]). Where the backend can, every row is
     /// computed as a one-token decode step would compute it, so greedy
@@ -150,6 +166,21 @@ pub trait Backend: Send + Sync {
     ) -> Result<Vec<f32>, ModelError> {
         self.forward_tapped(state, tokens, want, taps, hidden)
     }
+}
+
+/// The index of the largest value (the first of equal maxima; NaN skipped).
+pub fn first_argmax(values: &[f32]) -> u32 {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &x) in values.iter().enumerate() {
+        if x.is_nan() {
+            continue;
+        }
+        match best {
+            Some((_, b)) if x <= b => {}
+            _ => best = Some((i, x)),
+        }
+    }
+    best.map_or(0, |(i, _)| i as u32)
 }
 
 impl BackendState for State {

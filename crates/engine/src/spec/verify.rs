@@ -105,6 +105,21 @@ pub struct BlockOutcome {
 /// distribution it was drawn from (`None`: deterministic drafter). Each
 /// committed token is recorded with `sampler.accept` as it is decided, so the
 /// penalties of row i see exactly the tokens before it, as in plain decoding.
+/// [`verify_block`] for a greedy sampler without penalties, from each
+/// row's argmax alone (`ids`: K+1 of them): the drafts up to the first that
+/// is not its row's argmax are accepted, then that row's argmax (or the
+/// bonus row's) is next. The same outcome as `verify_block` on the rows.
+pub fn verify_greedy_ids(sampler: &mut Sampler, ids: &[u32], draft: &[u32]) -> BlockOutcome {
+    assert_eq!(ids.len(), draft.len() + 1, "verify_greedy_ids: not K+1 ids");
+    let accepted = draft.iter().zip(ids).take_while(|(d, i)| d == i).count();
+    for &d in &draft[..accepted] {
+        sampler.accept(d);
+    }
+    let next = ids[accepted];
+    sampler.accept(next);
+    BlockOutcome { accepted, next }
+}
+
 pub fn verify_block(
     sampler: &mut Sampler,
     logits: &[f32],
