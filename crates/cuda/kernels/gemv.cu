@@ -460,6 +460,72 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ w, const u16* _
     }
 }
 
+// gemv_rows for up to MT tokens at once (tokens blockIdx.y * MT ..), each
+// token's arithmetic exactly gemv_rows<WT, R>'s for that token alone (same
+// items per lane in the same order, same warp sum): the weights are read once
+// for all of them. The batch-invariant verify pass uses it for the matrices
+// whose tuned one-token variant is gemv_rows (e.g. the LM head).
+template <int WT, int R, int MT>
+__device__ __forceinline__ void gemv_rows_t(const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K,
+                                            const i8* __restrict__ xq, const float* __restrict__ xd,
+                                            const float* __restrict__ xs, float* __restrict__ y, int y_stride,
+                                            const float* __restrict__ bias, int flags, int n_tokens) {
+    const int lane = threadIdx.x % WARP, wpb = blockDim.x / WARP;
+    int row_bytes, n_items, bpr;
+    row_geometry<WT>(K, row_bytes, n_items, bpr);
+    const int t0 = blockIdx.y * MT, nt = min(MT, n_tokens - t0);
+    {
+        const int r0 = (blockIdx.x * wpb + threadIdx.x / WARP) * R;
+        if (r0 < rows) prefetch_rows_l2(w + (size_t)r0 * row_bytes, min(R, rows - r0) * row_bytes, lane);
+    }
+    PDL_TRIGGER();
+    PDL_WAIT();
+    for (int r0 = (blockIdx.x * wpb + threadIdx.x / WARP) * R; r0 < rows; r0 += gridDim.x * wpb * R) {
+        float acc[MT][R];
+#pragma unroll
+        for (int t = 0; t < MT; t++)
+#pragma unroll
+            for (int rr = 0; rr < R; rr++) acc[t][rr] = 0.0f;
+        for (int it = lane; it < n_items; it += WARP) {
+            Raw raw[R];
+#pragma unroll
+            for (int rr = 0; rr < R; rr++)
+                if (r0 + rr < rows)
+                    load_item<WT>(w + (size_t)(r0 + rr) * row_bytes, wd ? wd + (size_t)(r0 + rr) * bpr : nullptr, it, raw[rr]);
+#pragma unroll
+            for (int t = 0; t < MT; t++) {
+                if (t < nt) {
+                    const size_t tk = (size_t)(t0 + t);
+                    const Act a = {xq + tk * K, xd + tk * (K / 32), xs + tk * (K / 32), K};
+                    ActRegs ar;
+                    load_act<WT>(it, a, ar);
+#pragma unroll
+                    for (int rr = 0; rr < R; rr++)
+                        if (r0 + rr < rows) acc[t][rr] += dot_regs<WT>(raw[rr], it, ar);
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < MT; t++) {
+            if (t < nt) {
+#pragma unroll
+                for (int rr = 0; rr < R; rr++) acc[t][rr] = warp_sum(acc[t][rr]);
+                if (lane < R && r0 + lane < rows) {
+                    float v = 0.0f;
+#pragma unroll
+                    for (int rr = 0; rr < R; rr++)
+                        if (rr == lane) v = acc[t][rr];
+                    const int r = r0 + lane;
+                    if (bias) v += bias[r];
+                    if (flags & OUT_BF16) v = round_bf16(v);
+                    float* out = y + (size_t)(t0 + t) * y_stride + r;
+                    *out = (flags & OUT_ADD) ? *out + v : v;
+                }
+            }
+        }
+    }
+}
+
 template <int WT, int NT, int U>
 __device__ __forceinline__ void gemv(const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K,
                                      const i8* __restrict__ xq, const float* __restrict__ xd,
@@ -710,6 +776,25 @@ GEMV_X_KERNELS(q6_k, WT_Q6_K)
         else                                                                                               \
             gemv_rows<WT, R>(w, wd, rows, K, xq, xd, xs, y, bias, flags);                                  \
     }
+
+#define GEMV_ROWS_T_KERNEL(name, WT, R)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) name(                                                \
+        const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K, const i8* __restrict__ xq,   \
+        const float* __restrict__ xd, const float* __restrict__ xs, float* __restrict__ y, int y_stride,   \
+        const float* __restrict__ bias, int flags, int n_tokens) {                                         \
+        gemv_rows_t<WT, R, 8>(w, wd, rows, K, xq, xd, xs, y, y_stride, bias, flags, n_tokens);            \
+    }
+
+#define GEMV_ROWS_T_KERNELS(tname, WT)                 \
+    GEMV_ROWS_T_KERNEL(gemv_##tname##_1_r2_t8, WT, 2) \
+    GEMV_ROWS_T_KERNEL(gemv_##tname##_1_r4_t8, WT, 4)
+
+GEMV_ROWS_T_KERNELS(q8_0, WT_Q8_0)
+GEMV_ROWS_T_KERNELS(q4_0, WT_Q4_0)
+GEMV_ROWS_T_KERNELS(q5_0, WT_Q5_0)
+GEMV_ROWS_T_KERNELS(q4_k, WT_Q4_K)
+GEMV_ROWS_T_KERNELS(q5_k, WT_Q5_K)
+GEMV_ROWS_T_KERNELS(q6_k, WT_Q6_K)
 
 #define GEMV_KERNELS(tname, WT) \
     GEMV_ROWS_KERNEL(gemv_##tname##_1_r2, WT, 2) \

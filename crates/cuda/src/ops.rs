@@ -36,6 +36,8 @@ pub const KERNEL_NAMES: &[&str] = &[
     "scale_bias",
     "logit_transform",
     "argmax_rows",
+    "gemv_q8_0_1_r2_t8",
+    "gemv_q6_k_1_r4_t8",
 ];
 
 /// Whether a kernel is written for programmatic dependent launch (it calls
@@ -169,6 +171,21 @@ fn gemv_name(kind: WeightKind, nt: usize, u: u8, r: u8) -> &'static str {
         };
     }
     names!(F32 => "f32", F16 => "f16", Bf16 => "bf16", Q8_0 => "q8_0", Q4_0 => "q4_0", Q5_0 => "q5_0", Q4K => "q4_k", Q5K => "q5_k", Q6K => "q6_k")
+}
+
+/// The multi-token form of the one-token `gemv_<t>_1_r<r>` kernel (gemv.cu
+/// `gemv_rows_t`), for the quantized types.
+fn gemv_rows_t_name(kind: WeightKind, r: u8) -> Option<&'static str> {
+    macro_rules! names {
+        ($($k:ident => $s:literal),*) => {
+            match (kind, r) {
+                $( (WeightKind::$k, 2) => Some(concat!("gemv_", $s, "_1_r2_t8")),
+                   (WeightKind::$k, 4) => Some(concat!("gemv_", $s, "_1_r4_t8")), )*
+                _ => None,
+            }
+        };
+    }
+    names!(Q8_0 => "q8_0", Q4_0 => "q4_0", Q5_0 => "q5_0", Q4K => "q4_k", Q5K => "q5_k", Q6K => "q6_k")
 }
 
 /// The grid of a GEMV launch over `rows` rows (8 rows per block of 256 threads).
@@ -306,6 +323,29 @@ pub fn gemv_tokens(
         ));
     };
     let (grid, _, _) = gemv_grid(w.rows, w.tune);
+    // Several rows per warp: 8 tokens per launch row, the weights read once for them.
+    if let Some(name) = gemv_rows_t_name(w.kind, w.tune.r) {
+        const MT: usize = 8;
+        return g.launch(
+            name,
+            (grid, n_tokens.div_ceil(MT) as u32, 1),
+            256,
+            &[
+                Arg::Ptr(w.body),
+                Arg::Ptr(w.scales),
+                Arg::I32(w.rows as i32),
+                Arg::I32(w.cols as i32),
+                Arg::Ptr(x.q),
+                Arg::Ptr(x.d),
+                Arg::Ptr(x.s),
+                Arg::Ptr(seg.y),
+                Arg::I32(seg.rows as i32),
+                Arg::Ptr(seg.bias),
+                Arg::I32(flags),
+                Arg::I32(n_tokens as i32),
+            ],
+        );
+    }
     g.launch(
         gemv_name(w.kind, 1, w.tune.u, w.tune.r),
         (grid, n_tokens as u32, 1),

@@ -1405,3 +1405,88 @@ fn greedy_speculative_equals_plain_greedy_qwen_05b() {
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `gemv_tokens` (the verify pass's products) against one-token launches:
+/// for every weight type and every one-token variant the tuner may pick
+/// (warp, rows-per-warp and register kernels, with their grids), T tokens in
+/// one launch give bit for bit what T one-token launches of that variant give.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemv_tokens_equal_one_token_launches_for_every_variant() {
+    let g = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    let sm = g.info.sm_count as u32;
+    let mut checked = 0;
+    for ty in TYPES {
+        for &(rows, k, t) in &[
+            (301usize, 1024usize, 13usize),
+            (1000, 896, 8),
+            (77, 4864, 5),
+        ] {
+            if k % WeightKind::of(ty).unwrap().k_multiple() != 0 {
+                continue;
+            }
+            let w = random_weights(ty, rows, k, &mut rng);
+            let (mut m, _b, _s) = upload_matrix(&g, ty, rows, k, &w);
+            let x: Vec<f32> = (0..t * k).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let xb = upload_f32(&g, &x);
+            let aq = g.alloc(t * k, "t").unwrap();
+            let ad = g.alloc(t * k / 32 * 4, "t").unwrap();
+            let as_ = g.alloc(t * k / 32 * 4, "t").unwrap();
+            let a8 = Q8 {
+                q: aq.ptr,
+                d: ad.ptr,
+                s: as_.ptr,
+            };
+            ops::quantize_q8(&g, xb.ptr, a8, t * k).unwrap();
+            let mut variants = ops::gemv_variants(sm);
+            variants.extend(ops::gemv_x_variants(&m, sm));
+            for tune in variants {
+                m.tune = tune;
+                let one = upload_f32(&g, &vec![f32::NAN; t * rows]);
+                for ti in 0..t {
+                    let xa = Q8 {
+                        q: a8.q + (ti * k) as u64,
+                        d: a8.d + (ti * k / 32 * 4) as u64,
+                        s: a8.s + (ti * k / 32 * 4) as u64,
+                    };
+                    ops::gemv_single(
+                        &g,
+                        &m,
+                        tune,
+                        xa,
+                        one.ptr + (ti * rows * 4) as u64,
+                        rows,
+                        0,
+                        0,
+                    )
+                    .unwrap();
+                }
+                let many = upload_f32(&g, &vec![f32::NAN; t * rows]);
+                let seg = [ops::Segment {
+                    y: many.ptr,
+                    bias: 0,
+                    rows,
+                }];
+                ops::gemv_tokens(&g, &m, a8, t, &seg, 0).unwrap();
+                let (a, b) = (
+                    download_f32(&g, &one, t * rows),
+                    download_f32(&g, &many, t * rows),
+                );
+                let differ = a
+                    .iter()
+                    .zip(&b)
+                    .filter(|(p, q)| p.to_bits() != q.to_bits())
+                    .count();
+                assert_eq!(
+                    differ, 0,
+                    "{ty:?} {rows}x{k} T={t} {tune:?}: {differ} values differ"
+                );
+                checked += 1;
+            }
+        }
+    }
+    println!(
+        "gemv_tokens: {checked} (type, shape, variant) cases bit-identical to one-token launches"
+    );
+}
