@@ -323,47 +323,30 @@ pub fn gemv_tokens(
         ));
     };
     let (grid, _, _) = gemv_grid(w.rows, w.tune);
-    // Several rows per warp: 8 tokens per launch row, the weights read once for them.
-    if let Some(name) = gemv_rows_t_name(w.kind, w.tune.r) {
-        const MT: usize = 8;
-        return g.launch(
-            name,
-            (grid, n_tokens.div_ceil(MT) as u32, 1),
-            256,
-            &[
-                Arg::Ptr(w.body),
-                Arg::Ptr(w.scales),
-                Arg::I32(w.rows as i32),
-                Arg::I32(w.cols as i32),
-                Arg::Ptr(x.q),
-                Arg::Ptr(x.d),
-                Arg::Ptr(x.s),
-                Arg::Ptr(seg.y),
-                Arg::I32(seg.rows as i32),
-                Arg::Ptr(seg.bias),
-                Arg::I32(flags),
-                Arg::I32(n_tokens as i32),
-            ],
-        );
+    // Several rows per warp: 8 tokens per grid row (the weights read once
+    // for them); otherwise a grid row per token.
+    let rows_t = gemv_rows_t_name(w.kind, w.tune.r);
+    let (name, grid_y) = match rows_t {
+        Some(name) => (name, n_tokens.div_ceil(8)),
+        None => (gemv_name(w.kind, 1, w.tune.u, w.tune.r), n_tokens),
+    };
+    let mut args = vec![
+        Arg::Ptr(w.body),
+        Arg::Ptr(w.scales),
+        Arg::I32(w.rows as i32),
+        Arg::I32(w.cols as i32),
+        Arg::Ptr(x.q),
+        Arg::Ptr(x.d),
+        Arg::Ptr(x.s),
+        Arg::Ptr(seg.y),
+        Arg::I32(seg.rows as i32),
+        Arg::Ptr(seg.bias),
+        Arg::I32(flags),
+    ];
+    if rows_t.is_some() {
+        args.push(Arg::I32(n_tokens as i32));
     }
-    g.launch(
-        gemv_name(w.kind, 1, w.tune.u, w.tune.r),
-        (grid, n_tokens as u32, 1),
-        256,
-        &[
-            Arg::Ptr(w.body),
-            Arg::Ptr(w.scales),
-            Arg::I32(w.rows as i32),
-            Arg::I32(w.cols as i32),
-            Arg::Ptr(x.q),
-            Arg::Ptr(x.d),
-            Arg::Ptr(x.s),
-            Arg::Ptr(seg.y),
-            Arg::I32(seg.rows as i32),
-            Arg::Ptr(seg.bias),
-            Arg::I32(flags),
-        ],
-    )
+    g.launch(name, (grid, grid_y as u32, 1), 256, &args)
 }
 
 /// RMSNorm of `rows` rows of width `dim` from x into out (see the kernel for

@@ -109,6 +109,23 @@ fn upload_matrix(
     (m, bb, sb)
 }
 
+/// `x` ([t, k]) on the device, quantized by the kernels' `quantize_q8`; the
+/// buffers (kept alive by the caller) and their 8-bit view.
+fn quantized_on_device(g: &Gpu, x: &[f32]) -> (Q8, [DevBuf; 4]) {
+    let n = x.len();
+    let xb = upload_f32(g, x);
+    let aq = g.alloc(n, "t").unwrap();
+    let ad = g.alloc(n / 32 * 4, "t").unwrap();
+    let as_ = g.alloc(n / 32 * 4, "t").unwrap();
+    let a8 = Q8 {
+        q: aq.ptr,
+        d: ad.ptr,
+        s: as_.ptr,
+    };
+    ops::quantize_q8(g, xb.ptr, a8, n).unwrap();
+    (a8, [xb, aq, ad, as_])
+}
+
 /// The activation quantization the kernels apply, written independently:
 /// per 32 values d = amax/127, q = round(x/d) (halves away from zero).
 fn q8_reference(x: &[f32]) -> Vec<f32> {
@@ -162,16 +179,7 @@ fn gemv_matches_cpu_reference() {
                 .map(|i| rng.gen_range(-1.0f32..1.0) * (1.0 + (i % 7) as f32))
                 .collect();
             let (m, _b, _s) = upload_matrix(&g, ty, rows, k, &w);
-            let xb = upload_f32(&g, &x);
-            let aq = g.alloc(t * k, "t").unwrap();
-            let ad = g.alloc(t * k / 32 * 4, "t").unwrap();
-            let as_ = g.alloc(t * k / 32 * 4, "t").unwrap();
-            let a8 = Q8 {
-                q: aq.ptr,
-                d: ad.ptr,
-                s: as_.ptr,
-            };
-            ops::quantize_q8(&g, xb.ptr, a8, t * k).unwrap();
+            let (a8, _bufs) = quantized_on_device(&g, &x);
             let y = upload_f32(&g, &vec![f32::NAN; t * rows]);
             ops::gemv(&g, &m, a8, t, y.ptr, rows, 0, 0).unwrap();
             let got = download_f32(&g, &y, t * rows);
@@ -1429,16 +1437,7 @@ fn gemv_tokens_equal_one_token_launches_for_every_variant() {
             let w = random_weights(ty, rows, k, &mut rng);
             let (mut m, _b, _s) = upload_matrix(&g, ty, rows, k, &w);
             let x: Vec<f32> = (0..t * k).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-            let xb = upload_f32(&g, &x);
-            let aq = g.alloc(t * k, "t").unwrap();
-            let ad = g.alloc(t * k / 32 * 4, "t").unwrap();
-            let as_ = g.alloc(t * k / 32 * 4, "t").unwrap();
-            let a8 = Q8 {
-                q: aq.ptr,
-                d: ad.ptr,
-                s: as_.ptr,
-            };
-            ops::quantize_q8(&g, xb.ptr, a8, t * k).unwrap();
+            let (a8, _bufs) = quantized_on_device(&g, &x);
             let mut variants = ops::gemv_variants(sm);
             variants.extend(ops::gemv_x_variants(&m, sm));
             for tune in variants {
