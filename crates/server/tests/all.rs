@@ -1,0 +1,27 @@
+//! This crate's integration tests in one test binary: one build and link
+//! instead of one per file (`autotests = false` in Cargo.toml). Each file
+//! in tests/ is a module named after it; run one with
+//! `cargo test -p hearth-server --test all -- FILE::` (e.g. `FILE::TEST --exact`).
+//! A file added to tests/ must be listed here: the test at the end checks it.
+
+#[path = "fuzz_smoke.rs"]
+mod fuzz_smoke;
+#[path = "prompt_bound.rs"]
+mod prompt_bound;
+
+/// Every `tests/*.rs` file is a module of this binary (else it would never run).
+#[test]
+fn every_test_file_is_a_module_of_all_rs() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let this = include_str!("all.rs");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".rs") && name != "all.rs" {
+            let stem = name.trim_end_matches(".rs");
+            assert!(
+                this.contains(&format!("#[path = \"{name}\"]\nmod {stem};")),
+                "tests/{name} is not a module of tests/all.rs"
+            );
+        }
+    }
+}
