@@ -256,6 +256,24 @@ mod tests {
                             && (in_macro("GEMV_X_KERNELS32") || in_macro("GEMV_X_KERNELS")));
                 }
             }
+            // gemv_<type>_1_r<R>_t8 from GEMV_ROWS_T_KERNELS(<type>, ...), which
+            // defines the r2 and r4 forms.
+            if let Some(head) = rest.strip_suffix("_t8") {
+                if let Some((ty, r)) = head.rsplit_once("_1_r") {
+                    let defined = |m: &str| {
+                        SOURCE
+                            .split(&format!("#define {m}(tname, WT)"))
+                            .nth(1)
+                            .is_some_and(|body| {
+                                body.split("\n\n").next().unwrap_or("").contains(&format!(
+                                    "GEMV_ROWS_T_KERNEL(gemv_##tname##_1_r{r}_t8, WT, {r})"
+                                ))
+                            })
+                    };
+                    return SOURCE.contains(&format!("GEMV_ROWS_T_KERNELS({ty},"))
+                        && defined("GEMV_ROWS_T_KERNELS");
+                }
+            }
             let rest = rest
                 .strip_suffix("_u1")
                 .or_else(|| rest.strip_suffix("_u2"))
