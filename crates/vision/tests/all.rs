@@ -15,19 +15,14 @@ mod llama_cpp;
 #[path = "spec_reference.rs"]
 mod spec_reference;
 
+#[path = "../../../tests/support/all_rs_guard.rs"]
+mod all_rs_guard;
+
 /// Every `tests/*.rs` file is a module of this binary (else it would never run).
 #[test]
 fn every_test_file_is_a_module_of_all_rs() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
-    let this = include_str!("all.rs");
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let name = entry.unwrap().file_name().into_string().unwrap();
-        if name.ends_with(".rs") && name != "all.rs" {
-            let stem = name.trim_end_matches(".rs");
-            assert!(
-                this.contains(&format!("#[path = \"{name}\"]\nmod {stem};")),
-                "tests/{name} is not a module of tests/all.rs"
-            );
-        }
-    }
+    all_rs_guard::check_every_test_file_is_listed(
+        env!("CARGO_MANIFEST_DIR"),
+        include_str!("all.rs"),
+    );
 }
