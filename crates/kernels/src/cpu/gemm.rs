@@ -105,7 +105,7 @@ impl Kernel {
     /// The kernel for the active instruction set ([`active`]).
     pub fn detect() -> Kernel {
         match active() {
-            Isa::Avx2 | Isa::Avx512 => Kernel::Avx2,
+            Isa::Avx2 | Isa::Avx512 | Isa::Amx => Kernel::Avx2,
             _ => Kernel::Scalar,
         }
     }

@@ -824,8 +824,8 @@ unsafe fn group_tokens<S: Simd, const NT: usize>(
 /// A gated unit's activation, `act(column, gate, up)`.
 pub type GluAct<'a> = &'a (dyn Fn(usize, f32, f32) -> f32 + Sync);
 
-/// For a [`PackedMatrix::pack_pair`] matrix: pairs of groups `pairs` for all
-/// tokens, `out[t, 8i + r] = act(8i + r, gate, up)` (`out` is [n, rows / 2]).
+/// For a [`PackedMatrix::pack_pair`] matrix: pairs of groups `pairs` for
+/// `tokens` (starting at a multiple of 4), `out[t, 8i + r] = act(8i + r, gate, up)` (`out` is [n, rows / 2]).
 #[inline(always)]
 unsafe fn run_pairs<S: Simd>(
     pm: &PackedMatrix,
@@ -833,6 +833,7 @@ unsafe fn run_pairs<S: Simd>(
     n: usize,
     pairs: std::ops::Range<usize>,
     act: GluAct,
+    tokens: std::ops::Range<usize>,
     out: *mut f32,
 ) {
     let half = pm.rows / 2;
@@ -841,8 +842,8 @@ unsafe fn run_pairs<S: Simd>(
             *out.add(t * half + i * GROUP + r) = act(i * GROUP + r, g[r], u[r]);
         }
     };
-    for t0 in (0..n).step_by(TOKEN_TILE) {
-        let t1 = (t0 + TOKEN_TILE).min(n);
+    for t0 in tokens.clone().step_by(TOKEN_TILE) {
+        let t1 = (t0 + TOKEN_TILE).min(tokens.end);
         for i in pairs.clone() {
             let mut t = t0;
             while t + 4 <= t1 {
@@ -867,17 +868,19 @@ unsafe fn run_pairs<S: Simd>(
     }
 }
 
-/// Computes output rows `groups` (in units of 8) for all `n` tokens.
+/// Computes output rows `groups` (in units of 8) for `tokens` (starting at a
+/// multiple of 4).
 #[inline(always)]
 unsafe fn run_groups<S: Simd>(
     pm: &PackedMatrix,
     acts: &Acts,
     n: usize,
     groups: std::ops::Range<usize>,
+    tokens: std::ops::Range<usize>,
     out: *mut f32,
 ) {
-    for t0 in (0..n).step_by(TOKEN_TILE) {
-        let t1 = (t0 + TOKEN_TILE).min(n);
+    for t0 in tokens.clone().step_by(TOKEN_TILE) {
+        let t1 = (t0 + TOKEN_TILE).min(tokens.end);
         for g in groups.clone() {
             let mut t = t0;
             while t + 4 <= t1 {
@@ -900,10 +903,17 @@ enum Work<'a> {
 }
 
 #[inline(always)]
-unsafe fn run_work<S: Simd>(pm: &PackedMatrix, acts: &Acts, n: usize, work: &Work, out: *mut f32) {
+unsafe fn run_work<S: Simd>(
+    pm: &PackedMatrix,
+    acts: &Acts,
+    n: usize,
+    work: &Work,
+    tokens: std::ops::Range<usize>,
+    out: *mut f32,
+) {
     match work {
-        Work::Groups(groups) => run_groups::<S>(pm, acts, n, groups.clone(), out),
-        Work::Pairs(pairs, act) => run_pairs::<S>(pm, acts, n, pairs.clone(), *act, out),
+        Work::Groups(groups) => run_groups::<S>(pm, acts, n, groups.clone(), tokens, out),
+        Work::Pairs(pairs, act) => run_pairs::<S>(pm, acts, n, pairs.clone(), *act, tokens, out),
     }
 }
 
@@ -911,23 +921,53 @@ unsafe fn run_work<S: Simd>(pm: &PackedMatrix, acts: &Acts, n: usize, work: &Wor
 // with that set enabled.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn run_avx512(pm: &PackedMatrix, acts: &Acts, n: usize, work: &Work, out: *mut f32) {
-    run_work::<super::simd::x86::Avx512>(pm, acts, n, work, out)
+unsafe fn run_avx512(
+    pm: &PackedMatrix,
+    acts: &Acts,
+    n: usize,
+    work: &Work,
+    tokens: std::ops::Range<usize>,
+    out: *mut f32,
+) {
+    run_work::<super::simd::x86::Avx512>(pm, acts, n, work, tokens, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run_avx2(pm: &PackedMatrix, acts: &Acts, n: usize, work: &Work, out: *mut f32) {
-    run_work::<super::simd::x86::Avx2>(pm, acts, n, work, out)
+unsafe fn run_avx2(
+    pm: &PackedMatrix,
+    acts: &Acts,
+    n: usize,
+    work: &Work,
+    tokens: std::ops::Range<usize>,
+    out: *mut f32,
+) {
+    run_work::<super::simd::x86::Avx2>(pm, acts, n, work, tokens, out)
 }
 
 #[cfg(target_arch = "aarch64")]
 #[target_feature(enable = "neon")]
-unsafe fn run_neon(pm: &PackedMatrix, acts: &Acts, n: usize, work: &Work, out: *mut f32) {
-    run_work::<super::simd::neon::Neon>(pm, acts, n, work, out)
+unsafe fn run_neon(
+    pm: &PackedMatrix,
+    acts: &Acts,
+    n: usize,
+    work: &Work,
+    tokens: std::ops::Range<usize>,
+    out: *mut f32,
+) {
+    run_work::<super::simd::neon::Neon>(pm, acts, n, work, tokens, out)
 }
 
-unsafe fn run_isa(isa: Isa, pm: &PackedMatrix, acts: &Acts, n: usize, work: &Work, out: *mut f32) {
+/// Runs `work` for `tokens` on `isa` (AMX: its AVX-512 part).
+unsafe fn run_isa(
+    isa: Isa,
+    pm: &PackedMatrix,
+    acts: &Acts,
+    n: usize,
+    work: &Work,
+    tokens: std::ops::Range<usize>,
+    out: *mut f32,
+) {
     assert!(
         isa.supported(),
         "{} is not supported on this machine",
@@ -935,13 +975,86 @@ unsafe fn run_isa(isa: Isa, pm: &PackedMatrix, acts: &Acts, n: usize, work: &Wor
     );
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => run_avx512(pm, acts, n, work, out),
+        Isa::Avx512 | Isa::Amx => run_avx512(pm, acts, n, work, tokens, out),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => run_avx2(pm, acts, n, work, out),
+        Isa::Avx2 => run_avx2(pm, acts, n, work, tokens, out),
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => run_neon(pm, acts, n, work, out),
-        _ => run_work::<Scalar>(pm, acts, n, work, out),
+        Isa::Neon => run_neon(pm, acts, n, work, tokens, out),
+        _ => run_work::<Scalar>(pm, acts, n, work, tokens, out),
     }
+}
+
+/// Leading tokens of a call that AMX tiles compute: Q4_K's batched-order
+/// tokens in whole 16-token tiles (the rest run on the vector kernels).
+fn amx_tokens(isa: Isa, pm: &PackedMatrix, acts: &Acts) -> usize {
+    match acts {
+        Acts::Q8K(_, gemm_rows, _)
+            if isa == Isa::Amx && pm.ty == GgmlType::Q4_K && pm.groups >= 2 =>
+        {
+            gemm_rows / amx_tile::TOKENS * amx_tile::TOKENS
+        }
+        _ => 0,
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+use super::amx as amx_tile;
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+mod amx_tile {
+    pub const TOKENS: usize = 16;
+}
+
+/// Super groups `sgs` (packed groups `2s`, `2s + 1`: 16 columns) of a Q4_K
+/// matrix for tokens `0..n_amx` (a multiple of 16) on AMX tiles; `emit(s, t,
+/// values)` receives each token's 16 columns.
+///
+/// # Safety
+/// `isa == Isa::Amx` was checked supported; `n_amx` from [`amx_tokens`].
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+unsafe fn run_amx(
+    pm: &PackedMatrix,
+    acts: &Acts,
+    n_amx: usize,
+    sgs: std::ops::Range<usize>,
+    mut emit: impl FnMut(usize, usize, &[f32; 16]),
+) {
+    let Acts::Q8K(y, _, _) = acts else {
+        unreachable!("amx_tokens admits Q4_K only")
+    };
+    let nb = pm.blocks;
+    let mut scr = vec![amx_tile::Line([0; 64]); nb * amx_tile::SCR_BLOCK / 64];
+    let scr = scr.as_mut_ptr() as *mut u8;
+    amx_tile::configure();
+    for sg in sgs {
+        amx_tile::unpack_q4_k(
+            pm.group(2 * sg),
+            pm.group(2 * sg + 1),
+            layout::Q4_K,
+            nb,
+            [layout::Q4_K_SC, layout::Q4_K_MN, layout::Q4_K_QS],
+            scr,
+        );
+        let mut o = [[0.0f32; 16]; 16];
+        for t0 in (0..n_amx).step_by(amx_tile::TOKENS) {
+            amx_tile::tile_q4_k(scr, nb, y.as_ptr().add(t0 * nb), nb, &mut o);
+            for (t, v) in o.iter().enumerate() {
+                emit(sg, t0 + t, v);
+            }
+        }
+    }
+    amx_tile::release();
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+unsafe fn run_amx(
+    _: &PackedMatrix,
+    _: &Acts,
+    _: usize,
+    _: std::ops::Range<usize>,
+    _: impl FnMut(usize, usize, &[f32; 16]),
+) {
+    unreachable!("AMX is never granted here")
 }
 
 /// A gated MLP's first half in one pass: `pm` is gate and up packed by
@@ -963,11 +1076,25 @@ pub fn matmul_packed_glu(
         "matmul: out is not [n, rows / 2]"
     );
     let acts = quantize_acts(pm.ty, x, n, pm.cols, order);
+    let n_amx = amx_tokens(isa, pm, &acts);
     let outp = SendPtr(out.as_mut_ptr());
+    let half = pm.rows / 2;
     pool::global().run(|i, nt| {
         let pairs = pool::share(pm.groups / 2, i, nt);
+        let o = outp.get();
+        if n_amx > 0 {
+            // A pair's two groups are one super group: 8 gate, then 8 up columns.
+            // SAFETY: Amx was checked by amx_tokens; each thread writes only its pairs' columns.
+            unsafe {
+                run_amx(pm, &acts, n_amx, pairs.clone(), |p, t, v| {
+                    for r in 0..GROUP {
+                        *o.add(t * half + p * GROUP + r) = act(p * GROUP + r, v[r], v[GROUP + r]);
+                    }
+                })
+            };
+        }
         // SAFETY: the isa is checked in run_isa; each thread writes only its pairs' columns.
-        unsafe { run_isa(isa, pm, &acts, n, &Work::Pairs(pairs, act), outp.get()) };
+        unsafe { run_isa(isa, pm, &acts, n, &Work::Pairs(pairs, act), n_amx..n, o) };
     });
 }
 
@@ -991,13 +1118,37 @@ pub fn matmul_packed(
     assert_eq!(x.len(), n * m.cols, "matmul: x is not [n, cols]");
     assert_eq!(out.len(), n * m.rows, "matmul: out is not [n, rows]");
     let acts = quantize_acts(m.ty, x, n, m.cols, order);
+    let n_amx = amx_tokens(isa, pm, &acts);
     let outp = SendPtr(out.as_mut_ptr());
     let pool = pool::global();
     pool.run(|i, nt| {
-        let groups = pool::share(pm.groups, i, nt);
-        // SAFETY: the isa is checked in run_isa; each thread writes only its
-        // groups' 8 columns of every output row.
-        unsafe { run_isa(isa, pm, &acts, n, &Work::Groups(groups), outp.get()) };
+        let o = outp.get();
+        if n_amx == 0 {
+            let groups = pool::share(pm.groups, i, nt);
+            // SAFETY: the isa is checked in run_isa; each thread writes only its
+            // groups' 8 columns of every output row.
+            unsafe { run_isa(isa, pm, &acts, n, &Work::Groups(groups), 0..n, o) };
+            return;
+        }
+        // Whole super groups (16 columns) per thread; an odd last group runs
+        // on the vector kernels in the last thread.
+        let sgs = pool::share(pm.groups / 2, i, nt);
+        let rows = pm.rows;
+        // SAFETY: Amx was checked by amx_tokens; each thread writes only its
+        // super groups' 16 columns of every output row.
+        unsafe {
+            run_amx(pm, &acts, n_amx, sgs.clone(), |sg, t, v| {
+                std::ptr::copy_nonoverlapping(v.as_ptr(), o.add(t * rows + sg * 2 * GROUP), 16);
+            })
+        };
+        let groups = 2 * sgs.start..2 * sgs.end;
+        // SAFETY: as above, for the tokens past the AMX tiles.
+        unsafe { run_isa(isa, pm, &acts, n, &Work::Groups(groups), n_amx..n, o) };
+        if i + 1 == nt && pm.groups % 2 == 1 {
+            let last = pm.groups - 1..pm.groups;
+            // SAFETY: the odd last group's columns belong to this thread alone.
+            unsafe { run_isa(isa, pm, &acts, n, &Work::Groups(last), 0..n, o) };
+        }
     });
     let tail = pm.groups * GROUP..m.rows;
     if !tail.is_empty() {
@@ -1048,7 +1199,7 @@ mod tests {
                     data: &wq,
                 };
                 let pm = PackedMatrix::pack(&m).unwrap();
-                for (n, x) in [(4, -1.0f32), (8, 1.0), (5, -1.0)] {
+                for (n, x) in [(4, -1.0f32), (8, 1.0), (5, -1.0), (16, -1.0), (37, 1.0)] {
                     let x = vec![x; n * cols];
                     assert_packed_bits(&m, &pm, &x, n, &format!("{ty} fill {fill:#x} n {n}"));
                 }
@@ -1182,7 +1333,7 @@ mod tests {
                 PackedMatrix::pack(&b).unwrap(),
             );
             let act = |j: usize, g: f32, u: f32| g * (j as f32 + 0.5) - u;
-            for n in [1, 5, 9] {
+            for n in [1, 5, 9, 16, 35] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
                 for isa in Isa::available() {
                     let (mut ga, mut gb, mut fused) = (
@@ -1239,7 +1390,7 @@ mod tests {
                     );
                     continue;
                 };
-                for n in [1, 2, 3, 4, 5, 7, 8, 9, 13] {
+                for n in [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 21, 37] {
                     let x: Vec<f32> = (0..n * cols)
                         .map(|i| {
                             if i % 97 == 5 {

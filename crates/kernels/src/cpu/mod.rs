@@ -9,7 +9,9 @@
 //!   (types without interleaved kernels, and the tests' reference).
 //! - [`attention`] over the hybrid [`kv_cache`] (flat and ring caches).
 //! - [`simd`]: the vector interface and the one runtime ISA dispatch point.
+//! - [`amx`]: Intel AMX-INT8 tiles for the batched Q4_K products.
 
+pub mod amx;
 pub mod attention;
 pub mod gemm;
 pub mod ggml_order;

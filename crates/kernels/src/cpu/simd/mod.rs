@@ -27,6 +27,10 @@ pub enum Isa {
     Avx2,
     /// AVX-512 F/BW/VL + VNNI (and AVX2/FMA/F16C).
     Avx512,
+    /// AVX-512 plus AMX-INT8 tiles for the batched Q4_K products, where the
+    /// CPU has them and the OS grants this process their state
+    /// ([`crate::cpu::amx::granted`]).
+    Amx,
     /// aarch64 Advanced SIMD.
     Neon,
 }
@@ -37,6 +41,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
             Isa::Neon => "neon",
         }
     }
@@ -46,6 +51,7 @@ impl Isa {
             "scalar" => Isa::Scalar,
             "avx2" => Isa::Avx2,
             "avx512" => Isa::Avx512,
+            "amx" => Isa::Amx,
             "neon" => Isa::Neon,
             _ => return None,
         })
@@ -69,6 +75,8 @@ impl Isa {
                     && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Isa::Avx512.supported() && crate::cpu::amx::granted(),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             #[allow(unreachable_patterns)]
@@ -78,7 +86,7 @@ impl Isa {
 
     /// Every instruction set this machine supports, best last.
     pub fn available() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon]
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon]
             .into_iter()
             .filter(|i| i.supported())
             .collect()
@@ -91,7 +99,7 @@ impl Isa {
 }
 
 /// The instruction set kernels use: the best detected one, or the one named
-/// by `HEARTH_ISA` (scalar|avx2|avx512|neon). Decided once per process; an
+/// by `HEARTH_ISA` (scalar|avx2|avx512|amx|neon). Decided once per process; an
 /// unsupported or unknown name is an error printed once, and detection wins.
 pub fn active() -> Isa {
     static ACTIVE: OnceLock<Isa> = OnceLock::new();
@@ -108,7 +116,7 @@ pub fn active() -> Isa {
             }
             None => {
                 eprintln!(
-                    "hearth: HEARTH_ISA={name}: unknown (scalar|avx2|avx512|neon); using {}",
+                    "hearth: HEARTH_ISA={name}: unknown (scalar|avx2|avx512|amx|neon); using {}",
                     Isa::detect().name()
                 );
                 Isa::detect()
