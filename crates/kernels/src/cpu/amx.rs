@@ -328,3 +328,30 @@ mod imp {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Where the CPU and the kernel report AMX-INT8 (and VBMI), the process
+    /// is granted it and `Isa::Amx` is available, so the kernel tests really
+    /// compare the AMX path there; elsewhere it is absent.
+    #[test]
+    fn amx_is_available_exactly_where_the_cpu_reports_it() {
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+            return;
+        };
+        let flags: Vec<&str> = info
+            .lines()
+            .find(|l| l.starts_with("flags"))
+            .map(|l| l.split_whitespace().collect())
+            .unwrap_or_default();
+        let has = |f: &str| flags.contains(&f);
+        let reported =
+            has("amx_tile") && has("amx_int8") && has("avx512vbmi") && has("avx512_vnni");
+        assert_eq!(
+            crate::cpu::simd::Isa::Amx.supported(),
+            reported,
+            "/proc/cpuinfo says AMX-INT8 {reported}; granted() = {}",
+            super::granted()
+        );
+    }
+}
