@@ -209,6 +209,12 @@ pub fn run(args: Args) -> Result<()> {
         return Ok(());
     }
     let isa = hearth_kernels::cpu::simd::active().name();
+    if let Err(why @ hearth_kernels::cpu::amx::Refusal::NotEnabledByOs)
+    | Err(why @ hearth_kernels::cpu::amx::Refusal::PermissionRefused(_)) =
+        hearth_kernels::cpu::amx::status()
+    {
+        outln!("note: this CPU has AMX-INT8 but it is not used: {why}");
+    }
     outln!("model: {name} ({weight_gb:.2} GB of weights read per token), threads: {threads}, kernels: {isa}, KV cache: {kv}, reps: {reps} (+1 warm-up)");
     outln!("{:>8} {:>12} {:>12} {:>12}", "test", "tok/s", "min", "max");
     let row = |test: String, s: &Summary| -> Result<()> {

@@ -26,21 +26,59 @@
 
 use std::sync::OnceLock;
 
+/// Why AMX-INT8 is not usable in this process, step by step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The CPU does not report AMX-TILE, AMX-INT8 or AVX-512 VBMI (or this
+    /// is not x86-64 Linux).
+    NotInCpu,
+    /// The CPU has AMX but the OS did not enable tile state in XCR0 (a
+    /// kernel older than Linux 5.16, or a hypervisor hiding it).
+    NotEnabledByOs,
+    /// XCR0 has tile state but `arch_prctl(ARCH_REQ_XCOMP_PERM)` refused this
+    /// process the tile data (sandboxes that do not implement it, seccomp);
+    /// the value is the errno.
+    PermissionRefused(i32),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::NotInCpu => write!(f, "the CPU does not report AMX-INT8 with AVX-512 VBMI"),
+            Refusal::NotEnabledByOs => {
+                write!(f, "the OS did not enable AMX tile state (XCR0 bits 17/18)")
+            }
+            Refusal::PermissionRefused(e) => write!(
+                f,
+                "arch_prctl(ARCH_REQ_XCOMP_PERM) refused the tile data (errno {e})"
+            ),
+        }
+    }
+}
+
 /// Whether this process may execute AMX-INT8 instructions (asked once).
 pub fn granted() -> bool {
-    static GRANTED: OnceLock<bool> = OnceLock::new();
-    *GRANTED.get_or_init(detect)
+    status().is_ok()
+}
+
+/// `Ok` where AMX-INT8 may run here, otherwise the step that refused it.
+pub fn status() -> Result<(), Refusal> {
+    static STATUS: OnceLock<Result<(), Refusal>> = OnceLock::new();
+    *STATUS.get_or_init(detect)
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn detect() -> bool {
+fn detect() -> Result<(), Refusal> {
     use std::arch::x86_64::__cpuid_count;
     let (l1, l7) = (__cpuid_count(1, 0), __cpuid_count(7, 0));
     let osxsave = l1.ecx & (1 << 27) != 0;
     let amx_tile = l7.edx & (1 << 24) != 0;
     let amx_int8 = l7.edx & (1 << 25) != 0;
-    if !(osxsave && amx_tile && amx_int8 && std::is_x86_feature_detected!("avx512vbmi")) {
-        return false;
+    if !(amx_tile && amx_int8 && std::is_x86_feature_detected!("avx512vbmi")) {
+        return Err(Refusal::NotInCpu);
+    }
+    if !osxsave {
+        return Err(Refusal::NotEnabledByOs);
     }
     // XCR0 bits 17 (XTILECFG) and 18 (XTILEDATA): the OS manages tile state.
     let xcr0: u64 = {
@@ -53,7 +91,7 @@ fn detect() -> bool {
         (hi as u64) << 32 | lo as u64
     };
     if xcr0 & (0b11 << 17) != 0b11 << 17 {
-        return false;
+        return Err(Refusal::NotEnabledByOs);
     }
     const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
     const XFEATURE_XTILEDATA: libc::c_long = 18;
@@ -65,12 +103,17 @@ fn detect() -> bool {
             XFEATURE_XTILEDATA,
         )
     };
-    rc == 0
+    if rc == 0 {
+        Ok(())
+    } else {
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        Err(Refusal::PermissionRefused(errno))
+    }
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-fn detect() -> bool {
-    false
+fn detect() -> Result<(), Refusal> {
+    Err(Refusal::NotInCpu)
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -331,11 +374,23 @@ mod imp {
 
 #[cfg(test)]
 mod tests {
-    /// Where the CPU and the kernel report AMX-INT8 (and VBMI), the process
-    /// is granted it and `Isa::Amx` is available, so the kernel tests really
-    /// compare the AMX path there; elsewhere it is absent.
+    use super::Refusal;
+
+    /// The CPU half of the detection agrees with what the kernel reports in
+    /// /proc/cpuinfo: where the flags are there, AMX is either available
+    /// (and the kernel tests really compare the AMX path) or refused by the
+    /// OS for a reason the detection names; where they are not, it is
+    /// absent. So a machine with AMX never silently skips the AMX kernel
+    /// because of a CPU-feature bug here.
     #[test]
-    fn amx_is_available_exactly_where_the_cpu_reports_it() {
+    fn amx_is_available_exactly_where_the_cpu_and_os_grant_it() {
+        // Elsewhere (e.g. the aarch64 kernels under qemu-user, which shows
+        // the x86 host's /proc/cpuinfo) there is no AMX at all.
+        if !cfg!(all(target_arch = "x86_64", target_os = "linux")) {
+            assert_eq!(super::status(), Err(Refusal::NotInCpu));
+            assert!(!crate::cpu::simd::Isa::Amx.supported());
+            return;
+        }
         let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
             return;
         };
@@ -347,11 +402,20 @@ mod tests {
         let has = |f: &str| flags.contains(&f);
         let reported =
             has("amx_tile") && has("amx_int8") && has("avx512vbmi") && has("avx512_vnni");
+        let status = super::status();
+        eprintln!("/proc/cpuinfo AMX-INT8: {reported}; detection: {status:?}");
+        if reported {
+            assert_ne!(
+                status,
+                Err(Refusal::NotInCpu),
+                "/proc/cpuinfo reports AMX-INT8 but CPUID detection does not"
+            );
+        } else {
+            assert_eq!(status, Err(Refusal::NotInCpu), "AMX without the CPU flags");
+        }
         assert_eq!(
             crate::cpu::simd::Isa::Amx.supported(),
-            reported,
-            "/proc/cpuinfo says AMX-INT8 {reported}; granted() = {}",
-            super::granted()
+            status.is_ok() && crate::cpu::simd::Isa::Avx512.supported()
         );
     }
 }
