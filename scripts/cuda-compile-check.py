@@ -10,7 +10,7 @@ The file order is compile.rs's SOURCE order.
 """
 import argparse, ctypes, glob, os, re, sys
 
-FILES = ['common.cuh', 'gemv.cu', 'layer_ops.cu', 'attention.cu', 'gemm.cu']
+FILES = ['common.cuh', 'gemv.cu', 'layer_ops.cu', 'attention.cu', 'gemm.cu', 'vision.cu']
 
 
 def find_nvrtc():

@@ -54,6 +54,18 @@ pub fn upload(gpu: Arc<Gpu>, model: Arc<Model>) -> Result<GpuModel> {
     Ok(gm)
 }
 
+/// Uploads `mm`'s vision tower to `gpu` (next to the text model).
+pub fn tower(gpu: Arc<Gpu>, mm: &hearth_vision::MmProj) -> Result<Arc<dyn hearth_vision::Tower>> {
+    let t0 = Instant::now();
+    let t = hearth_cuda::GpuTower::upload(gpu, mm).context("uploading the vision tower")?;
+    eprintln!(
+        "cuda: vision tower resident, {:.2} GB ({:.1} s)",
+        t.resident_bytes as f64 / 1e9,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(Arc::new(t))
+}
+
 /// Where DFlash drafts run next to the target `gm` on its GPU: the draft's
 /// weights are uploaded once (at the first session), each session gets its
 /// own cache.

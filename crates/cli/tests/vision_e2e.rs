@@ -181,7 +181,7 @@ fn hearth_run_image_matches_llama_mtmd_cli() {
 
         let img =
             RgbImage::decode(&std::fs::read(&path).unwrap(), &ImageLimits::default()).unwrap();
-        let ours = input.encode(&img).rows;
+        let ours = input.encode(&img).unwrap().rows;
         let bytes = std::fs::read(format!(
             "{FIXTURES}/{}",
             rec["llama_rows"].as_str().unwrap()

@@ -9,7 +9,7 @@
 //! - rings always keep `GPU_CHUNK` spare slots, so any `ring_slack` up to it
 //!   needs no extra memory.
 
-use hearth_models::{Backend, BackendState, Logits, ModelConfig, ModelError};
+use hearth_models::{Backend, BackendState, Input, Logits, ModelConfig, ModelError};
 
 use crate::error::CudaError;
 use crate::forward::{GpuState, GPU_CHUNK};
@@ -95,6 +95,18 @@ impl Backend for GpuModel {
         hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>, ModelError> {
         GpuModel::forward_tapped(self, state, tokens, want, taps, hidden).map_err(model_error)
+    }
+
+    /// Tokens or embedding rows (images).
+    fn forward_input(
+        &self,
+        state: &mut GpuState,
+        input: Input,
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>, ModelError> {
+        GpuModel::forward_input(self, state, input, want, taps, hidden).map_err(model_error)
     }
 
     /// Blocks of up to 16 tokens batch-invariant (each row as a decode step

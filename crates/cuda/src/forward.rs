@@ -7,7 +7,7 @@
 //! captured for one decode step stays valid for every later step: the host
 //! only uploads the token's embedding row and the position before replaying.
 
-use hearth_models::{blocks, FfnAct, LayerKind, LayerSpec, Logits, ModelError, QkNorm};
+use hearth_models::{blocks, FfnAct, Input, LayerKind, LayerSpec, Logits, ModelError, QkNorm};
 
 use crate::driver::{DevBuf, Gpu, Graph};
 use crate::error::{CudaError, Result};
@@ -221,21 +221,40 @@ impl GpuModel {
 
     /// Why `tokens` (with hidden-state `taps`) cannot run on `st`, if they cannot.
     fn check(&self, st: &GpuState, tokens: &[u32], taps: &[usize]) -> Result<()> {
+        self.check_input(st, Input::Tokens(tokens), taps)
+    }
+
+    /// [`Self::check`] for tokens or embedding rows.
+    fn check_input(&self, st: &GpuState, input: Input, taps: &[usize]) -> Result<()> {
         let c = &self.model.config;
-        if tokens.is_empty() {
+        if input.is_empty() {
             return Err(ModelError::Empty.into());
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(ModelError::BadToken {
-                token: bad,
-                vocab: c.vocab_size,
+        match input {
+            Input::Tokens(tokens) => {
+                if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+                    return Err(ModelError::BadToken {
+                        token: bad,
+                        vocab: c.vocab_size,
+                    }
+                    .into());
+                }
             }
-            .into());
+            Input::Rows(rows) => {
+                if rows.len() % c.dim != 0 {
+                    return Err(ModelError::BadRows {
+                        len: rows.len(),
+                        dim: c.dim,
+                    }
+                    .into());
+                }
+            }
         }
-        if st.pos + tokens.len() > st.max_ctx {
+        let n = input.len(c.dim);
+        if st.pos + n > st.max_ctx {
             return Err(ModelError::ContextFull {
                 pos: st.pos,
-                n: tokens.len(),
+                n,
                 ctx: st.max_ctx,
             }
             .into());
@@ -265,20 +284,38 @@ impl GpuModel {
         taps: &[usize],
         hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>> {
+        self.forward_input(st, Input::Tokens(tokens), want, taps, hidden)
+    }
+
+    /// [`GpuModel::forward_tapped`] over tokens or embedding rows (an
+    /// image's rows, [`Input::Rows`]: they enter where the looked-up token
+    /// rows would, through the same embedding norm, without a token-only
+    /// embedding scale, as on the CPU).
+    pub fn forward_input(
+        &self,
+        st: &mut GpuState,
+        input: Input,
+        want: Logits,
+        taps: &[usize],
+        hidden: &mut Vec<f32>,
+    ) -> Result<Vec<f32>> {
         let c = &self.model.config;
-        self.check(st, tokens, taps)?;
+        self.check_input(st, input, taps)?;
         self.gpu.bind()?;
         let mut logits = Vec::new();
-        let n_chunks = tokens.len().div_ceil(GPU_CHUNK);
-        for (ci, chunk) in tokens.chunks(GPU_CHUNK).enumerate() {
+        let total = input.len(c.dim);
+        let n_chunks = total.div_ceil(GPU_CHUNK);
+        for ci in 0..n_chunks {
+            let range = ci * GPU_CHUNK..((ci + 1) * GPU_CHUNK).min(total);
+            let chunk = input.slice(c.dim, range);
             let rows = match want {
-                Logits::All => chunk.len(),
+                Logits::All => chunk.len(c.dim),
                 Logits::Last if ci + 1 == n_chunks => 1,
                 _ => 0,
             };
-            self.embed(st, chunk)?;
+            self.embed_input(st, chunk)?;
             self.gpu.upload(st.s.pos.ptr, &[st.pos as i32])?;
-            let t = chunk.len();
+            let t = chunk.len(c.dim);
             if !taps.is_empty() {
                 let base = hidden.len();
                 hidden.resize(base + t * taps.len() * c.dim, 0.0);
@@ -317,7 +354,7 @@ impl GpuModel {
                 self.gpu.download(&mut out, st.s.logits.ptr)?;
                 logits.extend_from_slice(&out);
             }
-            let end = st.pos + chunk.len();
+            let end = st.pos + t;
             for k in st.caches.iter_mut().filter(|k| k.window > 0) {
                 k.oldest_intact = k.oldest_intact.max(end.saturating_sub(k.slots));
             }
@@ -488,15 +525,29 @@ impl GpuModel {
 
     /// Token embeddings [T, dim], dequantized on the host from the mapping, uploaded into x.
     fn embed(&self, st: &mut GpuState, tokens: &[u32]) -> Result<()> {
+        self.embed_input(st, Input::Tokens(tokens))
+    }
+
+    /// The input rows of a pass into x: looked-up token rows (times the
+    /// embedding scale), or given rows as they are; then the embedding norm.
+    fn embed_input(&self, st: &mut GpuState, input: Input) -> Result<()> {
         let c = &self.model.config;
-        let e = self.model.mat(&self.model.tok_embd);
-        st.host_x.resize(tokens.len() * c.dim, 0.0);
-        for (row, &t) in st.host_x.chunks_exact_mut(c.dim).zip(tokens) {
-            e.dequantize_row(t as usize, row);
-        }
         let arch = &self.model.arch;
-        if let Some(s) = arch.embed.scale {
-            st.host_x.iter_mut().for_each(|v| *v *= s);
+        match input {
+            Input::Tokens(tokens) => {
+                let e = self.model.mat(&self.model.tok_embd);
+                st.host_x.resize(tokens.len() * c.dim, 0.0);
+                for (row, &t) in st.host_x.chunks_exact_mut(c.dim).zip(tokens) {
+                    e.dequantize_row(t as usize, row);
+                }
+                if let Some(s) = arch.embed.scale {
+                    st.host_x.iter_mut().for_each(|v| *v *= s);
+                }
+            }
+            Input::Rows(rows) => {
+                st.host_x.clear();
+                st.host_x.extend_from_slice(rows);
+            }
         }
         if arch.embed.rms_norm {
             // muse-glimmer: a gainless RMSNorm of the looked-up rows.

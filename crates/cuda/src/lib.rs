@@ -11,6 +11,7 @@
 //! - `ops`, `gemm`: typed kernel launches.
 //! - `backend`: `GpuModel` as the engine's `Backend` (sessions, server, speculation).
 //! - `dflash`: the DFlash drafter on the GPU, next to its target.
+//! - `vision`: the Muse Glimmer vision tower (`hearth_vision::Tower`).
 
 mod backend;
 pub mod compile;
@@ -24,8 +25,10 @@ pub mod model;
 pub mod ops;
 pub mod repack;
 pub mod tune;
+pub mod vision;
 
 pub use driver::{DeviceInfo, Gpu};
 pub use error::{CudaError, Result};
 pub use forward::{GpuState, GPU_CHUNK};
 pub use model::GpuModel;
+pub use vision::GpuTower;

@@ -38,6 +38,11 @@ pub const KERNEL_NAMES: &[&str] = &[
     "argmax_rows",
     "gemv_q8_0_1_r2_t8",
     "gemv_q6_k_1_r4_t8",
+    "vit_layer_norm",
+    "vit_gelu",
+    "vit_heads",
+    "vit_unpad",
+    "vit_shuffle",
 ];
 
 /// Whether a kernel is written for programmatic dependent launch (it calls

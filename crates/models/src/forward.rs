@@ -58,7 +58,7 @@ impl Input<'_> {
     }
 
     /// Rows `range` of this input (positions, not floats).
-    fn slice(&self, dim: usize, range: std::ops::Range<usize>) -> Self {
+    pub fn slice(&self, dim: usize, range: std::ops::Range<usize>) -> Self {
         match self {
             Input::Tokens(t) => Input::Tokens(&t[range]),
             Input::Rows(r) => Input::Rows(&r[range.start * dim..range.end * dim]),

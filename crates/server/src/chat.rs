@@ -187,11 +187,12 @@ async fn image_prompt(app: &Arc<AppState>, req: &ChatRequest) -> Result<Prompt, 
         )));
     }
     let (rows, input) = tokio::task::spawn_blocking(move || {
-        let rows: Vec<_> = decoded.iter().map(|img| input.encode(img)).collect();
+        let rows: Result<Vec<_>, String> = decoded.iter().map(|img| input.encode(img)).collect();
         (rows, input)
     })
     .await
     .map_err(|e| ApiError::server(format!("image encoder: {e}")))?;
+    let rows = rows.map_err(ApiError::server)?;
     for (i, e) in rows.iter().enumerate() {
         eprintln!(
             "image {i}: {} tokens, {} in {:.1} ms",

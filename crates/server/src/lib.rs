@@ -85,7 +85,15 @@ pub struct Loaded<B> {
     pub model: Arc<Model>,
     pub backend: Arc<B>,
     pub drafters: Option<Arc<dyn MakeDrafter>>,
+    /// Where `--mmproj`'s tower runs: `None` on the CPU; for a GPU backend,
+    /// what uploads the tower next to the model (its forward must take
+    /// image rows, [`hearth_models::Input::Rows`]).
+    pub tower: Option<TowerUpload>,
 }
+
+/// Uploads a vision tower to the backend's device.
+pub type TowerUpload =
+    Box<dyn FnOnce(&hearth_vision::MmProj) -> Result<Arc<dyn hearth_vision::Tower>, String>>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -111,6 +119,7 @@ pub fn run(opts: ServerOptions) -> Result<(), ServerError> {
             model: model.clone(),
             backend: model,
             drafters: None,
+            tower: None,
         })
     })
 }
@@ -134,6 +143,7 @@ pub fn run_on<B: Backend + 'static>(
         model,
         backend,
         drafters,
+        tower,
     } = load(&opts.model_path).map_err(load_err)?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(model.file().metadata()).map_err(|e| load_err(e.to_string()))?,
@@ -144,20 +154,28 @@ pub fn run_on<B: Backend + 'static>(
     let images = match &opts.mmproj {
         None => None,
         Some(path) => {
-            if backend.name() != "cpu" {
+            if backend.name() != "cpu" && tower.is_none() {
                 return Err(ServerError::Config(format!(
-                    "--mmproj: images run on the CPU only (the {} forward does not take image rows yet); use --device cpu",
+                    "--mmproj: the {} backend has no vision tower; use --device cpu",
                     backend.name()
                 )));
             }
             let mm = hearth_vision::MmProj::load(path, Some(model.config.dim))
                 .map_err(|e| ServerError::Config(format!("--mmproj {}: {e}", path.display())))?;
-            eprintln!("hearth serve: image input from {}", path.display());
-            Some(Arc::new(hearth_vision::prompt::ImageInput::new(
-                mm,
-                opts.image_rules,
-                &tokenizer,
-            )))
+            let mut input =
+                hearth_vision::prompt::ImageInput::new(mm, opts.image_rules, &tokenizer);
+            if let Some(upload) = tower {
+                let t = upload(&input.mmproj).map_err(|e| {
+                    ServerError::Config(format!("--mmproj {}: {e}", path.display()))
+                })?;
+                input = input.with_tower(t);
+            }
+            eprintln!(
+                "hearth serve: image input from {} (tower on the {})",
+                path.display(),
+                input.device()
+            );
+            Some(Arc::new(input))
         }
     };
     if opts.max_ctx < 2 {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use hearth_kernels::cpu::gemm::{gemm, gemm_single, BMatrix, GemmScratch, Kernel};
 use hearth_kernels::pool::{SendPtr, ThreadPool};
 
-use crate::layout::{is_global_block, position_embeddings, PosRule, TokenLayout};
+use crate::layout::PosRule;
 use crate::mmproj::{Block, Linear, MmProj, Weight};
 use crate::ops::{
     add_bias, bias_gelu, layer_norm, layer_norm_into, rope, softmax_rows_unnormalized,
@@ -68,84 +68,58 @@ impl MmProj {
         pos_rule: PosRule,
     ) -> Vec<f32> {
         let c = &self.config;
-        let (d, n_patch) = (c.n_embd, grid_h * grid_w);
+        let d = c.n_embd;
         let folded = 3 * c.patch_size * c.patch_size;
-        assert_eq!(
-            patches.len(),
-            n_patch * folded,
-            "patches are not [{n_patch}, {folded}]"
-        );
-        assert!(
-            grid_h % c.merge == 0 && grid_w % c.merge == 0,
-            "grid {grid_h}x{grid_w} is not whole merge cells"
-        );
+        // Patches and positions in the windowed order (row-wise steps up to
+        // the pixel shuffle commute with it), RoPE angles, windows, shuffle.
+        let inp = self.tower_inputs(patches, grid_h, grid_w, pos_rule);
+        let n_patch = inp.n_patches;
 
         // 1. Patch embedding (the folded kernel, or both temporal halves).
         let mut x = vec![0f32; n_patch * d];
         if self.patch.w.cols == folded {
-            self.linear(pool, patches, n_patch, &self.patch, &mut x, false);
+            self.linear(pool, &inp.patches, n_patch, &self.patch, &mut x, false);
         } else {
-            let doubled: Vec<f32> = patches
+            let doubled: Vec<f32> = inp
+                .patches
                 .chunks_exact(folded)
                 .flat_map(|p| p.iter().chain(p))
                 .copied()
                 .collect();
             self.linear(pool, &doubled, n_patch, &self.patch, &mut x, false);
         }
-        // 2. + position embeddings (row-major tokens).
-        let pos = position_embeddings(&self.pos_table, c.pos_side, d, grid_h, grid_w, pos_rule);
-        x.iter_mut().zip(&pos).for_each(|(v, p)| *v += p);
-        // 3-4. Windowed order, then LN_pre (row-wise, so the order commutes).
-        let layout = TokenLayout::new(grid_h, grid_w, c.pos_side);
-        let mut xp = vec![0f32; n_patch * d];
-        for (i, &t) in layout.perm.iter().enumerate() {
-            xp[i * d..(i + 1) * d].copy_from_slice(&x[t * d..(t + 1) * d]);
-        }
-        let mut x = xp;
+        // 2. + position embeddings, 4. LN_pre.
+        x.iter_mut().zip(&inp.pos).for_each(|(v, p)| *v += p);
         layer_norm(pool, &mut x, d, &self.pre_ln.w, &self.pre_ln.b, c.eps);
 
         // 5. The blocks.
-        let (cos, sin) = layout.rope(c.head_dim, c.rope_theta);
-        let mut windows = Vec::new();
-        let mut start = 0;
-        for &len in &layout.windows {
-            windows.push(start..start + len);
-            start += len;
-        }
         let everything = 0..n_patch;
         let global = std::slice::from_ref(&everything);
         let mut s = BlockScratch::new(n_patch, d, c.n_ff);
-        for (i, b) in self.blocks.iter().enumerate() {
-            let segments = if is_global_block(i, c.n_layer, c.sparse_factor) {
-                global
-            } else {
-                &windows[..]
-            };
-            self.block(pool, b, &mut x, n_patch, &cos, &sin, segments, &mut s);
+        for (b, &is_global) in self.blocks.iter().zip(&inp.global) {
+            let segments = if is_global { global } else { &inp.windows[..] };
+            self.block(
+                pool, b, &mut x, n_patch, &inp.cos, &inp.sin, segments, &mut s,
+            );
         }
 
-        // 7. Row-major order again, LN_post.
-        let mut xr = vec![0f32; n_patch * d];
-        for (i, &t) in layout.perm.iter().enumerate() {
-            xr[t * d..(t + 1) * d].copy_from_slice(&x[i * d..(i + 1) * d]);
-        }
-        drop(x);
-        layer_norm(pool, &mut xr, d, &self.post_ln.w, &self.post_ln.b, c.eps);
+        // 7. LN_post (row-wise, in the windowed order).
+        layer_norm(pool, &mut x, d, &self.post_ln.w, &self.post_ln.b, c.eps);
 
         // 8. Pixel shuffle, channel-major: u_g[m²·ch + k] = x[member_k][ch].
         let mm = c.merge * c.merge;
-        let groups = layout.shuffle_groups(c.merge);
         let n_out = n_patch / mm;
         let mut u = vec![0f32; n_out * mm * d];
-        for (g, members) in groups.chunks_exact(mm).enumerate() {
+        for (g, members) in inp.shuffle.chunks_exact(mm).enumerate() {
             let dst = &mut u[g * mm * d..(g + 1) * mm * d];
             for (k, &t) in members.iter().enumerate() {
-                for (ch, &v) in xr[t * d..(t + 1) * d].iter().enumerate() {
+                let t = t as usize;
+                for (ch, &v) in x[t * d..(t + 1) * d].iter().enumerate() {
                     dst[ch * mm + k] = v;
                 }
             }
         }
-        drop(xr);
+        drop(x);
 
         // 9. The projector: GELU(mm.0) → GELU(mm.1) → mm.2 (no biases).
         let [w0, w1, w2] = &self.projector;

@@ -13,6 +13,7 @@
 //! - [`prompt`]: images into a text model's prompt (framing, digests, an
 //!   encode cache), for `hearth run` and `hearth serve`.
 //! - [`synth`]: synthetic mmproj files (`hearth synth --arch muse-glimmer-mmproj`).
+//! - [`tower`]: the tower on another device ([`Tower`]; hearth-cuda runs it on the GPU).
 //!
 //! Where the model's reference (spec `vision.md`) and llama.cpp 11434 differ,
 //! [`Rules`] selects the behaviour: the grid tie-break ([`GridRule`]) and the
@@ -34,6 +35,7 @@ pub mod ops;
 pub mod preprocess;
 pub mod prompt;
 pub mod synth;
+pub mod tower;
 
 use hearth_kernels::pool::{self, ThreadPool};
 
@@ -42,6 +44,7 @@ pub use image::{decode_base64, ImageLimits, RgbImage};
 pub use layout::PosRule;
 pub use mmproj::{MmProj, VisionConfig, PROJECTOR_MUSE_GLIMMER};
 pub use preprocess::{Grid, GridRule};
+pub use tower::{Tower, TowerInputs, TowerWeights};
 
 /// The behaviours where the reference and llama.cpp differ (module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

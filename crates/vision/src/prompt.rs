@@ -21,7 +21,7 @@ use hearth_engine::prompt::{ImageRows, Prompt};
 use hearth_tokenizer::Tokenizer;
 use sha2::{Digest, Sha256};
 
-use crate::{GridRule, MmProj, PosRule, RgbImage, Rules};
+use crate::{GridRule, MmProj, PosRule, RgbImage, Rules, Tower};
 
 /// llama.cpp's media marker (`mtmd_default_marker()`).
 pub const MEDIA_MARKER: &str = "<__media__>";
@@ -64,6 +64,8 @@ pub struct Encoded {
 pub struct ImageInput {
     pub mmproj: MmProj,
     pub rules: Rules,
+    /// Where the tower runs (the CPU when `None`).
+    tower: Option<Arc<dyn Tower>>,
     begin: Vec<u32>,
     end: Vec<u32>,
     cache: Mutex<EncodeCache>,
@@ -79,10 +81,22 @@ impl ImageInput {
         ImageInput {
             mmproj,
             rules,
+            tower: None,
             begin: tokenizer.encode(IMAGE_BEGIN, false, true),
             end: tokenizer.encode(IMAGE_END, false, true),
             cache: Mutex::new((HashMap::new(), VecDeque::new())),
         }
+    }
+
+    /// Runs the tower on `tower` (a GPU) instead of the CPU.
+    pub fn with_tower(mut self, tower: Arc<dyn Tower>) -> ImageInput {
+        self.tower = Some(tower);
+        self
+    }
+
+    /// Where the tower runs: "CPU" or the device's name.
+    pub fn device(&self) -> &'static str {
+        self.tower.as_ref().map_or("CPU", |t| t.name())
     }
 
     /// Positions an image of this size takes in a prompt (framing included).
@@ -93,17 +107,21 @@ impl ImageInput {
     }
 
     /// The image's rows: from the cache by digest, else encoded (and kept).
-    pub fn encode(&self, img: &RgbImage) -> Encoded {
+    /// Fails only where a device tower fails (out of device memory, say).
+    pub fn encode(&self, img: &RgbImage) -> Result<Encoded, String> {
         let t = Instant::now();
         let digest = image_digest(img, self.rules);
         if let Some(rows) = self.lookup(&digest) {
-            return Encoded {
+            return Ok(Encoded {
                 rows,
                 cached: true,
                 time: t.elapsed(),
-            };
+            });
         }
-        let e = self.mmproj.encode(img, self.rules);
+        let e = self
+            .mmproj
+            .encode_on(self.tower.as_deref(), img, self.rules)
+            .map_err(|e| format!("encoding the image on the {}: {e}", self.device()))?;
         let rows = Arc::new(ImageRows {
             digest,
             rows: e.rows,
@@ -119,11 +137,11 @@ impl ImageInput {
                 map.remove(&old);
             }
         }
-        Encoded {
+        Ok(Encoded {
             rows,
             cached: false,
             time: t.elapsed(),
-        }
+        })
     }
 
     fn lookup(&self, digest: &[u8; 32]) -> Option<Arc<ImageRows>> {

@@ -92,15 +92,18 @@ pub fn encode_into_prompt(
     for (img, path) in images.iter().zip(paths) {
         let grid = input.mmproj.grid_for(img.width, img.height, input.rules);
         eprintln!(
-            "image {}: {}x{} -> {}x{} cells, {} tokens: encoding...",
+            "image {}: {}x{} -> {}x{} cells, {} tokens: encoding on the {}...",
             path.display(),
             img.width,
             img.height,
             grid.npw,
             grid.nph,
-            grid.n_tokens()
+            grid.n_tokens(),
+            input.device()
         );
-        let e = input.encode(img);
+        let e = input
+            .encode(img)
+            .map_err(|e| anyhow::anyhow!("--image {}: {e}", path.display()))?;
         let ms = e.time.as_secs_f64() * 1e3;
         eprintln!("image {}: encoded in {ms:.1} ms", path.display());
         stats.push(json!({

@@ -191,9 +191,6 @@ pub fn run(args: Args) -> Result<()> {
         if args.mmproj.is_none() {
             bail!("--image needs --mmproj FILE (the model's multimodal projector GGUF)");
         }
-        if args.device == Device::Cuda {
-            bail!("images run on the CPU only: the CUDA forward does not take image rows yet (use --device cpu)");
-        }
         if text.is_none() {
             bail!("--image needs a prompt (-p TEXT, -f FILE or stdin); the interactive chat takes no images");
         }
@@ -227,6 +224,16 @@ pub fn run(args: Args) -> Result<()> {
         .as_deref()
         .map(|p| super::images::load_mmproj(p, &model, args.image_rules, &tokenizer))
         .transpose()?;
+    // Images on the GPU: the model goes there first, the tower next to it.
+    #[cfg(feature = "cuda")]
+    let (early_gm, vision) = match (args.device, vision) {
+        (Device::Cuda, Some(input)) if !args.image.is_empty() => {
+            let gm = Arc::new(crate::cuda::load(model.clone())?);
+            let tower = crate::cuda::tower(gm.gpu.clone(), &input.mmproj)?;
+            (Some(gm), Some(input.with_tower(tower)))
+        }
+        (_, vision) => (None, vision),
+    };
     let images = super::images::read_images(&args.image)?;
     let Some(text) = text else {
         if args.json_schema.is_some() || args.grammar.is_some() {
@@ -321,7 +328,10 @@ pub fn run(args: Args) -> Result<()> {
     };
     #[cfg(feature = "cuda")]
     if args.device == Device::Cuda {
-        let gm = Arc::new(crate::cuda::load(model.clone())?);
+        let gm = match early_gm {
+            Some(gm) => gm,
+            None => Arc::new(crate::cuda::load(model.clone())?),
+        };
         let drafters = gpu_drafters(&spec, &model, &gm)?;
         let (state, stats) = job.generate(&*gm, drafters)?;
         let bytes = state.kv_bytes();
@@ -537,9 +547,18 @@ impl Job<'_> {
                 "spec": kind,
                 "constraint_ms": stats.constraint_time.as_secs_f64() * 1e3,
                 "decode_ms": stats.decode_time.as_secs_f64() * 1e3,
+                "prefill_ms": stats.prefill_time.as_secs_f64() * 1e3,
             });
             if !self.image_stats.is_empty() {
                 json["images"] = Value::Array(self.image_stats.clone());
+                // Encoding the images, then the prefill that yields the first token.
+                let encode_ms: f64 = self
+                    .image_stats
+                    .iter()
+                    .filter_map(|i| i["encode_ms"].as_f64())
+                    .sum();
+                json["time_to_first_token_ms"] =
+                    json!(encode_ms + stats.prefill_time.as_secs_f64() * 1e3);
             }
             if let Some((k, sp)) = spec {
                 let extra = json!({

@@ -113,7 +113,7 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = crate::device::Device::Cpu)]
     pub device: crate::device::Device,
     /// The model's multimodal projector (llama.cpp's mmproj GGUF): accept
-    /// OpenAI `image_url` parts (data: URLs). CPU only.
+    /// OpenAI `image_url` parts (data: URLs). With --device cuda the tower runs on the GPU.
     #[arg(long, value_name = "FILE")]
     pub mmproj: Option<std::path::PathBuf>,
     /// The vision tower's rules where the model's reference and llama.cpp
@@ -192,10 +192,14 @@ pub fn run(mut args: Args) -> Result<()> {
             .map(|f| f.with_dflash_runner(crate::cuda::dflash_runners(gm.clone())))
             .transpose()
             .map_err(|e| e.to_string())?;
+            let tower_gpu = gm.gpu.clone();
             Ok(Loaded {
                 model,
                 backend: gm,
                 drafters: drafters(factory),
+                tower: Some(Box::new(move |mm: &hearth_vision::MmProj| {
+                    crate::cuda::tower(tower_gpu, mm).map_err(|e| format!("{e:#}"))
+                })),
             })
         };
         return hearth_server::run_on(options, load).context("hearth serve");
@@ -211,6 +215,7 @@ pub fn run(mut args: Args) -> Result<()> {
             model: model.clone(),
             backend: model,
             drafters: drafters(factory),
+            tower: None,
         })
     };
     hearth_server::run_on(options, load).context("hearth serve")
