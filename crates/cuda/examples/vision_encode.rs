@@ -4,6 +4,7 @@
 //! rows are from the CPU tower's when `--check` is given.
 //!
 //! vision_encode MMPROJ WxH [--reps N] [--check]
+//! (with HEARTH_CUDA_PROFILE=1: kernel times per encode, each launch timed alone)
 //!
 //! `WxH` encodes a synthetic pattern of that size (smooth gradients).
 
@@ -43,7 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t = Instant::now();
     let mm = MmProj::load(&args[0], None)?;
     let gpu = Arc::new(Gpu::open()?);
-    let tower = GpuTower::upload(gpu, &mm)?;
+    let tower = GpuTower::upload(gpu.clone(), &mm)?;
     eprintln!(
         "{}: {} blocks of width {}, {:.2} GB on the GPU ({:.1} s)",
         args[0],
@@ -69,6 +70,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut rest = times[1.min(times.len() - 1)..].to_vec();
     rest.sort_by(f64::total_cmp);
     println!("gpu encode median {:.1} ms", rest[rest.len() / 2]);
+    if gpu.profiling() {
+        // HEARTH_CUDA_PROFILE: each launch timed alone, over all reps.
+        let report = gpu.profile_report();
+        let total: f64 = report.iter().map(|r| r.2).sum();
+        let reps = times.len() as f64;
+        println!(
+            "kernel time per encode (each launch timed alone): {:.1} ms",
+            total / reps
+        );
+        for (k, n, ms) in report {
+            println!(
+                "  {k:24} {:>7.0} launches {:>8.2} ms {:>5.1}%",
+                n as f64 / reps,
+                ms / reps,
+                100.0 * ms / total
+            );
+        }
+    }
     if args.iter().any(|a| a == "--check") {
         let t = Instant::now();
         let cpu = mm.encode(&img, Rules::REFERENCE);

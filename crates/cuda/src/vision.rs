@@ -50,11 +50,17 @@ struct Nrm {
     b: DevBuf,
 }
 
+/// The q, k and v products of a block: one matrix of their rows stacked
+/// (where the three share a type and need no padding: one launch that fills
+/// the GPU three times better), or three.
+enum Qkv {
+    Fused(Lin),
+    Apart([Lin; 3]),
+}
+
 struct GpuBlock {
     ln1: Nrm,
-    q: Lin,
-    k: Lin,
-    v: Lin,
+    qkv: Qkv,
     o: Lin,
     ln2: Nrm,
     up: Lin,
@@ -154,6 +160,44 @@ fn upload_norm(g: &Gpu, n: &NormView, name: &str) -> Result<Nrm> {
     })
 }
 
+fn upload_qkv(g: &Gpu, l: [&LinearView; 3]) -> Result<Qkv> {
+    let (q, k, v) = (&l[0].w, &l[1].w, &l[2].w);
+    let same = [k, v]
+        .iter()
+        .all(|m| m.ty == q.ty && m.cols == q.cols && m.rows == q.rows);
+    let kind_ok = WeightKind::of(q.ty).is_some_and(|kind| q.cols.is_multiple_of(kind.k_multiple()));
+    if !(same && kind_ok && pad64(q.cols) == q.cols) {
+        let [a, b, c] = l.map(|x| upload_linear(g, x, false, "v.blk.attn_qkv"));
+        return Ok(Qkv::Apart([a?, b?, c?]));
+    }
+    let data: Vec<u8> = [q, k, v]
+        .iter()
+        .flat_map(|m| m.data.iter().copied())
+        .collect();
+    let stacked = QMatrix {
+        ty: q.ty,
+        rows: 3 * q.rows,
+        cols: q.cols,
+        data: &data,
+    };
+    let bias = if l.iter().any(|x| x.b.is_some()) {
+        let mut b = Vec::with_capacity(3 * q.rows);
+        for x in &l {
+            match x.b {
+                Some(v) => b.extend_from_slice(v),
+                None => b.extend(std::iter::repeat_n(0.0, q.rows)),
+            }
+        }
+        Some(upload_f32(g, &b, "v.blk.attn_qkv.bias")?)
+    } else {
+        None
+    };
+    Ok(Qkv::Fused(Lin {
+        w: upload_matrix(g, &stacked, false, "v.blk.attn_qkv")?,
+        b: bias,
+    }))
+}
+
 /// The attention kernels' head size for `head_dim` (zero-padded up to it).
 fn padded_head(head_dim: usize) -> Result<usize> {
     [64, 128, 256]
@@ -170,9 +214,8 @@ fn padded_head(head_dim: usize) -> Result<usize> {
 struct Scratch {
     x: DevBuf,
     h: DevBuf,
-    q: DevBuf,
-    k: DevBuf,
-    v: DevBuf,
+    /// `[n, 3·dp]`: q, k and v of each token side by side.
+    qkv: DevBuf,
     qh: DevBuf,
     kc: DevBuf,
     vc: DevBuf,
@@ -203,9 +246,7 @@ impl GpuTower {
             let lin = |l: &LinearView| upload_linear(g, l, false, "v.blk");
             blocks.push(GpuBlock {
                 ln1: upload_norm(g, &b.ln1, "v.blk.ln1")?,
-                q: lin(&b.q)?,
-                k: lin(&b.k)?,
-                v: lin(&b.v)?,
+                qkv: upload_qkv(g, [&b.q, &b.k, &b.v])?,
                 o: lin(&b.o)?,
                 ln2: upload_norm(g, &b.ln2, "v.blk.ln2")?,
                 up: lin(&b.up)?,
@@ -222,7 +263,11 @@ impl GpuTower {
         let mut count = |m: &Mat| resident += m._body.bytes + m._scales.bytes;
         count(&patch.w);
         for b in &blocks {
-            for l in [&b.q, &b.k, &b.v, &b.o, &b.up, &b.down] {
+            match &b.qkv {
+                Qkv::Fused(l) => count(&l.w),
+                Qkv::Apart(ls) => ls.iter().for_each(|l| count(&l.w)),
+            }
+            for l in [&b.o, &b.up, &b.down] {
                 count(&l.w);
             }
         }
@@ -265,9 +310,7 @@ impl GpuTower {
         Ok(Scratch {
             x: f(n * dp)?,
             h: f(n * dp)?,
-            q: f(n * dp)?,
-            k: f(n * dp)?,
-            v: f(n * dp)?,
+            qkv: f(n * 3 * dp)?,
             qh: f(n * c.n_head * hdp)?,
             kc: g.alloc(n * c.n_head * hdp * 2, "vision tower K")?,
             vc: g.alloc(n * c.n_head * hdp * 2, "vision tower V")?,
@@ -402,24 +445,30 @@ impl GpuTower {
         let everything = 0..n;
         for (b, &global) in self.blocks.iter().zip(&inp.global) {
             self.layer_norm(s.x.ptr, s.h.ptr, &b.ln1, n, d, dp, c.eps)?;
-            self.linear(&b.q, s.h.ptr, s.xh.ptr, n, s.q.ptr, dp, 0)?;
-            self.linear(&b.k, s.h.ptr, s.xh.ptr, n, s.k.ptr, dp, 0)?;
-            self.linear(&b.v, s.h.ptr, s.xh.ptr, n, s.v.ptr, dp, 0)?;
+            let part = |i: usize| s.qkv.ptr + (i * dp * 4) as u64;
+            match &b.qkv {
+                Qkv::Fused(l) => self.linear(l, s.h.ptr, s.xh.ptr, n, s.qkv.ptr, 3 * dp, 0)?,
+                Qkv::Apart(ls) => {
+                    for (i, l) in ls.iter().enumerate() {
+                        self.linear(l, s.h.ptr, s.xh.ptr, n, part(i), 3 * dp, 0)?;
+                    }
+                }
+            }
             g.launch(
                 "vit_heads",
                 (grid(n * c.n_head * hdp / 2), 1, 1),
                 256,
                 &[
-                    Arg::Ptr(s.q.ptr),
-                    Arg::Ptr(s.k.ptr),
-                    Arg::Ptr(s.v.ptr),
+                    Arg::Ptr(part(0)),
+                    Arg::Ptr(part(1)),
+                    Arg::Ptr(part(2)),
                     Arg::Ptr(s.cos.ptr),
                     Arg::Ptr(s.sin.ptr),
                     Arg::I32(n as i32),
                     Arg::I32(c.n_head as i32),
                     Arg::I32(c.head_dim as i32),
                     Arg::I32(hdp as i32),
-                    Arg::I32(dp as i32),
+                    Arg::I32((3 * dp) as i32),
                     Arg::Ptr(s.qh.ptr),
                     Arg::Ptr(s.kc.ptr),
                     Arg::Ptr(s.vc.ptr),

@@ -171,7 +171,7 @@ pub fn run_on<B: Backend + 'static>(
                 input = input.with_tower(t);
             }
             eprintln!(
-                "hearth serve: image input from {} (tower on the {})",
+                "hearth serve: image input from {} (vision tower: {})",
                 path.display(),
                 input.device()
             );

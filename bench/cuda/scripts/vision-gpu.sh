@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Issue 16 on the GPU machine: the GPU tests, the vision tower's encode time
+# on the full-size Muse Glimmer tower, the time to first token of an image
+# prompt on the Muse-Glimmer-30B shape, and run/serve with images on CUDA.
+# Run from the repository root on the device, with .gpu/ carried (built here):
+#   .gpu/hearth.gz, .gpu/gpu_tests.gz (stripped, gzipped), .gpu/vision_encode,
+#   .gpu/tok.gguf (SmolLM2's tokenizer keys only: the synthetic models' vocabulary).
+#
+#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e ...
+#
+# Everything it writes goes to $OUT (logs) and /dev/shm/h (binaries, models),
+# which survives between calls while the machine stays warm.
+set -euo pipefail
+H=/dev/shm/h
+mkdir -p "$H"
+for b in hearth gpu_tests; do
+  gunzip -c ".gpu/$b.gz" >"$H/$b"
+  chmod +x "$H/$b"
+done
+cp .gpu/vision_encode "$H/"
+[[ -f "$H/tok.gguf" ]] || cp .gpu/tok.gguf "$H/"
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+png() { # SIDE_W SIDE_H PATH: the spec's synthetic pattern (bench/vision-encode.sh's)
+  python3 - "$1" "$2" "$3" <<'PY'
+import struct, sys, zlib
+w, h, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+rows = b"".join(b"\0" + bytes(v for x in range(w) for v in (
+    (37 * x + 11 * y) % 256, 255 if (x < w // 3 and y < h // 2) else 16, (x * x + 3 * y * y) % 256))
+    for y in range(h))
+chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+                       + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+PY
+}
+mmproj_full() {
+  [[ -f "$H/mm-full.gguf" ]] || "$H/hearth" synth --preset muse-glimmer-mmproj --seed 1 -o "$H/mm-full.gguf" >&2
+}
+for phase in "$@"; do
+  case "$phase" in
+    tests)
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+      # greedy_speculative_equals_plain_greedy_qwen_05b needs the packaged
+      # qwen2.5-coder-0.5b on the device (real-model-agreement.sh brings it).
+      (cd crates/cuda && "$H/gpu_tests" --ignored --nocapture --test-threads 1 \
+        --skip greedy_speculative_equals_plain_greedy_qwen_05b) 2>&1 | tee "$OUT/gpu-tests.log" |
+        grep -E "^test |test result|vision|image rows" || true ;;
+    encode)
+      mmproj_full
+      for size in 448x448 896x896; do
+        check=""; [[ $size == 448x448 ]] && check=--check
+        "$H/vision_encode" "$H/mm-full.gguf" "$size" --reps 6 $check 2>&1 | tee -a "$OUT/vision-encode.log"
+        HEARTH_CUDA_PROFILE=1 "$H/vision_encode" "$H/mm-full.gguf" "$size" --reps 3 2>&1 | tee -a "$OUT/vision-encode.log" | grep -A30 "kernel time"
+      done ;;
+    ttft)
+      mmproj_full
+      [[ -f "$H/mg30.gguf" ]] || "$H/hearth" synth --preset muse-glimmer-30b --row-pool 64 \
+        --tokenizer-from "$H/tok.gguf" -o "$H/mg30.gguf" >&2
+      png 448 448 "$H/img448.png"
+      # 50 tokens of text after the image (SmolLM2's tokenizer).
+      text="Look at this picture carefully and then tell me, in two short sentences, which colours you can see, where the bright square sits, and whether anything in it looks like a letter or a number to you."
+      for rep in 1 2; do
+        "$H/hearth" run --device cuda -m "$H/mg30.gguf" --mmproj "$H/mm-full.gguf" --image "$H/img448.png" \
+          -p "$text" -n 1 --temp 0 -c 4096 --stats-json "$OUT/ttft-$rep.json" 2>&1 | tail -n 8 | tee -a "$OUT/ttft.log"
+        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('ttft rep $rep:', {k: j[k] for k in ('prompt_tokens','prefill_ms','time_to_first_token_ms')}, 'images:', j['images'])" "$OUT/ttft-$rep.json" | tee -a "$OUT/ttft.log"
+      done ;;
+    e2e)
+      # The e2e fixture's synthetic pair (crates/cli/tests/vision_e2e.rs), CUDA against CPU.
+      "$H/hearth" synth --arch muse-glimmer --layers 2 --dim 256 --heads 4 --kv-heads 2 --head-dim 64 --ffn 512 \
+        --window 16 --seed 7 --tokenizer-from "$H/tok.gguf" -o "$H/e2e-text.gguf" >&2
+      "$H/hearth" synth --arch muse-glimmer-mmproj --layers 4 --dim 64 --heads 4 --ffn 128 --window 4 \
+        --adapter 128,96 --type f32 --projection-dim 256 --seed 11 -o "$H/e2e-mm.gguf" >&2
+      for img in tests/fixtures/vision/e2e/*.png; do
+        for dev in cpu cuda; do
+          "$H/hearth" run --device $dev -m "$H/e2e-text.gguf" --mmproj "$H/e2e-mm.gguf" --image "$img" \
+            -p "Describe the image." -n 32 --temp 0 --stats-json "$OUT/e2e-$dev.json" >"$OUT/e2e-$dev.txt" 2>"$OUT/e2e-$dev.err" || { cat "$OUT/e2e-$dev.err"; exit 1; }
+        done
+        python3 - "$img" "$OUT" <<'PY' | tee -a "$OUT/e2e.log"
+import sys
+img, out = sys.argv[1:]
+a, b = open(f"{out}/e2e-cpu.txt").read(), open(f"{out}/e2e-cuda.txt").read()
+n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print(f"{img}: cpu and cuda greedy text {'identical' if a == b else f'part after {n} chars'}: cuda {b!r}")
+PY
+      done
+      # serve --device cuda with an image (data: URL), twice: the second turn reuses it.
+      "$H/hearth" serve --device cuda -m "$H/e2e-text.gguf" --mmproj "$H/e2e-mm.gguf" --port 18181 >"$OUT/serve.log" 2>&1 &
+      pid=$!
+      python3 - <<'PY' | tee -a "$OUT/e2e.log"
+import base64, json, time, urllib.request
+for _ in range(120):
+    try:
+        urllib.request.urlopen("http://127.0.0.1:18181/health", timeout=1); break
+    except Exception:
+        time.sleep(0.5)
+img = base64.b64encode(open("tests/fixtures/vision/e2e/wide_200x130.png", "rb").read()).decode()
+msgs = [{"role": "user", "content": [{"type": "text", "text": "Describe the image."},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + img}}]}]
+def ask(messages):
+    req = urllib.request.Request("http://127.0.0.1:18181/v1/chat/completions",
+        data=json.dumps({"model": "e2e-text", "messages": messages, "max_tokens": 16, "temperature": 0,
+                         "session_id": "s1"}).encode(), headers={"content-type": "application/json"})
+    try:
+        return json.load(urllib.request.urlopen(req, timeout=120))
+    except urllib.error.HTTPError as e:
+        raise SystemExit(f"HTTP {e.code}: {e.read().decode()}")
+r1 = ask(msgs)
+print("serve turn 1:", json.dumps(r1["usage"]), repr(r1["choices"][0]["message"]["content"]))
+msgs += [r1["choices"][0]["message"], {"role": "user", "content": "And again?"}]
+r2 = ask(msgs)
+print("serve turn 2:", json.dumps(r2["usage"]), repr(r2["choices"][0]["message"]["content"]))
+PY
+      kill $pid; wait $pid 2>/dev/null || true
+      grep -E "image|tower" "$OUT/serve.log" | tee -a "$OUT/e2e.log" ;;
+    *) echo "unknown phase $phase" >&2; exit 2 ;;
+  esac
+done
