@@ -55,7 +55,7 @@ struct Nrm {
 /// the GPU three times better), or three.
 enum Qkv {
     Fused(Lin),
-    Apart([Lin; 3]),
+    Apart(Box<[Lin; 3]>),
 }
 
 struct GpuBlock {
@@ -77,6 +77,9 @@ pub struct GpuTower {
     projector: [Mat; 3],
     /// Bytes held on the device.
     pub resident_bytes: usize,
+    /// The last encode's buffers, kept for the next image of the same size
+    /// (the lock also serializes encodes).
+    scratch: std::sync::Mutex<Option<(usize, Scratch)>>,
 }
 
 fn upload_f32(g: &Gpu, v: &[f32], what: &str) -> Result<DevBuf> {
@@ -168,7 +171,7 @@ fn upload_qkv(g: &Gpu, l: [&LinearView; 3]) -> Result<Qkv> {
     let kind_ok = WeightKind::of(q.ty).is_some_and(|kind| q.cols.is_multiple_of(kind.k_multiple()));
     if !(same && kind_ok && pad64(q.cols) == q.cols) {
         let [a, b, c] = l.map(|x| upload_linear(g, x, false, "v.blk.attn_qkv"));
-        return Ok(Qkv::Apart([a?, b?, c?]));
+        return Ok(Qkv::Apart(Box::new([a?, b?, c?])));
     }
     let data: Vec<u8> = [q, k, v]
         .iter()
@@ -227,6 +230,14 @@ struct Scratch {
     pos0: DevBuf,
     cos: DevBuf,
     sin: DevBuf,
+    /// The patches widened to the patch product's k.
+    patches: DevBuf,
+    /// Pixel shuffle gather and the projector's activations.
+    idx: DevBuf,
+    u: DevBuf,
+    z1: DevBuf,
+    z2: DevBuf,
+    out: DevBuf,
 }
 
 impl GpuTower {
@@ -280,6 +291,7 @@ impl GpuTower {
             blocks,
             projector,
             resident_bytes: resident,
+            scratch: Default::default(),
         })
     }
 
@@ -307,6 +319,8 @@ impl GpuTower {
             inp.windows.iter().map(|w| w.len()).max().unwrap_or(n)
         };
         let pos0 = g.alloc_zeroed(4, "vision tower")?;
+        let n_out = n / (c.merge * c.merge);
+        let [w0, w1, w2] = &self.projector;
         Ok(Scratch {
             x: f(n * dp)?,
             h: f(n * dp)?,
@@ -320,8 +334,14 @@ impl GpuTower {
             part_o: f(longest * c.n_head * hdp)?,
             part_ml: f(longest * c.n_head * 2)?,
             pos0,
-            cos: upload_f32(g, &inp.cos, "vision tower RoPE")?,
-            sin: upload_f32(g, &inp.sin, "vision tower RoPE")?,
+            cos: f(inp.cos.len())?,
+            sin: f(inp.sin.len())?,
+            patches: f(n * self.patch.w.m.cols)?,
+            idx: g.alloc(inp.shuffle.len() * 4, "vision tower shuffle")?,
+            u: f(n_out * w0.m.cols)?,
+            z1: f(n_out * w1.m.cols)?,
+            z2: f(n_out * w2.m.cols)?,
+            out: f(n_out * w2.m.rows)?,
         })
     }
 
@@ -407,28 +427,48 @@ impl GpuTower {
         let n = inp.n_patches;
         let (d, dp, fp) = (c.n_embd, pad64(c.n_embd), pad64(c.n_ff));
         let hdp = padded_head(c.head_dim)?;
-        let s = self.scratch(mm, inp)?;
-        let to_dev = |v: &[f32], what: &str| upload_f32(g, v, what);
+        let mut cache = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.as_ref().is_none_or(|(key, _)| *key != n) {
+            *cache = None; // free the old buffers first
+            *cache = Some((n, self.scratch(mm, inp)?));
+        }
+        let s = &cache.as_ref().expect("set above").1;
+        g.upload(s.cos.ptr, &inp.cos)?;
+        g.upload(s.sin.ptr, &inp.sin)?;
 
         // 1-2. x = pos; x += patches · W_pᵀ + b_p (windowed order).
         let kp = self.patch.w.m.cols;
         let folded = inp.patches.len() / n.max(1);
-        let mut wide = vec![0f32; n * kp];
-        for (dst, src) in wide
-            .chunks_exact_mut(kp)
-            .zip(inp.patches.chunks_exact(folded))
-        {
-            dst[..folded].copy_from_slice(src);
+        if kp == folded {
+            g.upload(s.patches.ptr, &inp.patches)?;
+        } else {
+            let mut wide = vec![0f32; n * kp];
+            for (dst, src) in wide
+                .chunks_exact_mut(kp)
+                .zip(inp.patches.chunks_exact(folded))
+            {
+                dst[..folded].copy_from_slice(src);
+            }
+            g.upload(s.patches.ptr, &wide)?;
         }
-        let patches = to_dev(&wide, "vision tower patches")?;
-        drop(wide);
-        let mut pos = vec![0f32; n * dp];
-        for (dst, src) in pos.chunks_exact_mut(dp).zip(inp.pos.chunks_exact(d)) {
-            dst[..d].copy_from_slice(src);
+        if dp == d {
+            g.upload(s.x.ptr, &inp.pos)?;
+        } else {
+            let mut pos = vec![0f32; n * dp];
+            for (dst, src) in pos.chunks_exact_mut(dp).zip(inp.pos.chunks_exact(d)) {
+                dst[..d].copy_from_slice(src);
+            }
+            g.upload(s.x.ptr, &pos)?;
         }
-        g.upload(s.x.ptr, &pos)?;
-        drop(pos);
-        self.linear(&self.patch, patches.ptr, s.xh.ptr, n, s.x.ptr, dp, OUT_ADD)?;
+        self.linear(
+            &self.patch,
+            s.patches.ptr,
+            s.xh.ptr,
+            n,
+            s.x.ptr,
+            dp,
+            OUT_ADD,
+        )?;
         // 4. LN_pre.
         self.layer_norm(s.x.ptr, s.x.ptr, &self.pre_ln, n, d, dp, c.eps)?;
 
@@ -524,10 +564,8 @@ impl GpuTower {
         let n_out = n / mm2;
         let [w0, w1, w2] = &self.projector;
         let shuffle: Vec<i32> = inp.shuffle.iter().map(|&i| i as i32).collect();
-        let idx = g.alloc(shuffle.len() * 4, "vision tower shuffle")?;
-        g.upload(idx.ptr, &shuffle)?;
-        let f = |floats: usize| g.alloc_zeroed(floats * 4, "vision tower projector");
-        let u = f(n_out * w0.m.cols)?;
+        g.upload(s.idx.ptr, &shuffle)?;
+        let (u, z1, z2, out) = (&s.u, &s.z1, &s.z2, &s.out);
         g.launch(
             "vit_shuffle",
             (grid(n_out * mm2 * d), 1, 1),
@@ -535,7 +573,7 @@ impl GpuTower {
             &[
                 Arg::Ptr(s.x.ptr),
                 Arg::Ptr(u.ptr),
-                Arg::Ptr(idx.ptr),
+                Arg::Ptr(s.idx.ptr),
                 Arg::I32(n_out as i32),
                 Arg::I32(mm2 as i32),
                 Arg::I32(d as i32),
@@ -544,13 +582,10 @@ impl GpuTower {
             ],
         )?;
         // 9. GELU(mm.0) -> GELU(mm.1) -> mm.2.
-        let z1 = f(n_out * w1.m.cols)?;
         self.gemm(w0, u.ptr, s.xh.ptr, n_out, z1.ptr, w1.m.cols, 0, 0)?;
         self.gelu(z1.ptr, n_out * w1.m.cols)?;
-        let z2 = f(n_out * w2.m.cols)?;
         self.gemm(w1, z1.ptr, s.xh.ptr, n_out, z2.ptr, w2.m.cols, 0, 0)?;
         self.gelu(z2.ptr, n_out * w2.m.cols)?;
-        let out = f(n_out * w2.m.rows)?;
         self.gemm(w2, z2.ptr, s.xh.ptr, n_out, out.ptr, w2.m.rows, 0, 0)?;
         let mut rows = vec![0f32; n_out * w2.m.rows];
         g.download(&mut rows, out.ptr)?;

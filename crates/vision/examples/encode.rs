@@ -1,7 +1,7 @@
 //! Encodes one image with an mmproj and prints the timing (and optionally
 //! writes the rows): the hearth side of the encode benchmark in BENCHMARKS.md.
 //!
-//! cargo run --release -p hearth-vision --example encode -- MMPROJ IMAGE|WxH [--threads N] [--reps N] [--llama-rules] [--out FILE.f32]
+//! cargo run --release -p hearth-vision --example encode -- MMPROJ IMAGE|WxH [--threads N] [--reps N] [--llama-rules] [--out FILE.f32] [--prep]
 //!
 //! `WxH` encodes the spec's synthetic test pattern of that size.
 
@@ -46,6 +46,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some((w, h)) => pattern(w, h),
         None => RgbImage::decode(&std::fs::read(image)?, &ImageLimits::default())?,
     };
+    if args.iter().any(|a| a == "--prep") {
+        // The host-side part a device tower waits for: preprocessing and
+        // the tower inputs (positions, RoPE angles, windows, shuffle).
+        let t = Instant::now();
+        let p = mm.preprocess(&img, rules);
+        let t1 = t.elapsed().as_secs_f64() * 1e3;
+        let m = mm.config.merge;
+        let _ = mm.tower_inputs(&p.patches, p.grid.nph * m, p.grid.npw * m, rules.pos);
+        let t2 = t.elapsed().as_secs_f64() * 1e3;
+        println!(
+            "host prep: preprocess {t1:.1} ms, tower inputs {:.1} ms",
+            t2 - t1
+        );
+        return Ok(());
+    }
     for rep in 0..reps {
         let t = Instant::now();
         let e = mm.encode_in(&pool, &img, rules);

@@ -85,6 +85,18 @@ impl TokenLayout {
     /// computed in f64, stored f32.
     pub fn rope(&self, head_dim: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
         let (pairs, quarter) = (head_dim / 2, head_dim / 4);
+        let omega: Vec<f64> = (0..pairs - quarter)
+            .map(|i| theta.powf(-(2.0 * i as f64) / pairs as f64))
+            .collect();
+        // cos/sin of pos·ω_i for every position 1..=max(grid) (each computed once).
+        let max_pos = self.grid_h.max(self.grid_w);
+        let mut table = vec![(0f32, 0f32); (max_pos + 1) * omega.len()];
+        for pos in 1..=max_pos {
+            for (i, &w) in omega.iter().enumerate() {
+                let phi = pos as f64 * w;
+                table[pos * omega.len() + i] = (phi.cos() as f32, phi.sin() as f32);
+            }
+        }
         let mut cos = Vec::with_capacity(self.perm.len() * pairs);
         let mut sin = Vec::with_capacity(self.perm.len() * pairs);
         for &t in &self.perm {
@@ -95,10 +107,9 @@ impl TokenLayout {
                 } else {
                     (r + 1, j - quarter)
                 };
-                let omega = theta.powf(-(2.0 * i as f64) / pairs as f64);
-                let phi = pos as f64 * omega;
-                cos.push(phi.cos() as f32);
-                sin.push(phi.sin() as f32);
+                let (cv, sv) = table[pos * omega.len() + i];
+                cos.push(cv);
+                sin.push(sv);
             }
         }
         (cos, sin)
@@ -116,14 +127,34 @@ pub fn position_embeddings(
     grid_w: usize,
     rule: PosRule,
 ) -> Vec<f32> {
+    let order: Vec<usize> = (0..grid_h * grid_w).collect();
+    position_embeddings_of(table, side, dim, grid_h, grid_w, rule, &order)
+}
+
+/// [`position_embeddings`] of the tokens `order` (row-major token indices),
+/// in that order: `[order.len(), dim]`.
+pub fn position_embeddings_of(
+    table: &[f32],
+    side: usize,
+    dim: usize,
+    grid_h: usize,
+    grid_w: usize,
+    rule: PosRule,
+    order: &[usize],
+) -> Vec<f32> {
     assert_eq!(
         table.len(),
         side * side * dim,
         "position table is not [side², dim]"
     );
-    let mut out = vec![0f32; grid_h * grid_w * dim];
+    let mut out = vec![0f32; order.len() * dim];
+    let row = |yy: usize, xx: usize| &table[(yy * side + xx) * dim..][..dim];
     match rule {
-        PosRule::LlamaCpp if grid_h == side && grid_w == side => out.copy_from_slice(table),
+        PosRule::LlamaCpp if grid_h == side && grid_w == side => {
+            for (dst, &t) in out.chunks_exact_mut(dim).zip(order) {
+                dst.copy_from_slice(row(t / grid_w, t % grid_w));
+            }
+        }
         PosRule::LlamaCpp => {
             // ggml_compute_forward_upscale_f32, GGML_SCALE_MODE_BILINEAR.
             let (sf_x, sf_y) = (grid_w as f32 / side as f32, grid_h as f32 / side as f32);
@@ -137,19 +168,16 @@ pub fn position_embeddings(
                 let d = (s - i0 as f32).clamp(0.0, 1.0);
                 (i0, i1, d)
             };
-            for y in 0..grid_h {
+            for (dst, &t) in out.chunks_exact_mut(dim).zip(order) {
+                let (y, x) = (t / grid_w, t % grid_w);
                 let (y0, y1, dy) = axis(y, sf_y);
-                for x in 0..grid_w {
-                    let (x0, x1, dx) = axis(x, sf_x);
-                    let dst = &mut out[(y * grid_w + x) * dim..][..dim];
-                    let row = |yy: usize, xx: usize| &table[(yy * side + xx) * dim..][..dim];
-                    let (a, b, c, d) = (row(y0, x0), row(y0, x1), row(y1, x0), row(y1, x1));
-                    for e in 0..dim {
-                        dst[e] = a[e] * (1.0 - dx) * (1.0 - dy)
-                            + b[e] * dx * (1.0 - dy)
-                            + c[e] * (1.0 - dx) * dy
-                            + d[e] * dx * dy;
-                    }
+                let (x0, x1, dx) = axis(x, sf_x);
+                let (a, b, c, d) = (row(y0, x0), row(y0, x1), row(y1, x0), row(y1, x1));
+                for e in 0..dim {
+                    dst[e] = a[e] * (1.0 - dx) * (1.0 - dy)
+                        + b[e] * dx * (1.0 - dy)
+                        + c[e] * (1.0 - dx) * dy
+                        + d[e] * dx * dy;
                 }
             }
         }
@@ -165,23 +193,23 @@ pub fn position_embeddings(
                 };
                 (ny + 1.0) * half - 0.5
             };
-            let at = |y: i64, x: i64, e: usize| -> f64 {
-                if y < 0 || x < 0 || y >= side as i64 || x >= side as i64 {
-                    0.0
-                } else {
-                    table[(y as usize * side + x as usize) * dim + e] as f64
-                }
+            // A table row, or None outside the table (zero padding).
+            let cell = |y: i64, x: i64| -> Option<&[f32]> {
+                (y >= 0 && x >= 0 && y < side as i64 && x < side as i64)
+                    .then(|| row(y as usize, x as usize))
             };
-            for t in 0..grid_h * grid_w {
+            let at = |r: Option<&[f32]>, e: usize| r.map_or(0.0, |r| r[e] as f64);
+            for (dst, &t) in out.chunks_exact_mut(dim).zip(order) {
                 let (a, b) = (t / grid_h, t % grid_h);
                 let (sy, sx) = (coord(a, grid_w), coord(b, grid_h));
                 let (y0, x0) = (sy.floor(), sx.floor());
                 let (wy, wx) = (sy - y0, sx - x0);
                 let (y0, x0) = (y0 as i64, x0 as i64);
-                let dst = &mut out[t * dim..][..dim];
+                let (r00, r01) = (cell(y0, x0), cell(y0, x0 + 1));
+                let (r10, r11) = (cell(y0 + 1, x0), cell(y0 + 1, x0 + 1));
                 for (e, o) in dst.iter_mut().enumerate() {
-                    let top = at(y0, x0, e) * (1.0 - wx) + at(y0, x0 + 1, e) * wx;
-                    let bottom = at(y0 + 1, x0, e) * (1.0 - wx) + at(y0 + 1, x0 + 1, e) * wx;
+                    let top = at(r00, e) * (1.0 - wx) + at(r01, e) * wx;
+                    let bottom = at(r10, e) * (1.0 - wx) + at(r11, e) * wx;
                     *o = (top * (1.0 - wy) + bottom * wy) as f32;
                 }
             }

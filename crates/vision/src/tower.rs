@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use hearth_kernels::QMatrix;
 
-use crate::layout::{is_global_block, position_embeddings, PosRule, TokenLayout};
+use crate::layout::{is_global_block, position_embeddings_of, PosRule, TokenLayout};
 use crate::mmproj::{Linear, MmProj, Norm};
 use crate::{Embeddings, Rules};
 
@@ -140,14 +140,20 @@ impl MmProj {
             "grid {grid_h}x{grid_w} is not whole merge cells"
         );
         let layout = TokenLayout::new(grid_h, grid_w, c.pos_side);
-        let pos_rows =
-            position_embeddings(&self.pos_table, c.pos_side, d, grid_h, grid_w, pos_rule);
-        let (mut wp, mut pos) = (Vec::with_capacity(n * folded), Vec::with_capacity(n * d));
+        let pos = position_embeddings_of(
+            &self.pos_table,
+            c.pos_side,
+            d,
+            grid_h,
+            grid_w,
+            pos_rule,
+            &layout.perm,
+        );
+        let mut wp = Vec::with_capacity(n * folded);
         // windowed position of each row-major token
         let mut at = vec![0u32; n];
         for (i, &t) in layout.perm.iter().enumerate() {
             wp.extend_from_slice(&patches[t * folded..(t + 1) * folded]);
-            pos.extend_from_slice(&pos_rows[t * d..(t + 1) * d]);
             at[t] = i as u32;
         }
         let (cos, sin) = layout.rope(c.head_dim, c.rope_theta);
