@@ -174,7 +174,11 @@ async fn image_prompt(app: &Arc<AppState>, req: &ChatRequest) -> Result<Prompt, 
             "This model has no vision encoder: image_url parts need `hearth serve --mmproj FILE`.",
         ));
     };
-    let (messages, decoded) = images::extract(&req.messages)?;
+    // Off the async runtime: with --allow-image-urls, remote images are fetched.
+    let (raw, allow) = (req.messages.clone(), app.allow_image_urls);
+    let (messages, decoded) = tokio::task::spawn_blocking(move || images::extract(&raw, allow))
+        .await
+        .map_err(|e| ApiError::server(format!("image decoding: {e}")))??;
     let runs = app
         .prompter
         .chat_runs(&messages, req.tools.as_ref(), &req.kwargs, MEDIA_MARKER)

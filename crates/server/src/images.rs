@@ -2,8 +2,10 @@
 //! "data:image/png;base64,..."}}`): checked, decoded and replaced by
 //! llama.cpp's media marker, so the chat template places each image where its
 //! part was (`hearth_chat::template::llama_cpp_messages` joins the parts as
-//! llama-server does). Only `data:` URLs are taken: the server does not fetch
-//! remote URLs. Errors are 400s naming the part.
+//! llama-server does). `data:` URLs are taken; http(s) URLs only with
+//! `--allow-image-urls` (fetched here, with a time and size limit), since a
+//! server that fetches what clients name can be pointed at hosts only it can
+//! reach. Errors are 400s naming the part.
 
 use hearth_chat::template::llama_cpp_messages;
 use hearth_vision::prompt::MEDIA_MARKER;
@@ -31,7 +33,7 @@ pub fn has_images(messages: &Value) -> bool {
 
 /// The messages with every image part replaced by a media marker (content
 /// lists joined into strings), and the decoded images in order.
-pub fn extract(messages: &Value) -> Result<(Value, Vec<RgbImage>), ApiError> {
+pub fn extract(messages: &Value, allow_urls: bool) -> Result<(Value, Vec<RgbImage>), ApiError> {
     let mut messages = messages.clone();
     let mut images = Vec::new();
     for (i, m) in messages.as_array_mut().into_iter().flatten().enumerate() {
@@ -48,7 +50,7 @@ pub fn extract(messages: &Value) -> Result<(Value, Vec<RgbImage>), ApiError> {
                 }
                 Some("image_url") => {
                     let at = format!("messages[{i}].content[{j}].image_url");
-                    images.push(decode_part(&at, p.get("image_url"))?);
+                    images.push(decode_part(&at, p.get("image_url"), allow_urls)?);
                     *p = json!({"type": "media_marker", "text": MEDIA_MARKER});
                 }
                 _ => {
@@ -63,7 +65,7 @@ pub fn extract(messages: &Value) -> Result<(Value, Vec<RgbImage>), ApiError> {
 }
 
 /// An `image_url` value (an object with `url`, or the URL string) to pixels.
-fn decode_part(at: &str, v: Option<&Value>) -> Result<RgbImage, ApiError> {
+fn decode_part(at: &str, v: Option<&Value>, allow_urls: bool) -> Result<RgbImage, ApiError> {
     let url = match v {
         Some(Value::String(s)) => s.as_str(),
         Some(Value::Object(o)) => match o.get("url") {
@@ -74,10 +76,14 @@ fn decode_part(at: &str, v: Option<&Value>) -> Result<RgbImage, ApiError> {
     };
     let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
     if lower.starts_with("http://") || lower.starts_with("https://") {
-        return Err(bad(
-            at,
-            "remote image URLs are not fetched by this server; send the image inline as a data: URL (data:image/png;base64,...)",
-        ));
+        if !allow_urls {
+            return Err(bad(
+                at,
+                "remote image URLs are not fetched by this server (start it with --allow-image-urls to allow that); send the image inline as a data: URL (data:image/png;base64,...)",
+            ));
+        }
+        let bytes = fetch(url).map_err(|e| bad(at, e))?;
+        return RgbImage::decode(&bytes, &ImageLimits::default()).map_err(|e| bad(at, e));
     }
     let Some(rest) = url.strip_prefix("data:") else {
         return Err(bad(
@@ -93,6 +99,34 @@ fn decode_part(at: &str, v: Option<&Value>) -> Result<RgbImage, ApiError> {
     }
     let bytes = decode_base64(payload.as_bytes()).map_err(|e| bad(at, e))?;
     RgbImage::decode(&bytes, &ImageLimits::default()).map_err(|e| bad(at, e))
+}
+
+/// GETs an image URL: 10 s to connect, 30 s to read, at most the decoder's
+/// byte limit (one more byte read means too large).
+fn fetch(url: &str) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let max = ImageLimits::default().max_bytes;
+    let agent = ureq::AgentBuilder::new()
+        .timeout_connect(std::time::Duration::from_secs(10))
+        .timeout(std::time::Duration::from_secs(30))
+        .redirects(3)
+        .user_agent(concat!("hearth/", env!("CARGO_PKG_VERSION")))
+        .build();
+    let resp = agent.get(url).call().map_err(|e| match e {
+        ureq::Error::Status(code, _) => format!("fetching the image URL: HTTP {code}"),
+        other => format!("fetching the image URL: {other}"),
+    })?;
+    let mut bytes = Vec::new();
+    resp.into_reader()
+        .take(max as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("reading the image URL: {e}"))?;
+    if bytes.len() > max {
+        return Err(format!(
+            "the image at the URL is over the limit of {max} bytes"
+        ));
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -113,7 +147,7 @@ mod tests {
             ("data:image/png,abc", "base64-encoded"),
             ("file:///etc/passwd", "only data: URLs"),
         ] {
-            let e = extract(&msgs(url)).unwrap_err();
+            let e = extract(&msgs(url), false).unwrap_err();
             assert!(
                 e.message.starts_with("messages[1].content[0].image_url: ")
                     && e.message.contains(what),
@@ -130,11 +164,62 @@ mod tests {
             {"type": "text", "text": "look"},
             {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}},
             {"type": "text", "text": "what?"}]}]);
-        let (out, images) = extract(&m).unwrap();
+        let (out, images) = extract(&m, false).unwrap();
         assert_eq!(images.len(), 1);
         assert_eq!((images[0].width, images[0].height), (1, 1));
         // llama-server's joining: no newline next to a marker (llama_cpp_messages).
         assert_eq!(out[0]["content"], format!("look{MEDIA_MARKER}what?"));
+    }
+
+    /// With --allow-image-urls an http URL is fetched (a one-shot local
+    /// server here) and decodes to the same pixels as the data: URL; a 404 and
+    /// a body that is no image are 400s naming the part.
+    #[test]
+    fn image_urls_are_fetched_only_when_allowed() {
+        use std::io::{Read, Write};
+        let serve = |status: &'static str, body: Vec<u8>| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            std::thread::spawn(move || {
+                let (mut c, _) = l.accept().unwrap();
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                let head = format!(
+                    "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                c.write_all(head.as_bytes()).unwrap();
+                c.write_all(&body).unwrap();
+            });
+            format!("http://127.0.0.1:{port}/a.png")
+        };
+        let msgs = |url: &str| json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]);
+        let url = serve("200 OK", image_png());
+        let (_, images) = extract(&msgs(&url), true).unwrap();
+        let (_, inline) = extract(
+            &msgs(&format!(
+                "data:image/png;base64,{}",
+                base64_encode(&image_png())
+            )),
+            false,
+        )
+        .unwrap();
+        assert_eq!(images[0].data, inline[0].data);
+        for (status, body, what) in [
+            ("404 Not Found", b"nope".to_vec(), "HTTP 404"),
+            ("200 OK", b"hello world!".to_vec(), "not a PNG, JPEG"),
+        ] {
+            let url = serve(status, body);
+            let e = extract(&msgs(&url), true).unwrap_err();
+            assert!(
+                e.message.starts_with("messages[0].content[0].image_url: ")
+                    && e.message.contains(what),
+                "{}",
+                e.message
+            );
+        }
+        let e = extract(&msgs("http://127.0.0.1:9/x.png"), false).unwrap_err();
+        assert!(e.message.contains("--allow-image-urls"), "{}", e.message);
     }
 
     /// A 1x1 red PNG.

@@ -75,6 +75,8 @@ pub struct ServerOptions {
     pub mmproj: Option<PathBuf>,
     /// The vision tower's rules where the model's reference and llama.cpp differ.
     pub image_rules: hearth_vision::Rules,
+    /// `--allow-image-urls`: fetch http(s) image URLs (else only data: URLs).
+    pub allow_image_urls: bool,
 }
 
 /// What [`run_on`]'s loader returns: the host model (metadata, tokenizer,
@@ -266,6 +268,7 @@ pub fn run_on<B: Backend + 'static>(
                 .unwrap_or(0),
             prompter,
             images,
+            allow_image_urls: opts.allow_image_urls,
             engine: engine.clone(),
             metrics,
             access: access::Access {

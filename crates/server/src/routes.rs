@@ -28,6 +28,9 @@ pub struct AppState {
     pub prompter: Prompter,
     /// Image input (`--mmproj`), with its encode cache.
     pub images: Option<Arc<hearth_vision::prompt::ImageInput>>,
+    /// `--allow-image-urls`: `image_url` parts may name http(s) URLs, fetched
+    /// by the server (off by default: the server would fetch what clients name).
+    pub allow_image_urls: bool,
     pub engine: EngineHandle,
     pub metrics: Arc<Metrics>,
     pub access: Access,

@@ -116,6 +116,12 @@ pub struct Args {
     /// OpenAI `image_url` parts (data: URLs). With --device cuda the tower runs on the GPU.
     #[arg(long, value_name = "FILE")]
     pub mmproj: Option<std::path::PathBuf>,
+    /// Let `image_url` parts name http(s) URLs, which the server then fetches
+    /// (10 s to connect, 30 s in all, at most 20 MiB). Off by default: the
+    /// server would fetch any URL a client names, including hosts only it can
+    /// reach.
+    #[arg(long)]
+    pub allow_image_urls: bool,
     /// The vision tower's rules where the model's reference and llama.cpp
     /// differ (grid ties, position-table resampling).
     #[arg(long, value_enum, default_value_t = super::images::ImageRules::Reference)]
@@ -174,6 +180,7 @@ pub fn run(mut args: Args) -> Result<()> {
         batch_invariant: args.batch_invariant,
         mmproj: args.mmproj.clone(),
         image_rules: args.image_rules.rules(),
+        allow_image_urls: args.allow_image_urls,
     };
     // Speculation: the drafters' factory is built once the target is loaded
     // (a draft model on the target's backend); each session gets a drafter.

@@ -99,17 +99,31 @@ pub enum Kernel {
     Scalar,
     /// AVX2 + FMA (x86_64).
     Avx2,
+    /// AVX-512F (x86_64): 12×16 tiles, one 16-lane accumulator per row.
+    Avx512,
 }
 
 impl Kernel {
     /// The kernel for the active instruction set ([`active`]).
     pub fn detect() -> Kernel {
         match active() {
-            Isa::Avx2 | Isa::Avx512 | Isa::Amx => Kernel::Avx2,
+            Isa::Avx512 | Isa::Amx => Kernel::Avx512,
+            Isa::Avx2 => Kernel::Avx2,
             _ => Kernel::Scalar,
         }
     }
+
+    /// Rows of C per micro tile.
+    fn mr(self) -> usize {
+        match self {
+            Kernel::Avx512 => MR512,
+            _ => MR,
+        }
+    }
 }
+
+/// Rows per micro tile of the AVX-512 kernel (12 accumulators in flight).
+const MR512: usize = 12;
 
 /// Per-thread packing buffers, reusable across calls.
 #[derive(Default)]
@@ -307,8 +321,8 @@ unsafe fn gemm_cols(
                 for (p, j0) in (n0..n1).step_by(NR).enumerate() {
                     let bp = scratch.packed[p * NR * kc..].as_ptr();
                     let nr = NR.min(n1 - j0);
-                    for i0 in (m0..m1).step_by(MR) {
-                        let mr = MR.min(m1 - i0);
+                    for i0 in (m0..m1).step_by(kernel.mr()) {
+                        let mr = kernel.mr().min(m1 - i0);
                         let ap = a.as_ptr().add(i0 * lda + k0);
                         let cp = c.add(i0 * ldc + j0);
                         let tile = Tile {
@@ -325,6 +339,8 @@ unsafe fn gemm_cols(
                         match kernel {
                             #[cfg(target_arch = "x86_64")]
                             Kernel::Avx2 => micro_avx2(&tile),
+                            #[cfg(target_arch = "x86_64")]
+                            Kernel::Avx512 => micro_avx512(&tile),
                             _ => micro_scalar(&tile),
                         }
                     }
@@ -334,8 +350,10 @@ unsafe fn gemm_cols(
     }
 }
 
-/// One micro tile: `mr`×`nr` (at most [`MR`]×[`NR`]) outputs at `c`, A rows at
-/// `a` (stride `lda`), a packed B panel at `b`, depth `kc`.
+/// One micro tile: `mr`×`nr` (at most [`MR`]×[`NR`], or [`MR512`] rows for
+/// the AVX-512 kernel) outputs at `c`, A rows at `a` (stride `lda`), a packed
+/// B panel at `b`, depth `kc`.
+#[derive(Clone, Copy)]
 struct Tile {
     a: *const f32,
     lda: usize,
@@ -377,19 +395,62 @@ impl Tile {
 }
 
 unsafe fn micro_scalar(t: &Tile) {
-    let rows = t.rows();
-    let mut acc = [[0f32; NR]; MR];
-    t.load(&mut acc);
-    for kk in 0..t.kc {
-        let bk = std::slice::from_raw_parts(t.b.add(kk * NR), NR);
-        for (r, row) in acc.iter_mut().enumerate() {
-            let av = *rows[r].add(kk);
-            for (v, &bv) in row.iter_mut().zip(bk) {
-                *v = av.mul_add(bv, *v);
+    // Tiles of up to MR rows (the AVX-512 driver's are taller: done in parts;
+    // each output's sum is independent of the tiling).
+    for r0 in (0..t.mr).step_by(MR) {
+        let part = Tile {
+            a: t.a.add(r0 * t.lda),
+            c: t.c.add(r0 * t.ldc),
+            mr: MR.min(t.mr - r0),
+            ..*t
+        };
+        let rows = part.rows();
+        let mut acc = [[0f32; NR]; MR];
+        part.load(&mut acc);
+        for kk in 0..part.kc {
+            let bk = std::slice::from_raw_parts(part.b.add(kk * NR), NR);
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = *rows[r].add(kk);
+                for (v, &bv) in row.iter_mut().zip(bk) {
+                    *v = av.mul_add(bv, *v);
+                }
             }
         }
+        part.store(&acc);
     }
-    t.store(&acc);
+}
+
+/// 12 rows × one 16-lane vector: per k one load of B and twelve broadcasts
+/// of A (folded into the FMAs). Each output is the same chain of FMAs over k
+/// as in the scalar and AVX2 kernels, so all three agree bit for bit. Edges
+/// (fewer rows or columns) use lane masks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn micro_avx512(t: &Tile) {
+    use std::arch::x86_64::*;
+    let mask: __mmask16 = if t.nr >= NR {
+        0xffff
+    } else {
+        (1u16 << t.nr) - 1
+    };
+    let rows: [*const f32; MR512] = std::array::from_fn(|r| t.a.add(r.min(t.mr - 1) * t.lda));
+    let mut acc = [_mm512_setzero_ps(); MR512];
+    if t.load_c {
+        for (r, v) in acc.iter_mut().enumerate().take(t.mr) {
+            *v = _mm512_maskz_loadu_ps(mask, t.c.add(r * t.ldc));
+        }
+    }
+    let mut b = t.b;
+    for kk in 0..t.kc {
+        let bv = _mm512_loadu_ps(b);
+        b = b.add(NR);
+        for (v, p) in acc.iter_mut().zip(&rows) {
+            *v = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(kk)), bv, *v);
+        }
+    }
+    for (r, v) in acc.iter().enumerate().take(t.mr) {
+        _mm512_mask_storeu_ps(t.c.add(r * t.ldc), mask, *v);
+    }
 }
 
 /// The hot loop: 12 accumulators (6 rows × 2 vectors), per k two loads of B
@@ -478,6 +539,8 @@ mod tests {
             (13, 40, 300),
             (96 + 7, 16 * 17 + 3, 513),
             (6, 16, 256),
+            (12, 16, 100),
+            (25, 33, 70),
         ] {
             let (lda, ldb, ldc) = (k + 3, k + 1, n + 2);
             let a = rand_vec(&mut rng, m * lda);
@@ -491,7 +554,17 @@ mod tests {
                 let mut want = c0.clone();
                 gemm_ref(&a, lda, m, k, b, n, &mut want, ldc, accumulate);
                 let mut outs = Vec::new();
-                for kernel in [Kernel::Scalar, Kernel::detect()] {
+                let mut kernels = vec![Kernel::Scalar];
+                #[cfg(target_arch = "x86_64")]
+                {
+                    if Isa::Avx2.supported() {
+                        kernels.push(Kernel::Avx2);
+                    }
+                    if Isa::Avx512.supported() {
+                        kernels.push(Kernel::Avx512);
+                    }
+                }
+                for &kernel in &kernels {
                     let mut got = c0.clone();
                     let mut s = GemmScratch::default();
                     gemm_single(
@@ -521,9 +594,15 @@ mod tests {
                         }
                     }
                 }
-                assert_eq!(outs[0], outs[1], "SIMD kernel differs from the scalar one");
+                let pooled = outs.pop().expect("pushed last");
+                for (kernel, got) in kernels.iter().zip(&outs) {
+                    assert_eq!(
+                        &outs[0], got,
+                        "{kernel:?} kernel differs from the scalar one"
+                    );
+                }
                 assert_eq!(
-                    outs[0], outs[2],
+                    outs[0], pooled,
                     "pooled gemm differs from the single-thread one"
                 );
             }
