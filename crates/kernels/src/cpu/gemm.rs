@@ -112,18 +112,12 @@ impl Kernel {
             _ => Kernel::Scalar,
         }
     }
-
-    /// Rows of C per micro tile.
-    fn mr(self) -> usize {
-        match self {
-            Kernel::Avx512 => MR512,
-            _ => MR,
-        }
-    }
 }
 
-/// Rows per micro tile of the AVX-512 kernel (12 accumulators in flight).
-const MR512: usize = 12;
+/// Panels per micro tile of the AVX-512 kernel: 6 rows × 4 vectors of 16
+/// columns, 24 accumulators; per k 4 loads of B and 6 broadcasts of A for 24
+/// FMAs (the 6×16 AVX2 tile needs 8 loads for 12 FMAs of half the width).
+const WIDE512: usize = 4;
 
 /// Per-thread packing buffers, reusable across calls.
 #[derive(Default)]
@@ -318,11 +312,36 @@ unsafe fn gemm_cols(
             let load_c = accumulate || k0 > 0;
             for m0 in (0..m).step_by(MC) {
                 let m1 = (m0 + MC).min(m);
+                #[cfg(target_arch = "x86_64")]
+                if kernel == Kernel::Avx512 {
+                    // Groups of WIDE512 panels side by side (their packed
+                    // buffers are consecutive, kc·NR apart).
+                    let n_panels = (n1 - n0).div_ceil(NR);
+                    for g0 in (0..n_panels).step_by(WIDE512) {
+                        let j0 = n0 + g0 * NR;
+                        let bp = scratch.packed[g0 * NR * kc..].as_ptr();
+                        for i0 in (m0..m1).step_by(MR) {
+                            let tile = Tile {
+                                a: a.as_ptr().add(i0 * lda + k0),
+                                lda,
+                                b: bp,
+                                kc,
+                                c: c.add(i0 * ldc + j0),
+                                ldc,
+                                mr: MR.min(m1 - i0),
+                                nr: (WIDE512 * NR).min(n1 - j0),
+                                load_c,
+                            };
+                            micro_avx512(&tile);
+                        }
+                    }
+                    continue;
+                }
                 for (p, j0) in (n0..n1).step_by(NR).enumerate() {
                     let bp = scratch.packed[p * NR * kc..].as_ptr();
                     let nr = NR.min(n1 - j0);
-                    for i0 in (m0..m1).step_by(kernel.mr()) {
-                        let mr = kernel.mr().min(m1 - i0);
+                    for i0 in (m0..m1).step_by(MR) {
+                        let mr = MR.min(m1 - i0);
                         let ap = a.as_ptr().add(i0 * lda + k0);
                         let cp = c.add(i0 * ldc + j0);
                         let tile = Tile {
@@ -339,8 +358,6 @@ unsafe fn gemm_cols(
                         match kernel {
                             #[cfg(target_arch = "x86_64")]
                             Kernel::Avx2 => micro_avx2(&tile),
-                            #[cfg(target_arch = "x86_64")]
-                            Kernel::Avx512 => micro_avx512(&tile),
                             _ => micro_scalar(&tile),
                         }
                     }
@@ -350,8 +367,8 @@ unsafe fn gemm_cols(
     }
 }
 
-/// One micro tile: `mr`×`nr` (at most [`MR`]×[`NR`], or [`MR512`] rows for
-/// the AVX-512 kernel) outputs at `c`, A rows at `a` (stride `lda`), a packed
+/// One micro tile: `mr`×`nr` (at most [`MR`]×[`NR`], or [`WIDE512`]·[`NR`]
+/// columns for the AVX-512 kernel) outputs at `c`, A rows at `a` (stride `lda`), a packed
 /// B panel at `b`, depth `kc`.
 #[derive(Clone, Copy)]
 struct Tile {
@@ -420,36 +437,56 @@ unsafe fn micro_scalar(t: &Tile) {
     }
 }
 
-/// 12 rows × one 16-lane vector: per k one load of B and twelve broadcasts
-/// of A (folded into the FMAs). Each output is the same chain of FMAs over k
-/// as in the scalar and AVX2 kernels, so all three agree bit for bit. Edges
-/// (fewer rows or columns) use lane masks.
+/// 6 rows × 4 panels of 16 columns (`t.nr` up to 64; the panels' packed
+/// buffers `kc·NR` apart): per k four loads of B and six broadcasts of A
+/// (folded into the FMAs). Each output is the same chain of FMAs over k as in
+/// the scalar and AVX2 kernels, so all three agree bit for bit. Edges (fewer
+/// rows or columns) use lane masks.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn micro_avx512(t: &Tile) {
     use std::arch::x86_64::*;
-    let mask: __mmask16 = if t.nr >= NR {
-        0xffff
-    } else {
-        (1u16 << t.nr) - 1
-    };
-    let rows: [*const f32; MR512] = std::array::from_fn(|r| t.a.add(r.min(t.mr - 1) * t.lda));
-    let mut acc = [_mm512_setzero_ps(); MR512];
+    let masks: [__mmask16; WIDE512] = std::array::from_fn(|q| {
+        let cols = t.nr.saturating_sub(q * NR).min(NR);
+        if cols == NR {
+            0xffff
+        } else {
+            (1u16 << cols) - 1
+        }
+    });
+    let rows = t.rows();
+    let mut acc = [[_mm512_setzero_ps(); WIDE512]; MR];
     if t.load_c {
         for (r, v) in acc.iter_mut().enumerate().take(t.mr) {
-            *v = _mm512_maskz_loadu_ps(mask, t.c.add(r * t.ldc));
+            for (q, x) in v.iter_mut().enumerate() {
+                *x = _mm512_maskz_loadu_ps(masks[q], t.c.add(r * t.ldc + q * NR));
+            }
         }
     }
-    let mut b = t.b;
+    let stride = t.kc * NR;
+    let panels: [*const f32; WIDE512] = std::array::from_fn(|q| {
+        // A panel past the tile's columns is never read (its mask is 0):
+        // point it at the first one.
+        if masks[q] == 0 {
+            t.b
+        } else {
+            t.b.add(q * stride)
+        }
+    });
     for kk in 0..t.kc {
-        let bv = _mm512_loadu_ps(b);
-        b = b.add(NR);
+        let b: [__m512; WIDE512] =
+            std::array::from_fn(|q| _mm512_maskz_loadu_ps(masks[q], panels[q].add(kk * NR)));
         for (v, p) in acc.iter_mut().zip(&rows) {
-            *v = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(kk)), bv, *v);
+            let av = _mm512_set1_ps(*p.add(kk));
+            for (x, bq) in v.iter_mut().zip(&b) {
+                *x = _mm512_fmadd_ps(av, *bq, *x);
+            }
         }
     }
     for (r, v) in acc.iter().enumerate().take(t.mr) {
-        _mm512_mask_storeu_ps(t.c.add(r * t.ldc), mask, *v);
+        for (q, x) in v.iter().enumerate() {
+            _mm512_mask_storeu_ps(t.c.add(r * t.ldc + q * NR), masks[q], *x);
+        }
     }
 }
 
@@ -541,6 +578,8 @@ mod tests {
             (6, 16, 256),
             (12, 16, 100),
             (25, 33, 70),
+            (7, 64, 40),
+            (13, 16 * 9 + 5, 260),
         ] {
             let (lda, ldb, ldc) = (k + 3, k + 1, n + 2);
             let a = rand_vec(&mut rng, m * lda);
