@@ -61,8 +61,8 @@ for phase in "$@"; do
       text="Look at this picture carefully and then tell me, in two short sentences, which colours you can see, where the bright square sits, and whether anything in it looks like a letter or a number to you."
       for rep in 1 2; do
         "$H/hearth" run --device cuda -m "$H/mg30.gguf" --mmproj "$H/mm-full.gguf" --image "$H/img448.png" \
-          -p "$text" -n 1 --temp 0 -c 4096 --stats-json "$OUT/ttft-$rep.json" 2>&1 | tail -n 8 | tee -a "$OUT/ttft.log"
-        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('ttft rep $rep:', {k: j[k] for k in ('prompt_tokens','prefill_ms','time_to_first_token_ms')}, 'images:', j['images'])" "$OUT/ttft-$rep.json" | tee -a "$OUT/ttft.log"
+          -p "$text" -n 1 --temp 0 -c 4096 --stats-json "$H/ttft-$rep.json" 2>&1 | tail -n 8 | tee -a "$OUT/ttft.log"
+        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('ttft rep $rep:', {k: j[k] for k in ('prompt_tokens','prefill_ms','time_to_first_token_ms')}, 'images:', j['images'])" "$H/ttft-$rep.json" | tee -a "$OUT/ttft.log"
       done ;;
     e2e)
       # The e2e fixture's synthetic pair (crates/cli/tests/vision_e2e.rs), CUDA against CPU.
@@ -73,9 +73,9 @@ for phase in "$@"; do
       for img in tests/fixtures/vision/e2e/*.png; do
         for dev in cpu cuda; do
           "$H/hearth" run --device $dev -m "$H/e2e-text.gguf" --mmproj "$H/e2e-mm.gguf" --image "$img" \
-            -p "Describe the image." -n 32 --temp 0 --stats-json "$OUT/e2e-$dev.json" >"$OUT/e2e-$dev.txt" 2>"$OUT/e2e-$dev.err" || { cat "$OUT/e2e-$dev.err"; exit 1; }
+            -p "Describe the image." -n 32 --temp 0 >"$H/e2e-$dev.txt" 2>"$H/e2e-$dev.err" || { cat "$H/e2e-$dev.err"; exit 1; }
         done
-        python3 - "$img" "$OUT" <<'PY' | tee -a "$OUT/e2e.log"
+        python3 - "$img" "$H" <<'PY' | tee -a "$OUT/e2e.log"
 import sys
 img, out = sys.argv[1:]
 a, b = open(f"{out}/e2e-cpu.txt").read(), open(f"{out}/e2e-cuda.txt").read()
@@ -84,7 +84,7 @@ print(f"{img}: cpu and cuda greedy text {'identical' if a == b else f'part after
 PY
       done
       # serve --device cuda with an image (data: URL), twice: the second turn reuses it.
-      "$H/hearth" serve --device cuda -m "$H/e2e-text.gguf" --mmproj "$H/e2e-mm.gguf" --port 18181 >"$OUT/serve.log" 2>&1 &
+      "$H/hearth" serve --device cuda -m "$H/e2e-text.gguf" --mmproj "$H/e2e-mm.gguf" --port 18181 >"$H/serve.log" 2>&1 &
       pid=$!
       python3 - <<'PY' | tee -a "$OUT/e2e.log"
 import base64, json, time, urllib.request
@@ -111,7 +111,7 @@ r2 = ask(msgs)
 print("serve turn 2:", json.dumps(r2["usage"]), repr(r2["choices"][0]["message"]["content"]))
 PY
       kill $pid; wait $pid 2>/dev/null || true
-      grep -E "image|tower" "$OUT/serve.log" | tee -a "$OUT/e2e.log" ;;
+      grep -E "image|tower" "$H/serve.log" | tee -a "$OUT/e2e.log" ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done
