@@ -163,14 +163,24 @@ pub fn rope(
 /// Softmax of each row of `s` (`[rows, n]`) after scaling by `scale`,
 /// left unnormalized; returns nothing but writes `1/Σ` of row r to `inv[r]`.
 pub fn softmax_rows_unnormalized(s: &mut [f32], n: usize, scale: f32, inv: &mut [f32]) {
+    const LANES: usize = 16;
     for (row, inv) in s.chunks_exact_mut(n).zip(inv) {
         let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) * scale;
-        let mut sum = 0f32;
+        // The exponentials in a pass of their own (it vectorizes), then the
+        // sum over 16 interleaved partial sums (a single running sum would
+        // keep both passes scalar).
         for v in row.iter_mut() {
             *v = expf_ggml_v(v.mul_add(scale, -max));
-            sum += *v;
         }
-        *inv = 1.0 / sum;
+        let mut acc = [0f32; LANES];
+        let mut chunks = row.chunks_exact(LANES);
+        for c in &mut chunks {
+            for (a, &v) in acc.iter_mut().zip(c) {
+                *a += v;
+            }
+        }
+        let tail: f32 = chunks.remainder().iter().sum();
+        *inv = 1.0 / (acc.iter().sum::<f32>() + tail);
     }
 }
 
