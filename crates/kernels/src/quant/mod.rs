@@ -232,6 +232,31 @@ pub fn dequantize_row(
     dequantize(ty, &tensor[row * row_bytes..(row + 1) * row_bytes], dst)
 }
 
+/// F16 widening with F16C where the CPU has it (`vcvtph2ps` is exact and
+/// quiets signaling NaNs, as [`dequantize_row_f16_ref`] does; the dequant
+/// fixtures include NaN and infinity), else the reference loop.
+fn dequantize_row_f16(src: &[u8], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx") {
+        let n = dst.len() / 8 * 8;
+        // SAFETY: F16C and AVX checked; 8 values (16 bytes) per step within both slices.
+        unsafe { widen_f16c(&src[..2 * n], &mut dst[..n]) };
+        dequantize_row_f16_ref(&src[2 * n..], &mut dst[n..]);
+        return;
+    }
+    dequantize_row_f16_ref(src, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn widen_f16c(src: &[u8], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    for (d, s) in dst.chunks_exact_mut(8).zip(src.chunks_exact(16)) {
+        let h = _mm_loadu_si128(s.as_ptr() as *const __m128i);
+        _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,30 +342,5 @@ mod tests {
             dequantize_row(Q8_0, &tensor, 48, 0, &mut row),
             Err(QuantError::PartialBlockValues { .. })
         ));
-    }
-}
-
-/// F16 widening with F16C where the CPU has it (`vcvtph2ps` is exact and
-/// quiets signaling NaNs, as [`dequantize_row_f16_ref`] does; the dequant
-/// fixtures include NaN and infinity), else the reference loop.
-fn dequantize_row_f16(src: &[u8], dst: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx") {
-        let n = dst.len() / 8 * 8;
-        // SAFETY: F16C and AVX checked; 8 values (16 bytes) per step within both slices.
-        unsafe { widen_f16c(&src[..2 * n], &mut dst[..n]) };
-        dequantize_row_f16_ref(&src[2 * n..], &mut dst[n..]);
-        return;
-    }
-    dequantize_row_f16_ref(src, dst)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,f16c")]
-unsafe fn widen_f16c(src: &[u8], dst: &mut [f32]) {
-    use std::arch::x86_64::*;
-    for (d, s) in dst.chunks_exact_mut(8).zip(src.chunks_exact(16)) {
-        let h = _mm_loadu_si128(s.as_ptr() as *const __m128i);
-        _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
     }
 }
