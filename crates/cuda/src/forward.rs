@@ -227,29 +227,7 @@ impl GpuModel {
     /// [`Self::check`] for tokens or embedding rows.
     fn check_input(&self, st: &GpuState, input: Input, taps: &[usize]) -> Result<()> {
         let c = &self.model.config;
-        if input.is_empty() {
-            return Err(ModelError::Empty.into());
-        }
-        match input {
-            Input::Tokens(tokens) => {
-                if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-                    return Err(ModelError::BadToken {
-                        token: bad,
-                        vocab: c.vocab_size,
-                    }
-                    .into());
-                }
-            }
-            Input::Rows(rows) => {
-                if rows.len() % c.dim != 0 {
-                    return Err(ModelError::BadRows {
-                        len: rows.len(),
-                        dim: c.dim,
-                    }
-                    .into());
-                }
-            }
-        }
+        input.validate(c.vocab_size, c.dim)?;
         let n = input.len(c.dim);
         if st.pos + n > st.max_ctx {
             return Err(ModelError::ContextFull {

@@ -57,6 +57,30 @@ impl Input<'_> {
         }
     }
 
+    /// Why this input cannot enter a model of `vocab` tokens and width `dim`:
+    /// empty, a token id out of range, or rows that are not whole rows.
+    pub fn validate(&self, vocab: usize, dim: usize) -> Result<(), ModelError> {
+        if self.is_empty() {
+            return Err(ModelError::Empty);
+        }
+        match self {
+            Input::Tokens(tokens) => {
+                if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+                    return Err(ModelError::BadToken { token: bad, vocab });
+                }
+            }
+            Input::Rows(rows) => {
+                if rows.len() % dim != 0 {
+                    return Err(ModelError::BadRows {
+                        len: rows.len(),
+                        dim,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Rows `range` of this input (positions, not floats).
     pub fn slice(&self, dim: usize, range: std::ops::Range<usize>) -> Self {
         match self {
@@ -218,27 +242,7 @@ impl Model {
             );
             return Err(ModelError::Config(ConfigError::Invalid(msg)));
         }
-        if input.is_empty() {
-            return Err(ModelError::Empty);
-        }
-        match input {
-            Input::Tokens(tokens) => {
-                if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-                    return Err(ModelError::BadToken {
-                        token: bad,
-                        vocab: c.vocab_size,
-                    });
-                }
-            }
-            Input::Rows(rows) => {
-                if rows.len() % c.dim != 0 {
-                    return Err(ModelError::BadRows {
-                        len: rows.len(),
-                        dim: c.dim,
-                    });
-                }
-            }
-        }
+        input.validate(c.vocab_size, c.dim)?;
         let n = input.len(c.dim);
         if state.pos + n > state.max_ctx {
             return Err(ModelError::ContextFull {
