@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import struct
+import subprocess
 import sys
 import tempfile
 import zlib
@@ -33,7 +34,6 @@ FIX = ROOT / "tests" / "fixtures" / "vision" / "e2e"
 
 
 def synth(out, flags, sha):
-    import subprocess
     subprocess.run([ts.BIN, "synth", *flags, "-o", str(out)], check=True, capture_output=True)
     got = hashlib.sha256(out.read_bytes()).hexdigest()
     assert got == sha, f"{out.name}: {got} is not the file llama.cpp ran"
@@ -122,7 +122,42 @@ def main():
         finally:
             code = server.stop()
         assert code == 0, f"exit code {code}"
+        builtin_format(Path(tmp), mmproj, png, square["n_tokens"])
     print("ok")
+
+
+def builtin_format(tmp, mmproj, png, n_image):
+    """A Muse Glimmer file without a chat template (`hearth synth --muse-specials`) renders
+    with the built-in format, which places an image as the model's reference does: N bare
+    `<|patch|>` slots (spec chat-format.md §2.6), so the image costs exactly N prompt
+    tokens (libmtmd's framing would add <|image_start|> and <|image_end|>)."""
+    text = tmp / "builtin.gguf"
+    subprocess.run([ts.BIN, "synth", "--arch", "muse-glimmer", "--muse-specials", "--layers", "1",
+                    "-o", str(text)], check=True, capture_output=True)
+    server = ts.Server("--api-key", ts.API_KEY, "--mmproj", str(mmproj), "--max-sessions", "2",
+                       model=str(text), api_key=ts.API_KEY)
+    try:
+        client = server.client()
+        session = {"x-session-affinity": "vision-builtin"}
+        with_image = client.chat.completions.create(
+            model="qwen-test", messages=image_turn(data_url(png), "Describe."), max_tokens=2, temperature=0,
+            extra_headers=session)
+        text_only = client.chat.completions.create(
+            model="qwen-test", messages=[{"role": "user", "content": [{"type": "text", "text": "Describe."}]}],
+            max_tokens=2, temperature=0)
+        got = with_image.usage.prompt_tokens - text_only.usage.prompt_tokens
+        assert got == n_image, (with_image.usage, text_only.usage, n_image)
+        again = client.chat.completions.create(
+            model="qwen-test", messages=image_turn(data_url(png), "Describe.") + [
+                {"role": "assistant", "content": with_image.choices[0].message.content or ""},
+                {"role": "user", "content": "More."}],
+            max_tokens=2, temperature=0, extra_headers=session)
+        cached = again.usage.prompt_tokens_details.cached_tokens
+        assert cached > n_image, (cached, again.usage)
+        print(f"built-in format: the image costs {got} prompt tokens (N = {n_image}); turn 2 reuses {cached}")
+    finally:
+        code = server.stop()
+    assert code == 0, f"exit code {code}"
 
 
 if __name__ == "__main__":

@@ -159,13 +159,38 @@ impl Prompt {
             .count()
     }
 
+    /// The prompt with every `marker` inside its text pieces turned into an
+    /// image (how a caller that renders images as a media marker, as
+    /// llama.cpp's libmtmd does, places them).
+    pub fn with_marker_images(&self, marker: &str) -> Prompt {
+        let mut pieces = Vec::new();
+        for p in &self.pieces {
+            let Piece::Text(t) = p else {
+                pieces.push(p.clone());
+                continue;
+            };
+            for (i, part) in t.split(marker).enumerate() {
+                if i > 0 {
+                    pieces.push(Piece::Image);
+                }
+                if !part.is_empty() {
+                    pieces.push(Piece::Text(part.to_string()));
+                }
+            }
+        }
+        Prompt {
+            pieces,
+            wrap_images: self.wrap_images,
+        }
+    }
+
     /// Token ids: exactly one BOS at position 0 (a leading BOS piece is that
     /// BOS, §2.1), specials by their ids, text through `encode_text` (which must
     /// not parse special tokens), image `i` as `image_tokens[i]` × `<|patch|>`.
     pub fn encode(
         &self,
         image_tokens: &[usize],
-        mut encode_text: impl FnMut(&str) -> Vec<u32>,
+        encode_text: impl FnMut(&str) -> Vec<u32>,
     ) -> Result<Vec<u32>, ChatError> {
         if image_tokens.len() != self.image_count() {
             return Err(ChatError::Prompt(format!(
@@ -174,9 +199,27 @@ impl Prompt {
                 image_tokens.len()
             )));
         }
-        let mut ids = vec![Special::BeginOfText.id()];
-        let mut images = image_tokens.iter();
+        let runs = self.encode_runs(encode_text)?;
+        let mut ids = runs[0].clone();
+        for (run, &n) in runs[1..].iter().zip(image_tokens) {
+            ids.extend(std::iter::repeat_n(Special::Patch.id(), n));
+            ids.extend_from_slice(run);
+        }
+        Ok(ids)
+    }
+
+    /// The token ids between the images: `image_count() + 1` runs, image `i`
+    /// going between runs `i` and `i + 1` as its rows in place of the
+    /// `<|patch|>` slots of [`Prompt::encode`]. The runs carry everything
+    /// else (BOS in the first; `<|image_start|>` / `<|image_end|>` around each
+    /// image when [`Prompt::wrap_images`]).
+    pub fn encode_runs(
+        &self,
+        mut encode_text: impl FnMut(&str) -> Vec<u32>,
+    ) -> Result<Vec<Vec<u32>>, ChatError> {
+        let mut runs = vec![vec![Special::BeginOfText.id()]];
         for (i, p) in self.pieces.iter().enumerate() {
+            let run = runs.last_mut().expect("one run at least");
             match p {
                 Piece::Special(Special::BeginOfText) if i == 0 => {}
                 Piece::Special(Special::BeginOfText) => {
@@ -184,21 +227,21 @@ impl Prompt {
                         "a second <|begin_of_text|> at piece {i}: exactly one BOS is allowed"
                     )))
                 }
-                Piece::Special(t) => ids.push(t.id()),
-                Piece::Text(t) => ids.extend(encode_text(t)),
+                Piece::Special(t) => run.push(t.id()),
+                Piece::Text(t) => run.extend(encode_text(t)),
                 Piece::Image => {
-                    let n = *images.next().expect("counts checked");
                     if self.wrap_images {
-                        ids.push(Special::ImageStart.id());
+                        run.push(Special::ImageStart.id());
                     }
-                    ids.extend(std::iter::repeat_n(Special::Patch.id(), n));
+                    let mut next = Vec::new();
                     if self.wrap_images {
-                        ids.push(Special::ImageEnd.id());
+                        next.push(Special::ImageEnd.id());
                     }
+                    runs.push(next);
                 }
             }
         }
-        Ok(ids)
+        Ok(runs)
     }
 
     /// [`Prompt::encode`] with a model's tokenizer, after checking that its
@@ -387,9 +430,9 @@ impl Builder {
                                 })?;
                                 self.text(t);
                             }
-                            Some("image") | Some("image_url") | Some("input_image") => {
-                                self.pieces.push(Piece::Image)
-                            }
+                            // `media_marker`: where llama.cpp-style callers put an image.
+                            Some("image") | Some("image_url") | Some("input_image")
+                            | Some("media_marker") => self.pieces.push(Piece::Image),
                             Some(other) => {
                                 return Err(bad(
                                     index,

@@ -33,6 +33,24 @@ pub enum PromptError {
     Config(String),
 }
 
+/// How the images between [`ChatRuns::runs`] are framed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageFraming {
+    /// As llama.cpp's libmtmd frames them: the caller puts the projector's
+    /// begin and end tokens around each image's rows (a GGUF chat template).
+    Mtmd,
+    /// The runs already hold every token; each image is its rows alone (the
+    /// built-in Muse Glimmer format: the reference's `<|patch|>` slots).
+    InRuns,
+}
+
+/// A conversation as token runs, one image between each two.
+#[derive(Clone, Debug)]
+pub struct ChatRuns {
+    pub runs: Vec<Vec<u32>>,
+    pub framing: ImageFraming,
+}
+
 /// How conversations become prompt text.
 pub enum Renderer {
     Jinja(Box<ChatTemplate>),
@@ -113,7 +131,7 @@ impl Prompter {
 
     /// The conversation as prompt text. `kwargs` are the template's extra
     /// variables (`chat_template_kwargs`); the built-in Muse Glimmer format
-    /// reads `reasoning_strength` and `current_date` and ignores the rest, as
+    /// reads `reasoning_strength`, `current_date` and `wrap_images` and ignores the rest, as
     /// a template ignores variables it does not use.
     pub fn render(
         &self,
@@ -164,33 +182,60 @@ impl Prompter {
         }
     }
 
-    /// The conversation as token runs split where `marker` appears in the
-    /// rendered text (llama.cpp's media marker: an image goes between two
-    /// runs), each run tokenized on its own with special tokens parsed, BOS
-    /// (as [`Prompter::chat_ids`] adds it) on the first only: llama-mtmd-cli's
-    /// `eval_message` and `mtmd_tokenize`. Needs a GGUF chat template.
+    /// The conversation as token runs with one image between each two, in
+    /// the order of the images (`marker` in the messages' text, or
+    /// `{"type": "media_marker"}` parts, which a template sees joined as
+    /// llama-server joins them, [`crate::template::llama_cpp_messages`]; the
+    /// built-in format also takes image parts). With a GGUF chat template the
+    /// rendered text is split where `marker` appears, each run tokenized on
+    /// its own with special tokens parsed, BOS (as [`Prompter::chat_ids`]
+    /// adds it) on the first only: llama-mtmd-cli's `eval_message` and
+    /// `mtmd_tokenize`, and the caller frames each image as libmtmd does
+    /// ([`ImageFraming::Mtmd`]). The built-in Muse Glimmer format places
+    /// each image as the reference does, its rows where its `<|patch|>`
+    /// slots go (§2.6; `<|image_start|>`/`<|image_end|>` inside the runs when
+    /// `chat_template_kwargs.wrap_images` is true): [`ImageFraming::InRuns`].
     pub fn chat_runs(
         &self,
         messages: &Value,
         tools: Option<&Value>,
         kwargs: &Map<String, Value>,
         marker: &str,
-    ) -> Result<Vec<Vec<u32>>, PromptError> {
+    ) -> Result<ChatRuns, PromptError> {
         let tokenizer = self.tokenizer()?;
-        let Renderer::Jinja(t) = &self.renderer else {
-            return Err(PromptError::Config(format!(
-                "images need the model's GGUF chat template to place them (this model renders with the {})",
-                self.describe()
-            )));
-        };
-        let text = self.render(messages, tools, true, kwargs)?;
-        let bos = t.bos_token();
-        let add_special = bos.is_empty() || !text.starts_with(bos);
-        Ok(text
-            .split(marker)
-            .enumerate()
-            .map(|(i, run)| tokenizer.encode(run, i == 0 && add_special, true))
-            .collect())
+        match &self.renderer {
+            Renderer::Jinja(t) => {
+                let messages = crate::template::llama_cpp_messages(messages);
+                let text = self.render(&messages, tools, true, kwargs)?;
+                let bos = t.bos_token();
+                let add_special = bos.is_empty() || !text.starts_with(bos);
+                let runs = text
+                    .split(marker)
+                    .enumerate()
+                    .map(|(i, run)| tokenizer.encode(run, i == 0 && add_special, true))
+                    .collect();
+                Ok(ChatRuns {
+                    runs,
+                    framing: ImageFraming::Mtmd,
+                })
+            }
+            Renderer::MuseGlimmer => {
+                let opts = muse_options(kwargs, true)?;
+                let prompt = muse_glimmer::render_prompt(messages, tools, &opts)
+                    .map_err(|e| PromptError::Render(e.to_string()))?
+                    .with_marker_images(marker);
+                muse_glimmer::check_tokenizer(tokenizer)
+                    .map_err(|e| PromptError::Render(e.to_string()))?;
+                let runs = prompt
+                    .encode_runs(|t| tokenizer.encode(t, false, false))
+                    .map_err(|e| PromptError::Render(e.to_string()))?;
+                Ok(ChatRuns {
+                    runs,
+                    framing: ImageFraming::InRuns,
+                })
+            }
+            Renderer::None(why) => Err(PromptError::NoTemplate(why.clone())),
+        }
     }
 
     /// A raw completion prompt: BOS as the model asks, special tokens parsed.
@@ -234,6 +279,12 @@ fn muse_options(
                 opts.reasoning_strength = s.clone()
             }
             ("current_date", Value::String(s)) => opts.current_date = Some(s.clone()),
+            ("wrap_images", Value::Bool(b)) => opts.wrap_images = *b,
+            ("wrap_images", _) => {
+                return Err(PromptError::Render(
+                    "chat_template_kwargs.wrap_images must be a boolean.".into(),
+                ))
+            }
             ("reasoning_strength" | "reasoning_effort" | "current_date", _) => {
                 return Err(PromptError::Render(format!(
                     "chat_template_kwargs.{k} must be a string."

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use hearth_chat::prompter::Prompter;
+use hearth_chat::prompter::{ImageFraming, Prompter};
 use hearth_engine::prompt::{ImageRows, Prompt};
 use hearth_models::Backend;
 use hearth_models::{Logits, Model};
@@ -156,6 +156,9 @@ fn hearth_run_image_matches_llama_mtmd_cli() {
     let runs = prompter
         .chat_runs(&messages, None, &Map::new(), MEDIA_MARKER)
         .unwrap();
+    // The file's own template: libmtmd's framing.
+    assert_eq!(runs.framing, ImageFraming::Mtmd);
+    let runs = runs.runs;
 
     for rec in fx["images"].as_array().unwrap() {
         let name = rec["image"].as_str().unwrap();
@@ -344,5 +347,153 @@ fn projector_width_must_be_the_text_width() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && !err.contains("panicked"), "{err}");
     assert!(err.contains("576") && err.contains("256"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A Muse Glimmer file without a chat template renders with the built-in
+/// format, which places each image as the model's reference does (spec
+/// chat-format.md §2.6): its rows exactly where `Prompt::encode` (checked
+/// against the spec's golden prompts in hearth-chat) puts the N bare
+/// `<|patch|>` slots, with no `<|image_start|>`/`<|image_end|>`, several
+/// images per message; `wrap_images` gives the wrapped revision. The CLI
+/// takes that path (its prompt length is the bare one).
+#[test]
+fn built_in_format_places_images_as_bare_patches() {
+    use hearth_chat::muse_glimmer::{self, RenderOptions, Special};
+    use hearth_engine::prompt::IMAGE_ID;
+
+    let fx: Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{FIXTURES}/e2e.json")).unwrap())
+            .unwrap();
+    let dir = std::env::temp_dir().join(format!("hearth-vision-builtin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("text.gguf");
+    let st = hearth()
+        .args(["synth", "--arch", "muse-glimmer", "--muse-specials"])
+        .args(["--layers", "1", "--seed", "3", "-o"])
+        .arg(&text)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let mmproj = synth(
+        &dir,
+        "mmproj.gguf",
+        &fx["mmproj_synth_flags"],
+        &fx["mmproj_sha256"],
+    );
+    let model = Model::load(&text).unwrap();
+    let tokenizer = Arc::new(Tokenizer::from_gguf(model.file().metadata()).unwrap());
+    muse_glimmer::check_tokenizer(&tokenizer).unwrap();
+    let prompter = Prompter::from_gguf(model.file(), Some(tokenizer.clone()), "auto").unwrap();
+    assert!(prompter
+        .describe()
+        .starts_with("built-in Muse Glimmer format"));
+    let input = ImageInput::new(
+        MmProj::load(&mmproj, Some(model.config.dim)).unwrap(),
+        Rules::REFERENCE,
+        &tokenizer,
+    );
+    let names = ["square_56x56.png", "wide_200x130.png"];
+    let rows: Vec<Arc<ImageRows>> = names
+        .iter()
+        .map(|n| {
+            let bytes = std::fs::read(format!("{FIXTURES}/{n}")).unwrap();
+            let img = RgbImage::decode(&bytes, &ImageLimits::default()).unwrap();
+            input.encode(&img).unwrap().rows
+        })
+        .collect();
+    let counts: Vec<usize> = rows.iter().map(|r| r.n).collect();
+
+    for wrap in [false, true] {
+        // As the server holds a request: media-marker parts; as `run` writes
+        // one: the marker in the text. Both render the same.
+        let parts = json!([{"role": "user", "content": [
+            {"type": "text", "text": "Compare "},
+            {"type": "media_marker", "text": MEDIA_MARKER},
+            {"type": "text", "text": " with "},
+            {"type": "media_marker", "text": MEDIA_MARKER},
+            {"type": "text", "text": "."}]}]);
+        let string = json!([{"role": "user",
+            "content": format!("Compare {MEDIA_MARKER} with {MEDIA_MARKER}.")}]);
+        let mut kwargs = Map::new();
+        if wrap {
+            kwargs.insert("wrap_images".into(), json!(true));
+        }
+        let mut prompts = Vec::new();
+        for messages in [&parts, &string] {
+            let runs = prompter
+                .chat_runs(messages, None, &kwargs, MEDIA_MARKER)
+                .unwrap();
+            assert_eq!(runs.framing, ImageFraming::InRuns);
+            prompts.push(input.prompt_bare(&runs.runs, &rows));
+        }
+        assert_eq!(prompts[0].ids, prompts[1].ids, "wrap {wrap}");
+        let got = &prompts[0];
+
+        // The reference placement: image parts as `<|patch|>` runs.
+        let images = json!([{"role": "user", "content": [
+            {"type": "text", "text": "Compare "}, {"type": "image"},
+            {"type": "text", "text": " with "}, {"type": "image"},
+            {"type": "text", "text": "."}]}]);
+        let opts = RenderOptions {
+            wrap_images: wrap,
+            ..RenderOptions::default()
+        };
+        let want = muse_glimmer::render_prompt(&images, None, &opts)
+            .unwrap()
+            .encode_with(&tokenizer, &counts)
+            .unwrap();
+        assert_eq!(got.len(), want.len(), "wrap {wrap}");
+        let patch = Special::Patch.id();
+        for (i, (&g, &w)) in got.ids.iter().zip(&want).enumerate() {
+            match w == patch {
+                true => assert_eq!(g, IMAGE_ID, "wrap {wrap}: position {i}"),
+                false => assert_eq!(g, w, "wrap {wrap}: position {i}"),
+            }
+        }
+        // Each image's rows start at its first slot, in order.
+        let starts: Vec<usize> = (0..want.len())
+            .filter(|&i| want[i] == patch && (i == 0 || want[i - 1] != patch))
+            .collect();
+        assert_eq!(got.images.len(), 2);
+        for (k, s) in got.images.iter().enumerate() {
+            assert_eq!((s.start, s.image.n), (starts[k], counts[k]), "wrap {wrap}");
+            assert!(Arc::ptr_eq(&s.image, &rows[k]));
+        }
+        let framing = [Special::ImageStart.id(), Special::ImageEnd.id()];
+        let framed = got.ids.iter().filter(|i| framing.contains(i)).count();
+        assert_eq!(framed, if wrap { 4 } else { 0 }, "wrap {wrap}");
+    }
+
+    // The CLI: the bare prompt's length (the llama.cpp framing would add 2).
+    let stats = dir.join("stats.json");
+    let png = format!("{FIXTURES}/{}", names[0]);
+    let out = hearth()
+        .args(["run", "-m"])
+        .arg(&text)
+        .arg("--mmproj")
+        .arg(&mmproj)
+        .args(["--image", &png, "-p", "Describe.", "-n", "2", "-t", "2"])
+        .arg("--stats-json")
+        .arg(&stats)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats: Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let one = json!([{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "Describe."}]}]);
+    let want = muse_glimmer::render_prompt(&one, None, &RenderOptions::default())
+        .unwrap()
+        .encode_with(&tokenizer, &counts[..1])
+        .unwrap();
+    assert_eq!(stats["prompt_tokens"], json!(want.len()));
     let _ = std::fs::remove_dir_all(&dir);
 }

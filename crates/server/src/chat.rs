@@ -16,7 +16,7 @@ use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use hearth_chat::detect::OutputFormat;
 use hearth_chat::parser::{ChatEvent, FinishHint, OutputParser};
-use hearth_chat::prompter::PromptError;
+use hearth_chat::prompter::{ChatRuns, ImageFraming, PromptError};
 use hearth_engine::prompt::Prompt;
 use hearth_engine::scheduler::{Event, Job, Summary};
 use hearth_engine::turn::{FinishReason, TokenConstraint, TokenLogprob};
@@ -179,7 +179,7 @@ async fn image_prompt(app: &Arc<AppState>, req: &ChatRequest) -> Result<Prompt, 
     let (messages, decoded) = tokio::task::spawn_blocking(move || images::extract(&raw, allow))
         .await
         .map_err(|e| ApiError::server(format!("image decoding: {e}")))??;
-    let runs = app
+    let ChatRuns { runs, framing } = app
         .prompter
         .chat_runs(&messages, req.tools.as_ref(), &req.kwargs, MEDIA_MARKER)
         .map_err(prompt_error)?;
@@ -210,7 +210,10 @@ async fn image_prompt(app: &Arc<AppState>, req: &ChatRequest) -> Result<Prompt, 
         );
     }
     let rows: Vec<_> = rows.into_iter().map(|e| e.rows).collect();
-    Ok(input.prompt(&runs, &rows))
+    Ok(match framing {
+        ImageFraming::Mtmd => input.prompt(&runs, &rows),
+        ImageFraming::InRuns => input.prompt_bare(&runs, &rows),
+    })
 }
 
 /// A conversation the prompter could not render is the client's error (400

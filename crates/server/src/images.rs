@@ -1,13 +1,13 @@
 //! Image parts of chat messages (`{"type": "image_url", "image_url": {"url":
 //! "data:image/png;base64,..."}}`): checked, decoded and replaced by
-//! llama.cpp's media marker, so the chat template places each image where its
-//! part was (`hearth_chat::template::llama_cpp_messages` joins the parts as
-//! llama-server does). `data:` URLs are taken; http(s) URLs only with
+//! llama.cpp's media marker parts, so the prompt places each image where its
+//! part was (`Prompter::chat_runs`: a GGUF template sees the parts joined as
+//! llama-server joins them; the built-in Muse Glimmer format keeps them as
+//! parts, §2.3). `data:` URLs are taken; http(s) URLs only with
 //! `--allow-image-urls` (fetched here, with a time and size limit), since a
 //! server that fetches what clients name can be pointed at hosts only it can
 //! reach. Errors are 400s naming the part.
 
-use hearth_chat::template::llama_cpp_messages;
 use hearth_vision::prompt::MEDIA_MARKER;
 use hearth_vision::{decode_base64, ImageLimits, RgbImage};
 use serde_json::{json, Value};
@@ -31,8 +31,9 @@ pub fn has_images(messages: &Value) -> bool {
     })
 }
 
-/// The messages with every image part replaced by a media marker (content
-/// lists joined into strings), and the decoded images in order.
+/// The messages with every image part replaced by a media marker part
+/// (`{"type": "media_marker", "text": "<__media__>"}`), and the decoded
+/// images in order.
 pub fn extract(messages: &Value, allow_urls: bool) -> Result<(Value, Vec<RgbImage>), ApiError> {
     let mut messages = messages.clone();
     let mut images = Vec::new();
@@ -61,7 +62,7 @@ pub fn extract(messages: &Value, allow_urls: bool) -> Result<(Value, Vec<RgbImag
             }
         }
     }
-    Ok((llama_cpp_messages(&messages), images))
+    Ok((messages, images))
 }
 
 /// An `image_url` value (an object with `url`, or the URL string) to pixels.
@@ -167,8 +168,10 @@ mod tests {
         let (out, images) = extract(&m, false).unwrap();
         assert_eq!(images.len(), 1);
         assert_eq!((images[0].width, images[0].height), (1, 1));
-        // llama-server's joining: no newline next to a marker (llama_cpp_messages).
-        assert_eq!(out[0]["content"], format!("look{MEDIA_MARKER}what?"));
+        assert_eq!(out[0]["content"][1]["type"], "media_marker");
+        // What a template sees: llama-server's joining, no newline next to a marker.
+        let joined = hearth_chat::template::llama_cpp_messages(&out);
+        assert_eq!(joined[0]["content"], format!("look{MEDIA_MARKER}what?"));
     }
 
     /// With --allow-image-urls an http URL is fetched (a one-shot local

@@ -157,13 +157,28 @@ impl ImageInput {
     /// images.len() + 1`) and the images in marker order, framed as mtmd
     /// frames them.
     pub fn prompt(&self, runs: &[Vec<u32>], images: &[Arc<ImageRows>]) -> Prompt {
+        self.assemble(runs, images, true)
+    }
+
+    /// The prompt from token runs that already carry every token, each
+    /// image its rows alone between two runs (the Muse Glimmer reference's
+    /// bare `<|patch|>` slots).
+    pub fn prompt_bare(&self, runs: &[Vec<u32>], images: &[Arc<ImageRows>]) -> Prompt {
+        self.assemble(runs, images, false)
+    }
+
+    fn assemble(&self, runs: &[Vec<u32>], images: &[Arc<ImageRows>], mtmd: bool) -> Prompt {
         assert_eq!(runs.len(), images.len() + 1, "one image per marker");
         let mut p = Prompt::default();
         for (run, image) in runs.iter().zip(images) {
             p.push_tokens(run);
-            p.push_tokens(&self.begin);
+            if mtmd {
+                p.push_tokens(&self.begin);
+            }
             p.push_image(image.clone());
-            p.push_tokens(&self.end);
+            if mtmd {
+                p.push_tokens(&self.end);
+            }
         }
         p.push_tokens(&runs[runs.len() - 1]);
         p

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use hearth_chat::prompter::ImageFraming;
 use hearth_engine::prompt::Prompt;
 use hearth_models::Model;
 use hearth_tokenizer::Tokenizer;
@@ -79,6 +80,7 @@ pub fn encode_into_prompt(
     images: &[RgbImage],
     paths: &[PathBuf],
     runs: &[Vec<u32>],
+    framing: ImageFraming,
 ) -> Result<(Prompt, Vec<Value>)> {
     if runs.len() != images.len() + 1 {
         bail!(
@@ -115,5 +117,9 @@ pub fn encode_into_prompt(
         }));
         rows.push(Arc::clone(&e.rows));
     }
-    Ok((input.prompt(runs, &rows), stats))
+    let prompt = match framing {
+        ImageFraming::Mtmd => input.prompt(runs, &rows),
+        ImageFraming::InRuns => input.prompt_bare(runs, &rows),
+    };
+    Ok((prompt, stats))
 }

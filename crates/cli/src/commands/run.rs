@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use hearth_chat::parser::{ChatEvent, FinishHint, OutputParser};
-use hearth_chat::prompter::Prompter;
+use hearth_chat::prompter::{ImageFraming, Prompter};
 use hearth_engine::prompt::Prompt;
 use hearth_engine::sampler::{Sampler, SamplerConfig};
 use hearth_engine::spec::factory::{DrafterFactory, MakeDrafter, SpecConfig};
@@ -265,8 +265,13 @@ pub fn run(args: Args) -> Result<()> {
             false => {
                 let runs = prompter.chat_runs(&messages, None, &Map::new(), MEDIA_MARKER)?;
                 let input = vision.as_ref().expect("checked: --image needs --mmproj");
-                let (p, stats) =
-                    super::images::encode_into_prompt(input, &images, &args.image, &runs)?;
+                let (p, stats) = super::images::encode_into_prompt(
+                    input,
+                    &images,
+                    &args.image,
+                    &runs.runs,
+                    runs.framing,
+                )?;
                 image_stats = stats;
                 p
             }
@@ -288,8 +293,13 @@ pub fn run(args: Args) -> Result<()> {
                     .enumerate()
                     .map(|(i, run)| tokenizer.encode(run, i == 0, true))
                     .collect();
-                let (p, stats) =
-                    super::images::encode_into_prompt(input, &images, &args.image, &runs)?;
+                let (p, stats) = super::images::encode_into_prompt(
+                    input,
+                    &images,
+                    &args.image,
+                    &runs,
+                    ImageFraming::Mtmd,
+                )?;
                 image_stats = stats;
                 p
             }

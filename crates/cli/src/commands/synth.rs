@@ -92,6 +92,13 @@ pub struct Args {
     /// `none` writes no vocabulary.
     #[arg(long)]
     pub tokenizer_from: Option<String>,
+    /// muse-glimmer: give the copied vocabulary Muse Glimmer's special
+    /// tokens at their fixed ids (200000..200092; the other new ids
+    /// reserved), 202048 ids in all, and no chat template, so the file
+    /// renders with hearth's built-in Muse Glimmer format (images as bare
+    /// `<|patch|>` slots, as the model's reference places them).
+    #[arg(long)]
+    pub muse_specials: bool,
     /// dflash: trained block size B_max [default: 16].
     #[arg(long)]
     pub block_size: Option<usize>,
@@ -347,6 +354,9 @@ pub fn run(args: Args) -> Result<()> {
         }
         (None, _) => None,
     };
+    if args.muse_specials && (shape.arch != Architecture::MuseGlimmer || tokenizer_from.is_none()) {
+        bail!("--muse-specials is for --arch muse-glimmer with a tokenizer (not --tokenizer-from none, --vocab or --preset)");
+    }
     let tokenizer = match &tokenizer_from {
         Some(name) => {
             let path = crate::registry::resolve_model(Some(name))
@@ -371,7 +381,18 @@ pub fn run(args: Args) -> Result<()> {
                 })?;
             eprintln!("tokenizer from {} ({n} tokens)", path.display());
             shape.vocab_size = n;
-            Some(keys)
+            if args.muse_specials {
+                let keys = with_muse_specials(keys).with_context(|| {
+                    format!("--muse-specials on the tokenizer of {}", path.display())
+                })?;
+                shape.vocab_size = MUSE_VOCAB;
+                eprintln!(
+                    "Muse Glimmer special tokens at their ids, {MUSE_VOCAB} tokens, no chat template (the built-in format)"
+                );
+                Some(keys)
+            } else {
+                Some(keys)
+            }
         }
         None => None,
     };
@@ -392,6 +413,65 @@ pub fn run(args: Args) -> Result<()> {
         args.seed
     );
     write(&args, &plan)
+}
+
+/// The vocabulary size of Muse Glimmer (spec muse-glimmer-model.md).
+const MUSE_VOCAB: usize = 202048;
+
+/// `tokenizer.*` keys extended to [`MUSE_VOCAB`] ids with the Muse Glimmer
+/// specials at their ids (control tokens; the other new ids
+/// `<|reserved_special_token_N|>`), BOS and EOS theirs, no chat template.
+fn with_muse_specials(
+    keys: Vec<(String, hearth_gguf::Value)>,
+) -> Result<Vec<(String, hearth_gguf::Value)>> {
+    use hearth_chat::muse_glimmer::Special;
+    use hearth_gguf::{Value, ValueType};
+    const CONTROL: i32 = 3;
+    let mut out = Vec::new();
+    for (k, v) in keys {
+        let v = match (k.as_str(), v) {
+            ("tokenizer.chat_template", _) => continue,
+            ("tokenizer.ggml.tokens", Value::Array(ValueType::String, mut tokens)) => {
+                let first = Special::ALL.iter().map(|t| t.id()).min().unwrap_or(0) as usize;
+                if tokens.len() > first {
+                    bail!("{} tokens: the specials start at id {first}", tokens.len());
+                }
+                for t in Special::ALL {
+                    if tokens.iter().any(|x| x.as_str() == Some(t.as_str())) {
+                        bail!("the vocabulary already has {}", t.as_str());
+                    }
+                }
+                for i in tokens.len()..MUSE_VOCAB {
+                    let name = Special::ALL
+                        .iter()
+                        .find(|t| t.id() as usize == i)
+                        .map_or_else(
+                            || format!("<|reserved_special_token_{i}|>"),
+                            |t| t.as_str().to_string(),
+                        );
+                    tokens.push(Value::String(name));
+                }
+                Value::Array(ValueType::String, tokens)
+            }
+            ("tokenizer.ggml.token_type", Value::Array(ty, mut types)) => {
+                types.resize(MUSE_VOCAB, Value::I32(CONTROL));
+                Value::Array(ty, types)
+            }
+            ("tokenizer.ggml.scores", Value::Array(ty, mut scores)) => {
+                scores.resize(MUSE_VOCAB, Value::F32(0.0));
+                Value::Array(ty, scores)
+            }
+            ("tokenizer.ggml.bos_token_id", _) => Value::U32(Special::BeginOfText.id()),
+            ("tokenizer.ggml.eos_token_id", _) => Value::U32(Special::Eot.id()),
+            ("tokenizer.ggml.padding_token_id", _) => Value::U32(Special::EndOfText.id()),
+            ("tokenizer.ggml.tokens" | "tokenizer.ggml.token_type", _) => {
+                bail!("{k} is not an array of the expected type")
+            }
+            (_, v) => v,
+        };
+        out.push((k, v));
+    }
+    Ok(out)
 }
 
 fn write(args: &Args, plan: &SynthPlan) -> Result<()> {
