@@ -111,10 +111,6 @@ pub fn generate_speculative<B: Backend>(
     .map_err(|e| match e {
         TurnError::Model(e) => SpecError::Model(e),
         TurnError::Spec(e) => e,
-        TurnError::ImagesWithDrafter => SpecError::Model(hearth_models::ModelError::Unsupported {
-            backend: "speculative",
-            what: "images".into(),
-        }),
         TurnError::Constraint(e) => SpecError::Model(hearth_models::ModelError::Unsupported {
             backend: "speculative",
             what: format!("constrained output ({e})"),

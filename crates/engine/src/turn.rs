@@ -162,8 +162,6 @@ pub enum TurnError {
     Model(#[from] hearth_models::ModelError),
     #[error(transparent)]
     Spec(#[from] SpecError),
-    #[error("speculative decoding does not take images (the drafter sees token ids only); run without a drafter")]
-    ImagesWithDrafter,
     #[error("output constraint: {0}")]
     Constraint(String),
 }
@@ -376,9 +374,6 @@ impl<'t> Turn<'t> {
         sink: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<StepOut, TurnError> {
         assert!(self.stats.finish.is_none(), "step of a finished turn");
-        if drafter.is_some() && self.logits.is_none() && !self.prompt.images.is_empty() {
-            return Err(TurnError::ImagesWithDrafter);
-        }
         let drafter = match drafter {
             Some(d) if self.logits.is_some() && self.speculates() => {
                 let t = Instant::now();

@@ -202,9 +202,7 @@ pub fn run(args: Args) -> Result<()> {
         arg: args.model.as_deref(),
         path: &path,
     };
-    let spec = args
-        .spec
-        .config(args.device, target, !args.image.is_empty())?;
+    let spec = args.spec.config(args.device, target)?;
     // The GPU copies the file's blocks itself: no CPU repacking for it.
     let load = if args.device == Device::Cuda {
         Model::load_unpacked

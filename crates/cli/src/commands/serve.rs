@@ -141,14 +141,11 @@ pub fn run(mut args: Args) -> Result<()> {
     args.spec.precheck(args.device)?;
     crate::init_threads(args.threads)?;
     let path = crate::registry::resolve_model(args.model.as_deref())?;
-    // Speculation refuses images: with --mmproj, `auto` decodes plainly.
     let target = super::spec::Target {
         arg: args.model.as_deref(),
         path: &path,
     };
-    let spec = args
-        .spec
-        .config(args.device, target, args.mmproj.is_some())?;
+    let spec = args.spec.config(args.device, target)?;
     let kv = args.kv.for_device(args.device)?;
     crate::limits::check_context(&path, args.max_context, args.max_sessions, args.device, kv)?;
     let model_id = args

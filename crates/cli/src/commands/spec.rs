@@ -116,21 +116,17 @@ impl SpecArgs {
         }
     }
 
-    /// The engine's configuration for these flags on `device` for `target`
-    /// (`images`: the run may carry images), the draft model's name resolved
-    /// to a file (downloading a packaged one, copying a packaged drafter
+    /// The engine's configuration for these flags on `device` for `target`,
+    /// the draft model's name resolved to a file (downloading a packaged one, copying a packaged drafter
     /// from the repository). DFlash runs on either device (on CUDA next to
     /// the target, a plain DFlash1 draft only: the GPU path names what else
     /// it cannot run when the drafter loads).
-    pub fn config(&self, device: Device, target: Target, images: bool) -> Result<SpecConfig> {
+    pub fn config(&self, device: Device, target: Target) -> Result<SpecConfig> {
         self.precheck(device)?;
         let kind = match self.choice() {
-            SpecChoice::Auto => return self.auto(device, target, images),
+            SpecChoice::Auto => return self.auto(device, target),
             SpecChoice::Kind(k) => k,
         };
-        if images && kind != SpecKind::None {
-            bail!("speculative decoding does not take images (its drafters see token ids only): use --spec none");
-        }
         let mut config = self.explicit(kind);
         match (kind, &self.draft_model) {
             (SpecKind::Draft, Some(name)) => {
@@ -155,13 +151,11 @@ impl SpecArgs {
     }
 
     /// `--spec auto`: the packaged DFlash drafter of a packaged target
-    /// without images, else no speculation (quietly: one stderr line says
-    /// which drafter was picked, or why a registered one could not be).
-    fn auto(&self, _device: Device, target: Target, images: bool) -> Result<SpecConfig> {
+    /// (with images too: the drafter reads the target's hidden states), else
+    /// no speculation (quietly: one stderr line says which drafter was
+    /// picked, or why a registered one could not be).
+    fn auto(&self, _device: Device, target: Target) -> Result<SpecConfig> {
         let none = SpecConfig::default();
-        if images {
-            return Ok(none);
-        }
         let reg = registry()?;
         let Some(m) = packaged_target(&reg, target) else {
             return Ok(none);
@@ -282,23 +276,22 @@ mod tests {
     }
 
     #[test]
-    fn auto_falls_back_quietly_with_images() {
+    fn auto_without_a_packaged_target_decodes_plainly() {
         let a = args(&[]);
         let t = Target {
-            arg: None,
+            arg: Some("/nonexistent.gguf"),
             path: Path::new("/nonexistent.gguf"),
         };
-        // No registry lookup happens with images: plain decoding, on either device.
+        // A file with no packaged record: plain decoding, on either device.
         for device in [Device::Cuda, Device::Cpu] {
-            let c = a.config(device, t, true).unwrap();
+            let c = a.config(device, t).unwrap();
             assert_eq!(c.kind, SpecKind::None);
             assert!(c.check().is_ok());
         }
-        // DFlash on cuda passes the flags' checks (the GPU drafter runs it);
-        // explicit drafters with images fail.
+        // DFlash on cuda passes the flags' checks (the GPU drafter runs it).
         assert!(args(&["--spec", "dflash"]).precheck(Device::Cuda).is_ok());
-        let e = args(&["--spec", "ngram"]).config(Device::Cpu, t, true);
-        assert!(format!("{:#}", e.unwrap_err()).contains("images"));
+        let c = args(&["--spec", "ngram"]).config(Device::Cpu, t).unwrap();
+        assert_eq!(c.kind, SpecKind::Ngram);
     }
 
     #[test]

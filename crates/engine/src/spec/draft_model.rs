@@ -11,19 +11,29 @@
 //!
 //! The draft model runs on any backend: the CPU model by default, or the
 //! target's GPU.
+//!
+//! The draft model has no vision: an image's positions (which hold
+//! [`IMAGE_ID`] in the context) reach it as [`IMAGE_STAND_IN`] tokens, so its
+//! positions stay the target's; it drafts from the text around the image.
 
 use std::sync::Arc;
 
 use hearth_models::{Backend, BackendState, Logits, Model};
 
 use super::{Draft, Drafter, SpecError};
+use crate::prompt::IMAGE_ID;
 use crate::sampler::{argmax, Sampler, SamplerConfig};
 use crate::session::common_prefix;
+
+/// The token a draft model is fed at an image position (id 0: in every
+/// vocabulary).
+pub const IMAGE_STAND_IN: u32 = 0;
 
 pub struct DraftModelDrafter<B: Backend = Model> {
     model: Arc<B>,
     state: B::State,
-    /// Ids whose K/V are in `state` (`fed.len() == state.pos()`).
+    /// Context ids whose K/V are in `state` (`fed.len() == state.pos()`;
+    /// [`IMAGE_ID`] where the state holds [`IMAGE_STAND_IN`]).
     fed: Vec<u32>,
     /// `None`: argmax drafting.
     sampler: Option<Sampler>,
@@ -70,9 +80,20 @@ impl<B: Backend> DraftModelDrafter<B> {
             }
         }
         let rest = &context[self.fed.len()..];
+        let stand_in;
+        let feed = match rest.contains(&IMAGE_ID) {
+            false => rest,
+            true => {
+                stand_in = rest
+                    .iter()
+                    .map(|&t| if t == IMAGE_ID { IMAGE_STAND_IN } else { t })
+                    .collect::<Vec<u32>>();
+                &stand_in
+            }
+        };
         let logits = self
             .model
-            .forward(&mut self.state, rest, Logits::Last)
+            .forward(&mut self.state, feed, Logits::Last)
             .map_err(SpecError::Draft)?;
         self.fed.extend_from_slice(rest);
         Ok(logits)

@@ -4,6 +4,7 @@
 //! output copies from the input (an agent editing code it has just read).
 
 use super::{Draft, Drafter, SpecError};
+use crate::prompt::IMAGE_ID;
 
 pub struct NgramDrafter {
     pub min_n: usize,
@@ -35,6 +36,11 @@ impl NgramDrafter {
                 if &context[s..s + n] == pattern {
                     let from = s + n;
                     let to = (from + k).min(len);
+                    // An image's positions are no tokens to propose.
+                    let to = context[from..to]
+                        .iter()
+                        .position(|&t| t == IMAGE_ID)
+                        .map_or(to, |i| from + i);
                     return context[from..to].to_vec();
                 }
             }
@@ -75,5 +81,9 @@ mod tests {
         assert!(d.lookup(&[1, 2, 3], 4).is_empty());
         // Continuation stops at the end of the context.
         assert_eq!(d.lookup(&[4, 4], 5), vec![4]);
+        // ... and at an image (its positions hold IMAGE_ID, no token).
+        let img = IMAGE_ID;
+        assert_eq!(d.lookup(&[1, 2, 7, img, img, 5, 1, 2], 4), vec![7]);
+        assert!(d.lookup(&[1, 2, img, img, 5, 1, 2], 4).is_empty());
     }
 }
