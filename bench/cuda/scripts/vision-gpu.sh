@@ -42,7 +42,7 @@ for phase in "$@"; do
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
       # greedy_speculative_equals_plain_greedy_qwen_05b needs the packaged
       # qwen2.5-coder-0.5b on the device (real-model-agreement.sh brings it).
-      (cd crates/cuda && "$H/gpu_tests" --ignored --nocapture --test-threads 1 \
+      (cd crates/cuda && HEARTH_TOK_GGUF="$H/tok.gguf" "$H/gpu_tests" --ignored --nocapture --test-threads 1 \
         --skip greedy_speculative_equals_plain_greedy_qwen_05b) 2>&1 | tee "$OUT/gpu-tests.log" |
         grep -E "^test |test result|vision|image rows" || true ;;
     encode)
@@ -82,6 +82,18 @@ a, b = open(f"{out}/e2e-cpu.txt").read(), open(f"{out}/e2e-cuda.txt").read()
 n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 print(f"{img}: cpu and cuda greedy text {'identical' if a == b else f'part after {n} chars'}: cuda {b!r}")
 PY
+      done
+      # Speculative decoding with an image on CUDA: DFlash (a synthetic draft) and
+      # n-gram drafts give plain greedy decoding's text.
+      "$H/hearth" synth --arch dflash --target "$H/e2e-text.gguf" -o "$H/e2e-dflash.gguf" >&2
+      img=tests/fixtures/vision/e2e/wide_200x130.png
+      for spec in none "dflash --draft-model $H/e2e-dflash.gguf" ngram; do
+        # shellcheck disable=SC2086
+        "$H/hearth" run --device cuda -m "$H/e2e-text.gguf" --mmproj "$H/e2e-mm.gguf" --image "$img" \
+          -p "Describe the image." -n 32 --temp 0 --spec $spec >"$H/spec.txt" 2>"$H/spec.err" || { cat "$H/spec.err"; exit 1; }
+        [[ $spec == none ]] && cp "$H/spec.txt" "$H/spec-none.txt"
+        if cmp -s "$H/spec.txt" "$H/spec-none.txt"; then same=identical; else same=DIFFERENT; fi
+        echo "cuda --image --spec ${spec%% *}: text $same to --spec none; $(grep -E '^spec:' "$H/spec.err" | cut -c1-120)" | tee -a "$OUT/e2e.log"
       done
       # serve --device cuda with an image (data: URL), twice: the second turn reuses it.
       "$H/hearth" serve --device cuda -m "$H/e2e-text.gguf" --mmproj "$H/e2e-mm.gguf" --port 18181 >"$H/serve.log" 2>&1 &

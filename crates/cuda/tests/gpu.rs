@@ -1660,3 +1660,130 @@ fn image_rows_forward_matches_cpu() {
         "a ragged row block is refused"
     );
 }
+
+/// Speculative decoding on the GPU over a prompt with image rows is
+/// lossless: DFlash (the image rows' hidden states tapped on the GPU, the
+/// GPU drafter) and n-gram drafts give plain greedy GPU decoding's tokens.
+/// A synthetic qwen2 with SmolLM2's vocabulary (`HEARTH_TOK_GGUF`: a GGUF
+/// holding its tokenizer keys, e.g. `.gpu/tok.gguf` as
+/// bench/cuda/scripts/vision-gpu.sh places it) and a synthetic DFlash draft.
+#[test]
+#[ignore = "needs a CUDA GPU and HEARTH_TOK_GGUF"]
+fn speculation_over_image_rows_equals_plain_greedy() {
+    use hearth_cuda::dflash::GpuDraft;
+    use hearth_engine::generate::Flow;
+    use hearth_engine::prompt::{ImageRows, Prompt};
+    use hearth_engine::sampler::{Sampler, SamplerConfig};
+    use hearth_engine::spec::dflash::DflashDrafter;
+    use hearth_engine::spec::ngram::NgramDrafter;
+    use hearth_engine::spec::Drafter;
+    use hearth_engine::turn::{Turn, TurnParams};
+    use hearth_models::dflash::DflashModel;
+    use hearth_models::synth_dflash::{dflash_plan, DflashShape};
+    use hearth_models::Backend;
+    use hearth_tokenizer::Tokenizer;
+
+    let tok_path = std::env::var("HEARTH_TOK_GGUF")
+        .expect("HEARTH_TOK_GGUF: a GGUF with SmolLM2's tokenizer keys");
+    let tf = hearth_gguf::GgufFile::open(&tok_path).unwrap();
+    let tok = Tokenizer::from_gguf(tf.metadata()).unwrap();
+    let vocab = tf
+        .metadata()
+        .get_array("tokenizer.ggml.tokens")
+        .unwrap()
+        .len();
+    let shape = SynthShape {
+        vocab_size: vocab,
+        ..small_qwen2()
+    };
+    let mut plan = SynthPlan::new(&shape).unwrap();
+    let vocab_key = format!("{}.vocab_size", shape.arch.gguf_name());
+    plan.metadata
+        .retain(|(k, _)| !k.starts_with("tokenizer.") && *k != vocab_key);
+    plan.metadata.extend(
+        tf.metadata()
+            .iter()
+            .filter(|(k, _)| k.starts_with("tokenizer."))
+            .map(|(k, v)| (k.to_string(), v.clone())),
+    );
+    let (m, _) = plan_models(plan, 43);
+    let mut dshape = DflashShape::for_target(&m.config);
+    dshape.block_size = 8;
+    let dplan = dflash_plan(&m.config, &dshape).unwrap();
+    let path =
+        std::env::temp_dir().join(format!("hearth-gpu-img-dflash-{}.gguf", std::process::id()));
+    write_gguf_file(&dplan, 5, &path).unwrap();
+    let d = Arc::new(DflashModel::load(&path, &m).unwrap());
+    let _ = std::fs::remove_file(&path);
+    let gm = Arc::new(GpuModel::upload(gpu(), m.clone(), false).unwrap());
+    let weights = Arc::new(GpuDraft::upload(gm.clone(), d.clone()).unwrap());
+
+    let dim = m.config.dim;
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let mut ids =
+        |n: usize| -> Vec<u32> { (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect() };
+    let (t0, t1, t2) = (ids(40), ids(30), ids(10));
+    let rows = |tag: u8, n: usize| {
+        let mut r = ChaCha8Rng::seed_from_u64(tag as u64);
+        Arc::new(ImageRows {
+            digest: [tag; 32],
+            rows: (0..n * dim).map(|_| r.gen_range(-2.0f32..2.0)).collect(),
+            n,
+        })
+    };
+    let mut prompt = Prompt::default();
+    prompt.push_tokens(&t0);
+    prompt.push_image(rows(1, 24));
+    prompt.push_tokens(&t1);
+    prompt.push_image(rows(2, 5));
+    prompt.push_tokens(&t2);
+    // The image-free run repeats t1 so n-gram drafts have something to copy.
+    prompt.push_tokens(&t1);
+
+    let n = 48;
+    let ctx = 512;
+    let run = |drafter: Option<&mut dyn Drafter>, k: usize| -> (Vec<u32>, u64) {
+        let params = TurnParams {
+            max_tokens: n,
+            stop: vec![],
+            ignore_eos: true,
+            n_draft: if drafter.is_some() { k } else { 0 },
+            render_special: false,
+            logprobs: None,
+        };
+        let mut st = Backend::new_state(&*gm, ctx, k).unwrap();
+        let greedy = Sampler::new(SamplerConfig::greedy()).unwrap();
+        let mut turn = Turn::new(&tok, prompt.clone(), 0, greedy, params);
+        let mut drafter = drafter;
+        while turn.finished().is_none() {
+            turn.step(
+                &*gm,
+                &mut st,
+                drafter.as_mut().map(|d| &mut **d as &mut dyn Drafter),
+                64,
+                &mut |_| Flow::Continue,
+            )
+            .unwrap();
+        }
+        let stats = turn.into_parts().0;
+        let forwards = stats.spec.map_or(0, |s| s.target_forwards);
+        (stats.tokens, forwards)
+    };
+    let (want, _) = run(None, 0);
+    assert_eq!(want.len(), n);
+    let mut dflash: Box<dyn Drafter> = Box::new(
+        DflashDrafter::with_runner(
+            d.clone(),
+            Box::new(weights.runner(ctx + 16).unwrap()),
+            Some(8),
+        )
+        .unwrap(),
+    );
+    let mut ngram: Box<dyn Drafter> = Box::new(NgramDrafter::default());
+    for (name, d, k) in [("dflash", &mut dflash, 7), ("ngram", &mut ngram, 3)] {
+        let (got, forwards) = run(Some(d.as_mut()), k);
+        println!("image rows + {name}: {forwards} target forwards for {n} tokens");
+        assert!(forwards > 0, "{name}: no speculation ran");
+        assert_eq!(got, want, "{name}");
+    }
+}
