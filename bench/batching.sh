@@ -59,7 +59,9 @@ if [[ $parts == *3* ]]; then
     stop $!
 fi
 if [[ $parts == *5* ]]; then
-    llama_server=$(ls ~/.cache/hearth-ref/build-*-cpu/bin/llama-server | head -n 1)
+    # The build for this CPU (scripts/build-llamacpp.sh prints its bin dir;
+    # on an AMX machine that is the non-native AVX-512 build).
+    llama_server="$(bash scripts/build-llamacpp.sh | tail -n 1)/llama-server"
     "$llama_server" -m "$qwen" -c 8192 -np 4 -cb -t "$threads" --port 8606 >"$tmp/llama.log" 2>&1 &
     for _ in $(seq 600); do
         curl -sf http://127.0.0.1:8606/health >/dev/null 2>&1 && break
