@@ -3,7 +3,13 @@ through a pseudo-terminal as a person would type. Checks: two turns, the
 second reusing the first turn's KV cache (its stats line reports cached
 prompt tokens); Ctrl-C in the middle of an answer stops the answer and keeps
 the session (the next turn still reuses the cache); /save writes the
-transcript; Ctrl-D exits cleanly.
+transcript; Ctrl-D exits cleanly; /image without --mmproj is a clear error.
+With the vision end-to-end fixture pair (a synthetic Muse Glimmer text model
+and mmproj, tests/fixtures/vision/e2e): `/image FILE` attaches an image to the
+next message, whose reply equals `hearth run --image FILE -p ...`'s (that path
+is checked against llama-mtmd-cli in crates/cli/tests/vision_e2e.rs); the next
+turn reuses the image's KV and does not encode it again; a missing file is an
+error that keeps the chat.
 
 Run: HEARTH_BIN=target/release/hearth python3 tests/cli/test_interactive.py
 """
@@ -132,6 +138,10 @@ def main():
         assert [m["role"] for m in saved] == ["user", "assistant"] * 4, saved
         assert saved[0]["content"] == "Hi! What is the capital of France?"
 
+        term.send("/image nothing.png\r")
+        term.read_until(r"needs the model's projector: start with --mmproj", 30)
+        term.read_until(r">>> ", 30)
+
         term.send(b"\x04")  # Ctrl-D
         deadline = time.time() + 30
         while term.proc.poll() is None and time.time() < deadline:
@@ -140,6 +150,48 @@ def main():
     finally:
         term.close()
     print("PASS interactive chat: two turns with cache reuse, Ctrl-C keeps the session, /save, Ctrl-D")
+    images(home)
+
+
+def images(home):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    fix = os.path.join(root, "tests", "fixtures", "vision", "e2e")
+    fx = json.load(open(os.path.join(fix, "e2e.json")))
+    text, mmproj = os.path.join(home, "text.gguf"), os.path.join(home, "mmproj.gguf")
+    for out, flags in [(text, fx["text_synth_flags"]), (mmproj, fx["mmproj_synth_flags"])]:
+        subprocess.run([BIN, "synth", *flags, "-o", out], check=True, capture_output=True)
+    png = os.path.join(fix, "square_56x56.png")
+    common = ["-m", text, "--mmproj", mmproj, "--temp", "0", "-n", "16", "-t", "2"]
+    want = subprocess.run([BIN, "run", *common, "--image", png, "-p", "Describe the image."],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    assert want, "hearth run --image printed nothing"
+    term = Terminal(["run", *common, "-c", "2048"])
+    try:
+        term.read_until(r"chatting with .*\n", 120)
+        term.read_until(r">>> ", 60)
+        term.send(f"/image {png}\r")
+        term.read_until(r"attached .*square_56x56\.png: 56x56, 4 image tokens", 30)
+        term.read_until(r">>> ", 30)
+        out1, n1, p1, c1, _ = turn(term, "Describe the image.")
+        plain = out1.replace("\r\n", "\n")
+        assert "encoded on the CPU" in plain, out1
+        assert want in plain, f"the chat's reply differs from hearth run --image's {want!r}:\n{out1}"
+        out2, n2, p2, c2, _ = turn(term, "And again?")
+        assert c2 >= p1, f"turn 2 reuses the image's KV: {c2} cached of {p2} (turn 1: {p1}):\n{out2}"
+        assert "encoded on the" not in out2, out2
+        term.send("/image missing.png\r")
+        term.read_until(r"error: .*missing\.png", 30)
+        term.read_until(r">>> ", 30)
+        out3, n3, _, c3, _ = turn(term, "Still there?")
+        assert n3 > 0 and c3 >= p2, out3
+        term.send(b"\x04")
+        deadline = time.time() + 30
+        while term.proc.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert term.proc.returncode == 0, term.proc.returncode
+    finally:
+        term.close()
+    print("PASS interactive chat with /image: the reply equals hearth run --image's, the image's KV reused")
 
 
 if __name__ == "__main__":

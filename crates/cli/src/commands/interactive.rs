@@ -1,19 +1,25 @@
 //! `hearth run` with no prompt on a terminal: a multi-turn chat. The
 //! conversation stays in one session's KV cache (each turn prefills only
 //! what the previous ones did not), with line editing and history
-//! (rustyline), `/clear`, `/save FILE`, `/load FILE`, Ctrl-C to stop an answer
-//! (the session stays) and Ctrl-D to quit.
+//! (rustyline), `/clear`, `/save FILE`, `/load FILE`, `/image FILE` (with
+//! `--mmproj`: the image goes with the next message), Ctrl-C to stop an
+//! answer (the session stays) and Ctrl-D to quit.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use hearth_chat::prompter::Prompter;
+use hearth_chat::prompter::{ImageFraming, Prompter};
+use hearth_engine::prompt::Prompt;
 use hearth_engine::sampler::{Sampler, SamplerConfig};
 use hearth_engine::session::Session;
 use hearth_engine::spec::factory::{DrafterFactory, MakeDrafter};
 use hearth_engine::turn::{FinishReason, Turn, TurnParams};
 use hearth_models::Backend;
 use hearth_tokenizer::Tokenizer;
+use hearth_vision::prompt::{ImageInput, MEDIA_MARKER};
+use hearth_vision::RgbImage;
 use rustyline::error::ReadlineError;
 use serde_json::{json, Map, Value};
 
@@ -30,7 +36,8 @@ extern "C" fn on_sigint(_: libc::c_int) {
 const PREFILL_CHUNK: usize = 256;
 
 const HELP: &str = "commands: /clear (start over), /save FILE (the transcript as JSON), \
-/load FILE (continue a saved transcript), /help, /exit; Ctrl-C stops an answer, Ctrl-D quits";
+/load FILE (continue a saved transcript), /image FILE (attach an image to your next message; \
+needs --mmproj), /help, /exit; Ctrl-C stops an answer, Ctrl-D quits";
 
 /// One chat: the model, its session and the messages so far.
 pub struct Chat<'a, B: Backend> {
@@ -40,10 +47,14 @@ pub struct Chat<'a, B: Backend> {
     pub args: &'a Args,
     pub sampling: SamplerConfig,
     pub model_name: String,
+    /// The projector (`--mmproj`), for `/image`.
+    pub vision: Option<&'a ImageInput>,
+    /// Images (`--image`) that go with the first message.
+    pub images: Vec<(PathBuf, RgbImage)>,
 }
 
 impl<B: Backend + 'static> Chat<'_, B> {
-    pub fn run(self, drafters: Option<DrafterFactory<B>>) -> Result<()> {
+    pub fn run(mut self, drafters: Option<DrafterFactory<B>>) -> Result<()> {
         let args = self.args;
         if !self.prompter.has_chat_format() {
             bail!("this model has no chat template: interactive chat needs one (give a prompt with -p for plain completion)");
@@ -60,6 +71,10 @@ impl<B: Backend + 'static> Chat<'_, B> {
             .map(|s| json!({"role": "system", "content": s}))
             .collect();
         let mut messages = system.clone();
+        // Images waiting for the next message, and those of the conversation
+        // in the order of their markers.
+        let mut pending = std::mem::take(&mut self.images);
+        let mut shown: Vec<(PathBuf, RgbImage)> = Vec::new();
 
         let mut editor = rustyline::DefaultEditor::new().context("opening the terminal")?;
         let history = crate::registry::hearth_home().join("chat_history.txt");
@@ -89,27 +104,52 @@ impl<B: Backend + 'static> Chat<'_, B> {
                 "/help" | "/?" => eprintln!("{HELP}"),
                 "/clear" => {
                     messages = system.clone();
+                    (pending, shown) = (Vec::new(), Vec::new());
                     session.reset();
                     eprintln!("(cleared)");
                 }
+                "/image" => match self.attach(rest.trim()) {
+                    Ok(image) => pending.push(image),
+                    Err(e) => eprintln!("error: {e:#}"),
+                },
                 "/save" => match save(rest.trim(), &messages) {
-                    Ok(()) => eprintln!("(saved {} messages to {})", messages.len(), rest.trim()),
+                    Ok(()) => {
+                        eprintln!("(saved {} messages to {})", messages.len(), rest.trim());
+                        if !shown.is_empty() {
+                            eprintln!("(the images are not in the file: their places are {MEDIA_MARKER} markers)");
+                        }
+                    }
                     Err(e) => eprintln!("error: {e:#}"),
                 },
                 "/load" => match load(rest.trim()) {
                     Ok(m) => {
                         eprintln!("(loaded {} messages from {})", m.len(), rest.trim());
                         messages = m;
+                        shown.clear();
                     }
                     Err(e) => eprintln!("error: {e:#}"),
                 },
                 c if c.starts_with('/') => eprintln!("unknown command {c}; {HELP}"),
                 _ => {
-                    messages.push(json!({"role": "user", "content": line}));
-                    match self.answer(&mut session, &messages, n_draft) {
+                    let content = match pending.is_empty() {
+                        true => line.to_string(),
+                        false => match super::images::with_markers(line, pending.len()) {
+                            Ok(c) => c,
+                            Err(e) => {
+                                eprintln!("error: {e:#}");
+                                continue;
+                            }
+                        },
+                    };
+                    let attached = pending.len();
+                    shown.append(&mut pending);
+                    messages.push(json!({"role": "user", "content": content}));
+                    match self.answer(&mut session, &messages, &shown, n_draft) {
                         Ok(reply) => messages.push(json!({"role": "assistant", "content": reply})),
                         Err(e) => {
                             messages.pop();
+                            // The images wait for the next message again.
+                            pending = shown.split_off(shown.len() - attached);
                             eprintln!("error: {e:#}");
                         }
                     }
@@ -120,18 +160,79 @@ impl<B: Backend + 'static> Chat<'_, B> {
         Ok(())
     }
 
-    /// Generates the assistant's answer to `messages`, streaming it; returns
-    /// its text (what was shown, when Ctrl-C stopped it).
+    /// `/image FILE`: the image, decoded (limits checked), for the next message.
+    fn attach(&self, path: &str) -> Result<(PathBuf, RgbImage)> {
+        let Some(input) = self.vision else {
+            bail!("/image needs the model's projector: start with --mmproj FILE");
+        };
+        if path.is_empty() {
+            bail!("/image needs a file name");
+        }
+        let path = PathBuf::from(path);
+        let img = super::images::read_images(std::slice::from_ref(&path))?.remove(0);
+        let grid = input.mmproj.grid_for(img.width, img.height, input.rules);
+        eprintln!(
+            "(attached {}: {}x{}, {} image tokens; it goes with your next message)",
+            path.display(),
+            img.width,
+            img.height,
+            grid.n_tokens()
+        );
+        Ok((path, img))
+    }
+
+    /// The conversation's prompt: its token ids, with the images' rows
+    /// placed at their markers (each encoded once: the encoder keeps rows
+    /// by digest).
+    fn prompt(&self, messages: &[Value], images: &[(PathBuf, RgbImage)]) -> Result<Prompt> {
+        let messages = Value::Array(messages.to_vec());
+        let Some(input) = self.vision.filter(|_| !images.is_empty()) else {
+            return Ok(self.prompter.chat_ids(&messages, None, &Map::new())?.into());
+        };
+        let runs = self
+            .prompter
+            .chat_runs(&messages, None, &Map::new(), MEDIA_MARKER)?;
+        if runs.runs.len() != images.len() + 1 {
+            bail!(
+                "the conversation has {} image markers for {} images",
+                runs.runs.len() - 1,
+                images.len()
+            );
+        }
+        let mut rows = Vec::with_capacity(images.len());
+        for (path, img) in images {
+            let e = input
+                .encode(img)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            if !e.cached {
+                eprintln!(
+                    "(image {}: {} tokens, encoded on the {} in {:.1} ms)",
+                    path.display(),
+                    e.rows.n,
+                    input.device(),
+                    e.time.as_secs_f64() * 1e3
+                );
+            }
+            rows.push(Arc::clone(&e.rows));
+        }
+        Ok(match runs.framing {
+            ImageFraming::Mtmd => input.prompt(&runs.runs, &rows),
+            ImageFraming::InRuns => input.prompt_bare(&runs.runs, &rows),
+        })
+    }
+
+    /// Generates the assistant's answer to `messages` (with `images` at
+    /// their markers), streaming it; returns its text (what was shown, when
+    /// Ctrl-C stopped it).
     fn answer(
         &self,
         session: &mut Session<B::State>,
         messages: &[Value],
+        images: &[(PathBuf, RgbImage)],
         n_draft: usize,
     ) -> Result<String> {
         let args = self.args;
-        let ids = self
-            .prompter
-            .chat_ids(&Value::Array(messages.to_vec()), None, &Map::new())?;
+        let ids = self.prompt(messages, images)?;
         if ids.len() >= args.ctx {
             bail!(
                 "the conversation ({} tokens) no longer fits the context of {}: /clear to start over, or raise -c",
@@ -139,7 +240,7 @@ impl<B: Backend + 'static> Chat<'_, B> {
                 args.ctx
             );
         }
-        let resume = session.prepare(&ids);
+        let resume = session.prepare_prompt(&ids);
         let params = TurnParams {
             max_tokens: args.n_predict.min(args.ctx - ids.len()),
             stop: args.stop.clone(),
@@ -185,6 +286,7 @@ impl<B: Backend + 'static> Chat<'_, B> {
                 break;
             }
             let drafter = session.drafter.as_mut().map(|d| &mut **d as _);
+            let was_prefilling = turn.prefilling();
             let step = turn.step(
                 self.backend,
                 &mut session.state,
@@ -193,7 +295,15 @@ impl<B: Backend + 'static> Chat<'_, B> {
                 &mut |t| out.text(t),
             );
             match step {
-                Ok(s) => session.push_fed(&s.fed),
+                Ok(s) => {
+                    session.push_fed(&s.fed);
+                    if was_prefilling && !turn.prefilling() {
+                        // Where the next turn's prompt diverges (the reply is
+                        // re-rendered): a sliding-window ring that cannot roll
+                        // back that far restores from here, as `serve` does.
+                        session.checkpoint();
+                    }
+                }
                 Err(e) => {
                     // The state may be half-written: the next turn starts over.
                     session.reset();

@@ -22,7 +22,7 @@ use hearth_engine::turn::{FinishReason, Flow, Turn, TurnParams, TurnStats};
 use hearth_grammar::{Grammars, OutputGrammar};
 use hearth_models::{Backend, LayerKind, Model};
 use hearth_tokenizer::Tokenizer;
-use hearth_vision::prompt::MEDIA_MARKER;
+use hearth_vision::prompt::{ImageInput, MEDIA_MARKER};
 use serde_json::{json, Map, Value};
 
 use super::images::ImageRules;
@@ -126,7 +126,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub mmproj: Option<PathBuf>,
     /// An image for the prompt (PNG, JPEG, WebP, GIF; repeatable). Each goes
-    /// where the prompt says `<__media__>`, else all before the prompt.
+    /// where the prompt says `<__media__>`, else all before the prompt; in the
+    /// interactive chat, with the first message (`/image FILE` adds more).
     #[arg(long, value_name = "FILE")]
     pub image: Vec<PathBuf>,
     /// The vision tower's rules where the model's reference and llama.cpp
@@ -187,13 +188,8 @@ pub fn run(args: Args) -> Result<()> {
         Some(t) => Some(crate::cli_args::escaped(args.escape, t)?),
         None => None,
     };
-    if !args.image.is_empty() {
-        if args.mmproj.is_none() {
-            bail!("--image needs --mmproj FILE (the model's multimodal projector GGUF)");
-        }
-        if text.is_none() {
-            bail!("--image needs a prompt (-p TEXT, -f FILE or stdin); the interactive chat takes no images");
-        }
+    if !args.image.is_empty() && args.mmproj.is_none() {
+        bail!("--image needs --mmproj FILE (the model's multimodal projector GGUF)");
     }
     let path = crate::registry::resolve_model(args.model.as_deref())?;
     let kv = args.kv.for_device(args.device)?;
@@ -225,7 +221,7 @@ pub fn run(args: Args) -> Result<()> {
     // Images on the GPU: the model goes there first, the tower next to it.
     #[cfg(feature = "cuda")]
     let (early_gm, vision) = match (args.device, vision) {
-        (Device::Cuda, Some(input)) if !args.image.is_empty() => {
+        (Device::Cuda, Some(input)) => {
             let gm = Arc::new(crate::cuda::load(model.clone())?);
             let tower = crate::cuda::tower(gm.gpu.clone(), &input.mmproj)?;
             (Some(gm), Some(input.with_tower(tower)))
@@ -237,8 +233,23 @@ pub fn run(args: Args) -> Result<()> {
         if args.json_schema.is_some() || args.grammar.is_some() {
             bail!("--json-schema and --grammar constrain one answer: give a prompt (-p TEXT, -f FILE or stdin)");
         }
-        // No prompt on a terminal: an interactive chat.
-        return interactive(&args, &model, &tokenizer, &prompter, &spec);
+        // No prompt on a terminal: an interactive chat (`--image` files go
+        // with the first message).
+        let images = args.image.iter().cloned().zip(images).collect();
+        #[cfg(feature = "cuda")]
+        let early = early_gm;
+        #[cfg(not(feature = "cuda"))]
+        let early = ();
+        return interactive(
+            &args,
+            &model,
+            &tokenizer,
+            &prompter,
+            &spec,
+            vision.as_ref(),
+            images,
+            early,
+        );
     };
     let chat = !args.raw && prompter.has_chat_format();
     let format = match chat {
@@ -357,12 +368,23 @@ pub fn run(args: Args) -> Result<()> {
 
 /// `hearth run` without a prompt on a terminal: a multi-turn chat on the
 /// chosen device.
+/// The GPU model when it was loaded before the chat (next to the vision
+/// tower); `()` without the CUDA backend.
+#[cfg(feature = "cuda")]
+type EarlyGpu = Option<Arc<hearth_cuda::GpuModel>>;
+#[cfg(not(feature = "cuda"))]
+type EarlyGpu = ();
+
+#[allow(clippy::too_many_arguments)]
 fn interactive(
     args: &Args,
     model: &Arc<Model>,
     tokenizer: &Tokenizer,
     prompter: &Prompter,
     spec: &SpecConfig,
+    vision: Option<&ImageInput>,
+    images: Vec<(std::path::PathBuf, hearth_vision::RgbImage)>,
+    early: EarlyGpu,
 ) -> Result<()> {
     let model_name = args.model.clone().unwrap_or_else(|| {
         crate::registry::registry()
@@ -371,7 +393,10 @@ fn interactive(
     });
     #[cfg(feature = "cuda")]
     if args.device == Device::Cuda {
-        let gm = Arc::new(crate::cuda::load(model.clone())?);
+        let gm = match early {
+            Some(gm) => gm,
+            None => Arc::new(crate::cuda::load(model.clone())?),
+        };
         let drafters = gpu_drafters(spec, model, &gm)?;
         let chat = Chat {
             backend: &*gm,
@@ -380,9 +405,13 @@ fn interactive(
             args,
             sampling: sampling(args),
             model_name,
+            vision,
+            images,
         };
         return chat.run(drafters);
     }
+    #[cfg(not(feature = "cuda"))]
+    let () = early;
     let chat = Chat {
         backend: &**model,
         tokenizer,
@@ -390,6 +419,8 @@ fn interactive(
         args,
         sampling: sampling(args),
         model_name,
+        vision,
+        images,
     };
     chat.run(cpu_drafters(spec, model)?)
 }
