@@ -97,6 +97,15 @@ def turn(term, text, timeout=300):
     return out, int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4)
 
 
+def quit_cleanly(term):
+    """Ctrl-D: the chat exits with status 0."""
+    term.send(b"\x04")
+    deadline = time.time() + 30
+    while term.proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert term.proc.returncode == 0, term.proc.returncode
+
+
 def main():
     home = tempfile.mkdtemp(prefix="hearth-interactive-")
     transcript = os.path.join(home, "chat.json")
@@ -142,11 +151,7 @@ def main():
         term.read_until(r"needs the model's projector: start with --mmproj", 30)
         term.read_until(r">>> ", 30)
 
-        term.send(b"\x04")  # Ctrl-D
-        deadline = time.time() + 30
-        while term.proc.poll() is None and time.time() < deadline:
-            time.sleep(0.1)
-        assert term.proc.returncode == 0, term.proc.returncode
+        quit_cleanly(term)
     finally:
         term.close()
     print("PASS interactive chat: two turns with cache reuse, Ctrl-C keeps the session, /save, Ctrl-D")
@@ -184,11 +189,7 @@ def images(home):
         term.read_until(r">>> ", 30)
         out3, n3, _, c3, _ = turn(term, "Still there?")
         assert n3 > 0 and c3 >= p2, out3
-        term.send(b"\x04")
-        deadline = time.time() + 30
-        while term.proc.poll() is None and time.time() < deadline:
-            time.sleep(0.1)
-        assert term.proc.returncode == 0, term.proc.returncode
+        quit_cleanly(term)
     finally:
         term.close()
     print("PASS interactive chat with /image: the reply equals hearth run --image's, the image's KV reused")

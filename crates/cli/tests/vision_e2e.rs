@@ -50,6 +50,16 @@ fn strings(v: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The fixture's record (e2e.json) and a fresh temporary directory.
+fn setup(tag: &str) -> (Value, PathBuf) {
+    let fx =
+        serde_json::from_str(&std::fs::read_to_string(format!("{FIXTURES}/e2e.json")).unwrap())
+            .unwrap();
+    let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    (fx, dir)
+}
+
 /// `hearth synth FLAGS -o dir/name`, checked against the fixture's sha256.
 fn synth(dir: &Path, name: &str, flags: &Value, sha: &Value) -> PathBuf {
     let out = dir.join(name);
@@ -127,11 +137,7 @@ fn argmax(l: &[f32]) -> (usize, f32) {
 
 #[test]
 fn hearth_run_image_matches_llama_mtmd_cli() {
-    let fx: Value =
-        serde_json::from_str(&std::fs::read_to_string(format!("{FIXTURES}/e2e.json")).unwrap())
-            .unwrap();
-    let dir = std::env::temp_dir().join(format!("hearth-vision-e2e-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let (fx, dir) = setup("hearth-vision-e2e");
     let text = synth(
         &dir,
         "text.gguf",
@@ -317,11 +323,7 @@ fn hearth_run_image_matches_llama_mtmd_cli() {
 /// (smollm2-135m is 576 wide; the fixture's mmproj writes 256).
 #[test]
 fn projector_width_must_be_the_text_width() {
-    let fx: Value =
-        serde_json::from_str(&std::fs::read_to_string(format!("{FIXTURES}/e2e.json")).unwrap())
-            .unwrap();
-    let dir = std::env::temp_dir().join(format!("hearth-vision-width-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let (fx, dir) = setup("hearth-vision-width");
     let mmproj = synth(
         &dir,
         "mmproj.gguf",
@@ -362,11 +364,7 @@ fn built_in_format_places_images_as_bare_patches() {
     use hearth_chat::muse_glimmer::{self, RenderOptions, Special};
     use hearth_engine::prompt::IMAGE_ID;
 
-    let fx: Value =
-        serde_json::from_str(&std::fs::read_to_string(format!("{FIXTURES}/e2e.json")).unwrap())
-            .unwrap();
-    let dir = std::env::temp_dir().join(format!("hearth-vision-builtin-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let (fx, dir) = setup("hearth-vision-builtin");
     let text = dir.join("text.gguf");
     let st = hearth()
         .args(["synth", "--arch", "muse-glimmer", "--muse-specials"])
