@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use hearth_chat::prompter::ImageFraming;
-use hearth_engine::prompt::Prompt;
+use hearth_engine::prompt::{ImageRows, Prompt};
 use hearth_models::Model;
 use hearth_tokenizer::Tokenizer;
 use hearth_vision::prompt::{ImageInput, MEDIA_MARKER};
@@ -117,9 +117,19 @@ pub fn encode_into_prompt(
         }));
         rows.push(Arc::clone(&e.rows));
     }
-    let prompt = match framing {
-        ImageFraming::Mtmd => input.prompt(runs, &rows),
-        ImageFraming::InRuns => input.prompt_bare(runs, &rows),
-    };
-    Ok((prompt, stats))
+    Ok((frame(input, runs, &rows, framing), stats))
+}
+
+/// The prompt from token runs and the images between them, framed as the
+/// renderer asks ([`ImageFraming`]).
+pub fn frame(
+    input: &ImageInput,
+    runs: &[Vec<u32>],
+    rows: &[Arc<ImageRows>],
+    framing: ImageFraming,
+) -> Prompt {
+    match framing {
+        ImageFraming::Mtmd => input.prompt(runs, rows),
+        ImageFraming::InRuns => input.prompt_bare(runs, rows),
+    }
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use hearth_chat::prompter::{ImageFraming, Prompter};
+use hearth_chat::prompter::Prompter;
 use hearth_engine::prompt::Prompt;
 use hearth_engine::sampler::{Sampler, SamplerConfig};
 use hearth_engine::session::Session;
@@ -215,10 +215,7 @@ impl<B: Backend + 'static> Chat<'_, B> {
             }
             rows.push(Arc::clone(&e.rows));
         }
-        Ok(match runs.framing {
-            ImageFraming::Mtmd => input.prompt(&runs.runs, &rows),
-            ImageFraming::InRuns => input.prompt_bare(&runs.runs, &rows),
-        })
+        Ok(super::images::frame(input, &runs.runs, &rows, runs.framing))
     }
 
     /// Generates the assistant's answer to `messages` (with `images` at
