@@ -134,8 +134,10 @@ def builtin_format(tmp, mmproj, png, n_image):
     text = tmp / "builtin.gguf"
     subprocess.run([ts.BIN, "synth", "--arch", "muse-glimmer", "--muse-specials", "--layers", "1",
                     "-o", str(text)], check=True, capture_output=True)
+    sessions = tmp / "sessions"
+    sessions.mkdir()
     server = ts.Server("--api-key", ts.API_KEY, "--mmproj", str(mmproj), "--max-sessions", "2",
-                       model=str(text), api_key=ts.API_KEY)
+                       "--session-dir", str(sessions), model=str(text), api_key=ts.API_KEY)
     try:
         client = server.client()
         session = {"x-session-affinity": "vision-builtin"}
@@ -155,6 +157,29 @@ def builtin_format(tmp, mmproj, png, n_image):
         cached = again.usage.prompt_tokens_details.cached_tokens
         assert cached > n_image, (cached, again.usage)
         print(f"built-in format: the image costs {got} prompt tokens (N = {n_image}); turn 2 reuses {cached}")
+
+        # A session holding an image saves and restores with it. Saved right after a
+        # one-token reply, it holds exactly the prompt (image included); after the round
+        # trip the next turn, which extends that prompt, reuses all of it.
+        keep = {"x-session-affinity": "vision-save"}
+        first = client.chat.completions.create(
+            model="qwen-test", messages=image_turn(data_url(png), "Describe."), max_tokens=1,
+            temperature=0, extra_headers=keep)
+        status, body = ts.http(server, "POST", "/v1/sessions/vision-save/save", {})
+        assert status == 200, body
+        saved = body["tokens"]
+        assert saved == first.usage.prompt_tokens, (body, first.usage)
+        assert ts.http(server, "DELETE", "/v1/sessions/vision-save")[0] == 200
+        status, body = ts.http(server, "POST", "/v1/sessions/vision-save/restore", {})
+        assert status == 200 and body["tokens"] == saved, body
+        messages = image_turn(data_url(png), "Describe.") + [
+            {"role": "assistant", "content": first.choices[0].message.content or ""},
+            {"role": "user", "content": "More."}]
+        restored = client.chat.completions.create(
+            model="qwen-test", messages=messages, max_tokens=2, temperature=0, extra_headers=keep)
+        reused = restored.usage.prompt_tokens_details.cached_tokens
+        assert reused == saved, (reused, saved, restored.usage)
+        print(f"built-in format: saved {saved} tokens with the image, restored; the next turn reuses {reused}")
     finally:
         code = server.stop()
     assert code == 0, f"exit code {code}"

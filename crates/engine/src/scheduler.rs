@@ -159,7 +159,7 @@ fn text_sink(events: &dyn EventSink) -> impl FnMut(&str) -> Flow + '_ {
 /// Runs once a reset or close is applied: true when the session existed.
 type Done = Box<dyn FnOnce(bool) + Send>;
 /// A saved session: its resident ids and state bytes.
-pub type SavedSession = (Vec<u32>, Vec<u8>);
+pub use crate::session::SavedSession;
 type SaveDone = Box<dyn FnOnce(Result<SavedSession, StoreError>) + Send>;
 type RestoreDone = Box<dyn FnOnce(Result<usize, StoreError>) + Send>;
 
@@ -337,8 +337,8 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                     Command::Reset(id, done) => done(self.store.reset(&id)),
                     Command::Close(id, done) => done(self.store.close(&id)),
                     Command::Save(id, done) => done(self.store.save(&id)),
-                    Command::Restore(id, (ids, bytes), done) => {
-                        done(self.store.restore(self.model, &id, ids, &bytes))
+                    Command::Restore(id, saved, done) => {
+                        done(self.store.restore(self.model, &id, saved))
                     }
                     Command::Shutdown => shutdown = true,
                 }

@@ -8,11 +8,29 @@
 //! their slack), and only the rest is prefilled. Anything else resets.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use hearth_models::{Backend, BackendState, ModelError};
 
-use crate::prompt::{ImageSpan, Prompt};
+use crate::prompt::{ImageRows, ImageSpan, Prompt, IMAGE_ID};
 use crate::spec::Drafter;
+
+/// An image a saved session holds: its positions `start..start + n` (which
+/// hold [`IMAGE_ID`] in the ids) and the digest of its rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedImage {
+    pub start: usize,
+    pub n: usize,
+    pub digest: [u8; 32],
+}
+
+/// A session as a file holds it: resident ids, its images, the state bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SavedSession {
+    pub ids: Vec<u32>,
+    pub images: Vec<SavedImage>,
+    pub state: Vec<u8>,
+}
 
 /// Why a prompt reused what it did (logged per turn).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,22 +140,59 @@ impl<S: BackendState> Session<S> {
         self.checkpoints.iter().map(|(p, _)| *p).collect()
     }
 
-    /// The resident ids and the state as bytes (a session file's payload).
-    pub fn save(&self) -> Result<(Vec<u32>, Vec<u8>), String> {
-        if self.images.iter().any(|i| i.start < self.resident.len()) {
-            return Err("sessions holding images cannot be saved yet".into());
-        }
-        let bytes = self.state.save().map_err(|e| e.to_string())?;
-        Ok((self.resident.clone(), bytes))
+    /// The resident ids, the images among them and the state as bytes (a
+    /// session file's payload).
+    pub fn save(&self) -> Result<SavedSession, String> {
+        let state = self.state.save().map_err(|e| e.to_string())?;
+        let images = self
+            .images
+            .iter()
+            .filter(|s| s.end() <= self.resident.len())
+            .map(|s| SavedImage {
+                start: s.start,
+                n: s.image.n,
+                digest: s.image.digest,
+            })
+            .collect();
+        Ok(SavedSession {
+            ids: self.resident.clone(),
+            images,
+            state,
+        })
     }
 
     /// Replaces the session with a saved one; the number of tokens restored.
-    pub fn restore(&mut self, ids: Vec<u32>, bytes: &[u8]) -> Result<usize, String> {
+    /// Its images come back as their digests (their positions are in the
+    /// state; a later prompt reuses them when it holds the same images at
+    /// the same places).
+    pub fn restore(&mut self, saved: SavedSession) -> Result<usize, String> {
+        let SavedSession {
+            ids,
+            images,
+            state: bytes,
+        } = saved;
         if self.drafter.is_some() {
             return Err("sessions cannot be restored while speculative decoding is on".into());
         }
+        let mut end = 0;
+        for im in &images {
+            let span = im.start..im.start.saturating_add(im.n);
+            if im.n == 0
+                || im.start < end
+                || span.end > ids.len()
+                || ids[span.clone()].iter().any(|&t| t != IMAGE_ID)
+            {
+                return Err(format!(
+                    "the session file's image at {}..{} is not a run of image positions in its {} ids",
+                    span.start,
+                    span.end,
+                    ids.len()
+                ));
+            }
+            end = span.end;
+        }
         self.reset();
-        if let Err(e) = self.state.load(bytes) {
+        if let Err(e) = self.state.load(&bytes) {
             self.reset();
             return Err(e.to_string());
         }
@@ -150,6 +205,18 @@ impl<S: BackendState> Session<S> {
             ));
         }
         self.resident = ids;
+        self.images = images
+            .into_iter()
+            .map(|im| ImageSpan {
+                start: im.start,
+                // Only the digest is compared: the rows are in the state.
+                image: Arc::new(ImageRows {
+                    digest: im.digest,
+                    rows: Vec::new(),
+                    n: im.n,
+                }),
+            })
+            .collect();
         Ok(self.resident.len())
     }
 
@@ -514,7 +581,7 @@ impl<S: BackendState> SessionStore<S> {
     }
 
     /// Session `id`'s resident ids and state bytes (idle sessions only).
-    pub fn save(&self, id: &str) -> Result<(Vec<u32>, Vec<u8>), StoreError> {
+    pub fn save(&self, id: &str) -> Result<SavedSession, StoreError> {
         let key = Some(id.to_string());
         if self.busy.contains(&key) {
             return Err(StoreError::Busy);
@@ -529,8 +596,7 @@ impl<S: BackendState> SessionStore<S> {
         &mut self,
         model: &B,
         id: &str,
-        ids: Vec<u32>,
-        bytes: &[u8],
+        saved: SavedSession,
     ) -> Result<usize, StoreError> {
         let key = Some(id.to_string());
         if self.busy.contains(&key) {
@@ -542,7 +608,7 @@ impl<S: BackendState> SessionStore<S> {
                 .allocate(model)
                 .map_err(|e| StoreError::Invalid(e.to_string()))?,
         };
-        let out = session.restore(ids, bytes);
+        let out = session.restore(saved);
         self.clock += 1;
         session.last_used = self.clock;
         self.idle.insert(key, session);

@@ -221,3 +221,102 @@ fn images_greedy_spec_equals_plain_greedy() {
         assert!(forwards > 0 && forwards < N, "{name}: {forwards} forwards");
     }
 }
+
+/// A session holding an image saves and restores with it: after the round
+/// trip (through the session's own bytes, as a session file holds them) the
+/// next turn reuses everything resident, image included, and continues
+/// exactly as the uninterrupted session does; a prompt with another image
+/// at that place reuses only what precedes it; a saved image record that is
+/// not a run of image positions is refused and the session stays usable.
+/// (muse-a: sliding-window rings and global layers.)
+#[test]
+fn sessions_with_images_save_and_restore() {
+    use hearth_engine::prompt::{ImageRows, Prompt};
+    use hearth_engine::session::Session;
+    use hearth_engine::turn::{Turn, TurnParams};
+    use hearth_models::Backend;
+
+    let path = gguf("muse-a");
+    let target = Arc::new(Model::load(&path).unwrap());
+    let tok = Tokenizer::from_gguf_path(&path).unwrap();
+    let fx = fixture("muse-a.json");
+    let ids = ids(&fx["prompts"][0]["prompt_ids"]);
+    let dim = target.config.dim;
+    let image = |tag: u8| {
+        Arc::new(ImageRows {
+            digest: [tag; 32],
+            rows: (0..6 * dim)
+                .map(|i| ((i * 37 + tag as usize) % 101) as f32 / 50.0 - 1.0)
+                .collect(),
+            n: 6,
+        })
+    };
+    let prompt_with = |tag: u8, tail: &[u32]| {
+        let mut p = Prompt::default();
+        p.push_tokens(&ids[..4]);
+        p.push_image(image(tag));
+        p.push_tokens(&ids[4..]);
+        p.push_tokens(tail);
+        p
+    };
+    // One turn of 8 greedy tokens on `session`; (tokens, reused).
+    let turn = |session: &mut Session<State>, prompt: &Prompt| -> (Vec<u32>, usize) {
+        let resume = session.prepare_prompt(prompt);
+        let params = TurnParams {
+            max_tokens: 8,
+            stop: vec![],
+            ignore_eos: true,
+            n_draft: 0,
+            render_special: false,
+            logprobs: None,
+        };
+        let mut t = Turn::new(&tok, prompt.clone(), resume.reused, greedy(), params);
+        while t.finished().is_none() {
+            let out = t
+                .step(target.as_ref(), &mut session.state, None, 64, &mut |_| {
+                    Flow::Continue
+                })
+                .unwrap();
+            session.push_fed(&out.fed);
+        }
+        (t.into_parts().0.tokens, resume.reused)
+    };
+    let new_session = || Session::new(Backend::new_state(target.as_ref(), CTX, 0).unwrap());
+
+    let mut live = new_session();
+    let first = prompt_with(1, &[]);
+    let (a, _) = turn(&mut live, &first);
+    let saved = live.save().unwrap();
+    assert_eq!(saved.images.len(), 1);
+    assert_eq!((saved.images[0].start, saved.images[0].n), (4, 6));
+    // The next prompt: the first, the reply, more text.
+    let mut second = a.clone();
+    second.extend_from_slice(&ids[..3]);
+    let next = prompt_with(1, &second);
+    let (want, reused_live) = turn(&mut live, &next);
+
+    let mut restored = new_session();
+    assert_eq!(restored.restore(saved.clone()).unwrap(), saved.ids.len());
+    let (got, reused) = turn(&mut restored, &next);
+    assert_eq!(
+        reused,
+        saved.ids.len(),
+        "everything resident is reused, the image too"
+    );
+    assert_eq!(reused, reused_live);
+    assert_eq!(got, want, "the restored session continues as the live one");
+
+    // Another image at the same place: only the tokens before it are reused.
+    let mut other = new_session();
+    other.restore(saved.clone()).unwrap();
+    let (_, reused) = turn(&mut other, &prompt_with(2, &second));
+    assert_eq!(reused, 4);
+
+    // A record that does not cover image positions is refused.
+    let mut bad = saved.clone();
+    bad.images[0].start = 0;
+    let mut s = new_session();
+    assert!(s.restore(bad).unwrap_err().contains("image"));
+    let (_, reused) = turn(&mut s, &first);
+    assert_eq!(reused, 0);
+}

@@ -52,11 +52,16 @@ fn main() {
         let bytes = state.save();
         let t_snap = t.elapsed();
         let t = Instant::now();
-        let n = session_file::write_file(&path, &fp, &ids, &bytes).unwrap();
+        let saved = hearth_engine::session::SavedSession {
+            ids: ids.clone(),
+            images: Vec::new(),
+            state: bytes,
+        };
+        let n = session_file::write_file(&path, &fp, &saved).unwrap();
         let t_write = t.elapsed();
-        drop(bytes);
+        drop(saved);
         let t = Instant::now();
-        let (_ids, st) = session_file::read_file(&path, &fp).unwrap();
+        let st = session_file::read_file(&path, &fp).unwrap().state;
         let t_read = t.elapsed();
         let t = Instant::now();
         state.load(&st).unwrap();

@@ -189,15 +189,15 @@ async fn save_session(
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let path = session_path(&app, &id)?;
-    let (ids, state) = app
+    let saved = app
         .engine
         .save(id.clone())
         .await?
         .map_err(|e| store_error(&id, e))?;
     let app2 = app.clone();
     let (n, bytes) = tokio::task::spawn_blocking(move || {
-        let bytes = crate::session_file::write_file(&path, &app2.model_fingerprint, &ids, &state)?;
-        Ok::<_, std::io::Error>((ids.len(), bytes))
+        let bytes = crate::session_file::write_file(&path, &app2.model_fingerprint, &saved)?;
+        Ok::<_, std::io::Error>((saved.ids.len(), bytes))
     })
     .await
     .map_err(|e| ApiError::server(format!("saving the session: {e}")))?

@@ -3,18 +3,25 @@
 //! KV state, tied to the model that computed them.
 //!
 //! ```text
-//! magic "HEARTHSESSION\x01" (14 bytes)
+//! magic "HEARTHSESSION\x01" (14 bytes; "\x02" when it holds images)
 //! model fingerprint: sha256 of the GGUF's header, metadata and tensor index (32)
 //! n_ids u64 LE, then n_ids u32 LE token ids
+//! version 2 only: n_images u64 LE, then per image start u64 LE, n u64 LE,
+//!   digest (32): the image positions start..start+n (ids u32::MAX there)
 //! n_state u64 LE, then the backend's state bytes
 //! sha256 of everything above (32)
 //! ```
 
+use hearth_engine::session::{SavedImage, SavedSession};
 use sha2::{Digest, Sha256};
 use std::io::{self, Read, Write};
 use std::path::Path;
 
 const MAGIC: &[u8; 14] = b"HEARTHSESSION\x01";
+/// A session file that holds images (an image section after the ids).
+const MAGIC_IMAGES: &[u8; 14] = b"HEARTHSESSION\x02";
+/// Bytes of one image record: start, n, digest.
+const IMAGE_RECORD: usize = 8 + 8 + 32;
 /// Magic, model fingerprint and the id count: what comes before the ids.
 const HEAD: usize = MAGIC.len() + 32 + 8;
 /// The smallest file: no ids, no state.
@@ -28,14 +35,27 @@ pub fn fingerprint(gguf_head: &[u8]) -> [u8; 32] {
     Sha256::digest(gguf_head).into()
 }
 
-/// Everything before the state bytes: magic, model, ids, the state's length.
-fn header(model: &[u8; 32], ids: &[u32], n_state: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEAD + ids.len() * 4 + 8);
-    out.extend_from_slice(MAGIC);
+/// Everything before the state bytes: magic, model, ids, images (version
+/// 2), the state's length.
+fn header(model: &[u8; 32], ids: &[u32], images: &[SavedImage], n_state: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEAD + ids.len() * 4 + 16 + images.len() * IMAGE_RECORD);
+    out.extend_from_slice(if images.is_empty() {
+        MAGIC
+    } else {
+        MAGIC_IMAGES
+    });
     out.extend_from_slice(model);
     out.extend_from_slice(&(ids.len() as u64).to_le_bytes());
     for id in ids {
         out.extend_from_slice(&id.to_le_bytes());
+    }
+    if !images.is_empty() {
+        out.extend_from_slice(&(images.len() as u64).to_le_bytes());
+        for im in images {
+            out.extend_from_slice(&(im.start as u64).to_le_bytes());
+            out.extend_from_slice(&(im.n as u64).to_le_bytes());
+            out.extend_from_slice(&im.digest);
+        }
     }
     out.extend_from_slice(&(n_state as u64).to_le_bytes());
     out
@@ -44,13 +64,9 @@ fn header(model: &[u8; 32], ids: &[u32], n_state: usize) -> Vec<u8> {
 /// Writes a session file to `out` in one pass over the state: the bytes go
 /// out as they are (no copy of the state is made) while a second thread
 /// hashes them for the trailing checksum. Returns the bytes written.
-pub fn write_to<W: Write>(
-    out: &mut W,
-    model: &[u8; 32],
-    ids: &[u32],
-    state: &[u8],
-) -> io::Result<u64> {
-    let head = header(model, ids, state.len());
+pub fn write_to<W: Write>(out: &mut W, model: &[u8; 32], saved: &SavedSession) -> io::Result<u64> {
+    let state = &saved.state[..];
+    let head = header(model, &saved.ids, &saved.images, state.len());
     let sum = std::thread::scope(|s| {
         let hasher = s.spawn(|| {
             let mut h = Sha256::new();
@@ -72,10 +88,10 @@ pub fn write_to<W: Write>(
 /// Renaming over an existing file frees the old file's pages and blocks
 /// inside the rename (~0.15 s for a 181 MB file on ext4), so a second link
 /// keeps the old file through the rename and a background thread deletes it.
-pub fn write_file(path: &Path, model: &[u8; 32], ids: &[u32], state: &[u8]) -> io::Result<u64> {
+pub fn write_file(path: &Path, model: &[u8; 32], saved: &SavedSession) -> io::Result<u64> {
     static REPLACED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = path.with_extension("hsession.tmp");
-    let n = write_to(&mut std::fs::File::create(&tmp)?, model, ids, state)?;
+    let n = write_to(&mut std::fs::File::create(&tmp)?, model, saved)?;
     let k = REPLACED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let old = path.with_extension(format!("hsession.old-{}-{k}", std::process::id()));
     let kept = std::fs::hard_link(path, &old).is_ok();
@@ -105,35 +121,54 @@ fn invalid<T>(m: &str) -> Result<T, ReadError> {
     Err(ReadError::Invalid(m.to_string()))
 }
 
-/// Reads a session file of `len` bytes from `inp`: its ids and its state
-/// bytes, after checking it is one, undamaged, and from this model (the
-/// error says which check failed). The state is read once, into the vector
-/// returned, while a second thread hashes what was read before.
+/// Reads a session file of `len` bytes from `inp`: its ids, images and
+/// state bytes, after checking it is one, undamaged, and from this model
+/// (the error says which check failed). The state is read once, into the
+/// vector returned, while a second thread hashes what was read before.
 pub fn read_from<R: Read>(
     inp: &mut R,
     len: u64,
     model: &[u8; 32],
-) -> Result<(Vec<u32>, Vec<u8>), ReadError> {
+) -> Result<SavedSession, ReadError> {
     if len < MIN_LEN {
         return invalid("not a hearth session file");
     }
     let mut head = vec![0u8; HEAD];
     inp.read_exact(&mut head)?;
-    if &head[..MAGIC.len()] != MAGIC {
-        return invalid("not a hearth session file");
-    }
+    let with_images = match &head[..MAGIC.len()] {
+        m if m == MAGIC => false,
+        m if m == MAGIC_IMAGES => true,
+        _ => return invalid("not a hearth session file"),
+    };
     let sizes_wrong = "the session file is damaged (its lengths do not match its size)";
     let n_ids = u64::from_le_bytes(head[HEAD - 8..].try_into().expect("8 bytes"));
-    // What the ids and the state length take, and then the state's bytes.
-    let ids_len = n_ids
-        .checked_mul(4)
-        .and_then(|b| b.checked_add(8))
-        .filter(|&b| b <= len - MIN_LEN + 8)
-        .ok_or_else(|| ReadError::Invalid(sizes_wrong.into()))?;
-    head.resize(HEAD + ids_len as usize, 0);
-    inp.read_exact(&mut head[HEAD..])?;
+    // Bytes after the fixed head that must still fit the file.
+    let room = len - MIN_LEN + 8;
+    let mut take = |head: &mut Vec<u8>, n: Option<u64>| -> Result<(), ReadError> {
+        let used = (head.len() - HEAD) as u64;
+        let n = n
+            .filter(|&n| used.checked_add(n).is_some_and(|t| t <= room))
+            .ok_or_else(|| ReadError::Invalid(sizes_wrong.into()))?;
+        let at = head.len();
+        head.resize(at + n as usize, 0);
+        inp.read_exact(&mut head[at..])?;
+        Ok(())
+    };
+    // The ids, then (version 2) the image count and records, then the state length.
+    take(&mut head, n_ids.checked_mul(4))?;
+    let ids_end = head.len();
+    let mut images_at = head.len();
+    let mut n_images = 0u64;
+    if with_images {
+        take(&mut head, Some(8))?;
+        n_images = u64::from_le_bytes(head[head.len() - 8..].try_into().expect("8 bytes"));
+        images_at = head.len();
+        take(&mut head, n_images.checked_mul(IMAGE_RECORD as u64))?;
+    }
+    take(&mut head, Some(8))?;
     let n_state = u64::from_le_bytes(head[head.len() - 8..].try_into().expect("8 bytes"));
-    if n_state != len - MIN_LEN - ids_len + 8 {
+    let before_state = (head.len() - HEAD) as u64;
+    if n_state != room - before_state {
         return invalid(sizes_wrong);
     }
     let mut state = vec![0u8; n_state as usize];
@@ -163,29 +198,44 @@ pub fn read_from<R: Read>(
     if &head[MAGIC.len()..MAGIC.len() + 32] != model {
         return invalid("the session file was saved with a different model");
     }
-    let ids = head[HEAD..head.len() - 8]
+    let ids = head[HEAD..ids_end]
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
         .collect();
-    Ok((ids, state))
+    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    let mut images = Vec::with_capacity(n_images as usize);
+    for r in
+        head[images_at..images_at + n_images as usize * IMAGE_RECORD].chunks_exact(IMAGE_RECORD)
+    {
+        let (start, n) = (u64_at(&r[..8]), u64_at(&r[8..16]));
+        let (Ok(start), Ok(n)) = (usize::try_from(start), usize::try_from(n)) else {
+            return invalid("the session file's image positions are out of range");
+        };
+        images.push(SavedImage {
+            start,
+            n,
+            digest: r[16..].try_into().expect("32 bytes"),
+        });
+    }
+    Ok(SavedSession { ids, images, state })
 }
 
 /// Reads session file `path` ([`read_from`]).
-pub fn read_file(path: &Path, model: &[u8; 32]) -> Result<(Vec<u32>, Vec<u8>), ReadError> {
+pub fn read_file(path: &Path, model: &[u8; 32]) -> Result<SavedSession, ReadError> {
     let mut file = std::fs::File::open(path)?;
     let len = file.metadata()?.len();
     read_from(&mut file, len, model)
 }
 
 /// A session file in memory ([`write_to`]).
-pub fn encode(model: &[u8; 32], ids: &[u32], state: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEAD + ids.len() * 4 + 8 + state.len() + 32);
-    write_to(&mut out, model, ids, state).expect("writing to memory");
+pub fn encode(model: &[u8; 32], saved: &SavedSession) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEAD + saved.ids.len() * 4 + 8 + saved.state.len() + 32);
+    write_to(&mut out, model, saved).expect("writing to memory");
     out
 }
 
 /// The ids and state bytes of a session file in memory ([`read_from`]).
-pub fn decode(model: &[u8; 32], data: &[u8]) -> Result<(Vec<u32>, Vec<u8>), String> {
+pub fn decode(model: &[u8; 32], data: &[u8]) -> Result<SavedSession, String> {
     read_from(&mut &data[..], data.len() as u64, model).map_err(|e| match e {
         ReadError::Invalid(m) => m,
         ReadError::Io(e) => format!("the session file is truncated ({e})"),
@@ -196,14 +246,19 @@ pub fn decode(model: &[u8; 32], data: &[u8]) -> Result<(Vec<u32>, Vec<u8>), Stri
 mod tests {
     use super::*;
 
+    fn saved(ids: &[u32], state: &[u8]) -> SavedSession {
+        SavedSession {
+            ids: ids.to_vec(),
+            images: vec![],
+            state: state.to_vec(),
+        }
+    }
+
     #[test]
     fn round_trip_and_every_check() {
         let fp = fingerprint(b"model");
-        let file = encode(&fp, &[1, 2, 3], b"state");
-        assert_eq!(
-            decode(&fp, &file).unwrap(),
-            (vec![1, 2, 3], b"state".to_vec())
-        );
+        let file = encode(&fp, &saved(&[1, 2, 3], b"state"));
+        assert_eq!(decode(&fp, &file).unwrap(), saved(&[1, 2, 3], b"state"));
         let other = fingerprint(b"other");
         assert!(decode(&other, &file)
             .unwrap_err()
@@ -219,8 +274,8 @@ mod tests {
             .unwrap_err()
             .contains("not a hearth session"));
         // No ids, no state.
-        let empty = encode(&fp, &[], b"");
-        assert_eq!(decode(&fp, &empty).unwrap(), (vec![], vec![]));
+        let empty = encode(&fp, &saved(&[], b""));
+        assert_eq!(decode(&fp, &empty).unwrap(), saved(&[], b""));
         // An id count past the end.
         let mut long = file.clone();
         long[46..54].copy_from_slice(&u64::MAX.to_le_bytes());
@@ -234,17 +289,53 @@ mod tests {
             .map(|i| (i * 7 % 251) as u8)
             .collect();
         let ids: Vec<u32> = (0..1000).collect();
-        let file = encode(&fp, &ids, &state);
+        let file = encode(&fp, &saved(&ids, &state));
         assert_eq!(file.len(), HEAD + 4000 + 8 + state.len() + 32);
         // The layout the module documents, the checksum over all before it.
         let body = &file[..file.len() - 32];
         assert_eq!(&file[file.len() - 32..], Sha256::digest(body).as_slice());
         assert_eq!(&body[HEAD + 4000 + 8..], &state[..]);
-        assert_eq!(decode(&fp, &file).unwrap(), (ids, state));
+        assert_eq!(decode(&fp, &file).unwrap(), saved(&ids, &state));
         for at in [HEAD + 5, file.len() / 2, file.len() - 40, file.len() - 1] {
             let mut bad = file.clone();
             bad[at] ^= 0x10;
             assert!(decode(&fp, &bad).unwrap_err().contains("damaged"), "{at}");
         }
+    }
+
+    /// A session holding images: version 2, the image records between the
+    /// ids and the state, round trip exact; damaged or impossible counts refused.
+    #[test]
+    fn images_round_trip_in_version_2() {
+        let fp = fingerprint(b"model");
+        let img = u32::MAX;
+        let s = SavedSession {
+            ids: vec![1, img, img, img, 2, img, img, 3],
+            images: vec![
+                SavedImage {
+                    start: 1,
+                    n: 3,
+                    digest: [7; 32],
+                },
+                SavedImage {
+                    start: 5,
+                    n: 2,
+                    digest: [9; 32],
+                },
+            ],
+            state: b"kv bytes".to_vec(),
+        };
+        let file = encode(&fp, &s);
+        assert_eq!(&file[..MAGIC.len()], MAGIC_IMAGES);
+        assert_eq!(file.len(), HEAD + 32 + 8 + 2 * IMAGE_RECORD + 8 + 8 + 32);
+        assert_eq!(decode(&fp, &file).unwrap(), s);
+        // An image count past the end.
+        let mut long = file.clone();
+        let at = HEAD + 32;
+        long[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode(&fp, &long).unwrap_err().contains("lengths"));
+        let mut bad = file.clone();
+        bad[at + 8 + 20] ^= 1;
+        assert!(decode(&fp, &bad).unwrap_err().contains("damaged"));
     }
 }
