@@ -427,7 +427,7 @@ fn built_in_format_places_images_as_bare_patches() {
                 .chat_runs(messages, None, &kwargs, MEDIA_MARKER)
                 .unwrap();
             assert_eq!(runs.framing, ImageFraming::InRuns);
-            prompts.push(input.prompt_bare(&runs.runs, &rows));
+            prompts.push(input.place(&runs, &rows));
         }
         assert_eq!(prompts[0].ids, prompts[1].ids, "wrap {wrap}");
         let got = &prompts[0];

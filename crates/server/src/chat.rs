@@ -16,7 +16,7 @@ use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use hearth_chat::detect::OutputFormat;
 use hearth_chat::parser::{ChatEvent, FinishHint, OutputParser};
-use hearth_chat::prompter::{ChatRuns, ImageFraming, PromptError};
+use hearth_chat::prompter::PromptError;
 use hearth_engine::prompt::Prompt;
 use hearth_engine::scheduler::{Event, Job, Summary};
 use hearth_engine::turn::{FinishReason, TokenConstraint, TokenLogprob};
@@ -179,14 +179,14 @@ async fn image_prompt(app: &Arc<AppState>, req: &ChatRequest) -> Result<Prompt, 
     let (messages, decoded) = tokio::task::spawn_blocking(move || images::extract(&raw, allow))
         .await
         .map_err(|e| ApiError::server(format!("image decoding: {e}")))??;
-    let ChatRuns { runs, framing } = app
+    let runs = app
         .prompter
         .chat_runs(&messages, req.tools.as_ref(), &req.kwargs, MEDIA_MARKER)
         .map_err(prompt_error)?;
-    if runs.len() != decoded.len() + 1 {
+    if runs.runs.len() != decoded.len() + 1 {
         return Err(ApiError::invalid_request(format!(
             "The chat template placed {} of the {} images.",
-            runs.len() - 1,
+            runs.runs.len() - 1,
             decoded.len()
         )));
     }
@@ -210,10 +210,7 @@ async fn image_prompt(app: &Arc<AppState>, req: &ChatRequest) -> Result<Prompt, 
         );
     }
     let rows: Vec<_> = rows.into_iter().map(|e| e.rows).collect();
-    Ok(match framing {
-        ImageFraming::Mtmd => input.prompt(&runs, &rows),
-        ImageFraming::InRuns => input.prompt_bare(&runs, &rows),
-    })
+    Ok(input.place(&runs, &rows))
 }
 
 /// A conversation the prompter could not render is the client's error (400

@@ -17,6 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hearth_chat::prompter::{ChatRuns, ImageFraming};
 use hearth_engine::prompt::{ImageRows, Prompt};
 use hearth_tokenizer::Tokenizer;
 use sha2::{Digest, Sha256};
@@ -160,11 +161,13 @@ impl ImageInput {
         self.assemble(runs, images, true)
     }
 
-    /// The prompt from token runs that already carry every token, each
-    /// image its rows alone between two runs (the Muse Glimmer reference's
-    /// bare `<|patch|>` slots).
-    pub fn prompt_bare(&self, runs: &[Vec<u32>], images: &[Arc<ImageRows>]) -> Prompt {
-        self.assemble(runs, images, false)
+    /// The prompt of a rendered conversation ([`ChatRuns`]) and its images in
+    /// order, framed as its renderer asks: as mtmd frames them
+    /// ([`ImageFraming::Mtmd`]), or each image its rows alone between two
+    /// runs that carry every token (the Muse Glimmer reference's bare
+    /// `<|patch|>` slots, [`ImageFraming::InRuns`]).
+    pub fn place(&self, runs: &ChatRuns, images: &[Arc<ImageRows>]) -> Prompt {
+        self.assemble(&runs.runs, images, runs.framing == ImageFraming::Mtmd)
     }
 
     fn assemble(&self, runs: &[Vec<u32>], images: &[Arc<ImageRows>], mtmd: bool) -> Prompt {

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use hearth_chat::prompter::ImageFraming;
-use hearth_engine::prompt::{ImageRows, Prompt};
+use hearth_chat::prompter::ChatRuns;
+use hearth_engine::prompt::Prompt;
 use hearth_models::Model;
 use hearth_tokenizer::Tokenizer;
 use hearth_vision::prompt::{ImageInput, MEDIA_MARKER};
@@ -79,13 +79,12 @@ pub fn encode_into_prompt(
     input: &ImageInput,
     images: &[RgbImage],
     paths: &[PathBuf],
-    runs: &[Vec<u32>],
-    framing: ImageFraming,
+    runs: &ChatRuns,
 ) -> Result<(Prompt, Vec<Value>)> {
-    if runs.len() != images.len() + 1 {
+    if runs.runs.len() != images.len() + 1 {
         bail!(
             "the rendered prompt has {} media markers for {} images",
-            runs.len() - 1,
+            runs.runs.len() - 1,
             images.len()
         );
     }
@@ -117,19 +116,5 @@ pub fn encode_into_prompt(
         }));
         rows.push(Arc::clone(&e.rows));
     }
-    Ok((frame(input, runs, &rows, framing), stats))
-}
-
-/// The prompt from token runs and the images between them, framed as the
-/// renderer asks ([`ImageFraming`]).
-pub fn frame(
-    input: &ImageInput,
-    runs: &[Vec<u32>],
-    rows: &[Arc<ImageRows>],
-    framing: ImageFraming,
-) -> Prompt {
-    match framing {
-        ImageFraming::Mtmd => input.prompt(runs, rows),
-        ImageFraming::InRuns => input.prompt_bare(runs, rows),
-    }
+    Ok((input.place(runs, &rows), stats))
 }

@@ -215,7 +215,7 @@ impl<B: Backend + 'static> Chat<'_, B> {
             }
             rows.push(Arc::clone(&e.rows));
         }
-        Ok(super::images::frame(input, &runs.runs, &rows, runs.framing))
+        Ok(input.place(&runs, &rows))
     }
 
     /// Generates the assistant's answer to `messages` (with `images` at

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use hearth_chat::parser::{ChatEvent, FinishHint, OutputParser};
-use hearth_chat::prompter::{ImageFraming, Prompter};
+use hearth_chat::prompter::{ChatRuns, ImageFraming, Prompter};
 use hearth_engine::prompt::Prompt;
 use hearth_engine::sampler::{Sampler, SamplerConfig};
 use hearth_engine::spec::factory::{DrafterFactory, MakeDrafter, SpecConfig};
@@ -274,13 +274,8 @@ pub fn run(args: Args) -> Result<()> {
             false => {
                 let runs = prompter.chat_runs(&messages, None, &Map::new(), MEDIA_MARKER)?;
                 let input = vision.as_ref().expect("checked: --image needs --mmproj");
-                let (p, stats) = super::images::encode_into_prompt(
-                    input,
-                    &images,
-                    &args.image,
-                    &runs.runs,
-                    runs.framing,
-                )?;
+                let (p, stats) =
+                    super::images::encode_into_prompt(input, &images, &args.image, &runs)?;
                 image_stats = stats;
                 p
             }
@@ -297,18 +292,16 @@ pub fn run(args: Args) -> Result<()> {
         let ids = match &vision {
             Some(input) if !images.is_empty() => {
                 // Raw mode: the text split at the markers, parsed as llama.cpp does.
-                let runs: Vec<Vec<u32>> = text
-                    .split(MEDIA_MARKER)
-                    .enumerate()
-                    .map(|(i, run)| tokenizer.encode(run, i == 0, true))
-                    .collect();
-                let (p, stats) = super::images::encode_into_prompt(
-                    input,
-                    &images,
-                    &args.image,
-                    &runs,
-                    ImageFraming::Mtmd,
-                )?;
+                let runs = ChatRuns {
+                    runs: text
+                        .split(MEDIA_MARKER)
+                        .enumerate()
+                        .map(|(i, run)| tokenizer.encode(run, i == 0, true))
+                        .collect(),
+                    framing: ImageFraming::Mtmd,
+                };
+                let (p, stats) =
+                    super::images::encode_into_prompt(input, &images, &args.image, &runs)?;
                 image_stats = stats;
                 p
             }
@@ -366,8 +359,6 @@ pub fn run(args: Args) -> Result<()> {
     job.report(&path, &stats, &kv_summary(&model, &state), state.kv_bytes())
 }
 
-/// `hearth run` without a prompt on a terminal: a multi-turn chat on the
-/// chosen device.
 /// The GPU model when it was loaded before the chat (next to the vision
 /// tower); `()` without the CUDA backend.
 #[cfg(feature = "cuda")]
@@ -375,6 +366,8 @@ type EarlyGpu = Option<Arc<hearth_cuda::GpuModel>>;
 #[cfg(not(feature = "cuda"))]
 type EarlyGpu = ();
 
+/// `hearth run` without a prompt on a terminal: a multi-turn chat on the
+/// chosen device.
 #[allow(clippy::too_many_arguments)]
 fn interactive(
     args: &Args,
