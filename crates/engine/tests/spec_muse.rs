@@ -40,6 +40,18 @@ fn greedy() -> Sampler {
     Sampler::new(SamplerConfig::greedy()).unwrap()
 }
 
+/// A turn of `max_tokens` tokens past end-of-generation, K = `n_draft`.
+fn turn_params(max_tokens: usize, n_draft: usize) -> hearth_engine::turn::TurnParams {
+    hearth_engine::turn::TurnParams {
+        max_tokens,
+        stop: vec![],
+        ignore_eos: true,
+        n_draft,
+        render_special: false,
+        logprobs: None,
+    }
+}
+
 fn check(draft_name: &str) {
     let path = gguf("muse-a");
     let target = Arc::new(Model::load(&path).unwrap());
@@ -124,7 +136,7 @@ fn images_greedy_spec_equals_plain_greedy() {
     use hearth_engine::spec::draft_model::DraftModelDrafter;
     use hearth_engine::spec::ngram::NgramDrafter;
     use hearth_engine::spec::Drafter;
-    use hearth_engine::turn::{Turn, TurnParams};
+    use hearth_engine::turn::Turn;
 
     let path = gguf("muse-a");
     let target = Arc::new(Model::load(&path).unwrap());
@@ -162,14 +174,7 @@ fn images_greedy_spec_equals_plain_greedy() {
     prompt.push_tokens(&ids[half..]);
 
     let run = |drafter: Option<&mut dyn Drafter>| -> (Vec<u32>, usize) {
-        let params = TurnParams {
-            max_tokens: N,
-            stop: vec![],
-            ignore_eos: true,
-            n_draft: if drafter.is_some() { 7 } else { 0 },
-            render_special: false,
-            logprobs: None,
-        };
+        let params = turn_params(N, if drafter.is_some() { 7 } else { 0 });
         let mut state = State::with_ring_slack(&target, CTX, 7);
         let mut turn = Turn::new(&tok, prompt.clone(), 0, greedy(), params);
         let mut drafter = drafter;
@@ -233,7 +238,7 @@ fn images_greedy_spec_equals_plain_greedy() {
 fn sessions_with_images_save_and_restore() {
     use hearth_engine::prompt::{ImageRows, Prompt};
     use hearth_engine::session::Session;
-    use hearth_engine::turn::{Turn, TurnParams};
+    use hearth_engine::turn::Turn;
     use hearth_models::Backend;
 
     let path = gguf("muse-a");
@@ -262,14 +267,7 @@ fn sessions_with_images_save_and_restore() {
     // One turn of 8 greedy tokens on `session`; (tokens, reused).
     let turn = |session: &mut Session<State>, prompt: &Prompt| -> (Vec<u32>, usize) {
         let resume = session.prepare_prompt(prompt);
-        let params = TurnParams {
-            max_tokens: 8,
-            stop: vec![],
-            ignore_eos: true,
-            n_draft: 0,
-            render_special: false,
-            logprobs: None,
-        };
+        let params = turn_params(8, 0);
         let mut t = Turn::new(&tok, prompt.clone(), resume.reused, greedy(), params);
         while t.finished().is_none() {
             let out = t

@@ -117,6 +117,11 @@ impl From<io::Error> for ReadError {
     }
 }
 
+/// The little-endian u64 in `b` (8 bytes).
+fn le_u64(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b.try_into().expect("8 bytes"))
+}
+
 fn invalid<T>(m: &str) -> Result<T, ReadError> {
     Err(ReadError::Invalid(m.to_string()))
 }
@@ -141,7 +146,7 @@ pub fn read_from<R: Read>(
         _ => return invalid("not a hearth session file"),
     };
     let sizes_wrong = "the session file is damaged (its lengths do not match its size)";
-    let n_ids = u64::from_le_bytes(head[HEAD - 8..].try_into().expect("8 bytes"));
+    let n_ids = le_u64(&head[HEAD - 8..]);
     // Bytes after the fixed head that must still fit the file.
     let room = len - MIN_LEN + 8;
     let mut take = |head: &mut Vec<u8>, n: Option<u64>| -> Result<(), ReadError> {
@@ -161,12 +166,12 @@ pub fn read_from<R: Read>(
     let mut n_images = 0u64;
     if with_images {
         take(&mut head, Some(8))?;
-        n_images = u64::from_le_bytes(head[head.len() - 8..].try_into().expect("8 bytes"));
+        n_images = le_u64(&head[head.len() - 8..]);
         images_at = head.len();
         take(&mut head, n_images.checked_mul(IMAGE_RECORD as u64))?;
     }
     take(&mut head, Some(8))?;
-    let n_state = u64::from_le_bytes(head[head.len() - 8..].try_into().expect("8 bytes"));
+    let n_state = le_u64(&head[head.len() - 8..]);
     let before_state = (head.len() - HEAD) as u64;
     if n_state != room - before_state {
         return invalid(sizes_wrong);
@@ -202,12 +207,11 @@ pub fn read_from<R: Read>(
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
         .collect();
-    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
     let mut images = Vec::with_capacity(n_images as usize);
     for r in
         head[images_at..images_at + n_images as usize * IMAGE_RECORD].chunks_exact(IMAGE_RECORD)
     {
-        let (start, n) = (u64_at(&r[..8]), u64_at(&r[8..16]));
+        let (start, n) = (le_u64(&r[..8]), le_u64(&r[8..16]));
         let (Ok(start), Ok(n)) = (usize::try_from(start), usize::try_from(n)) else {
             return invalid("the session file's image positions are out of range");
         };

@@ -117,8 +117,9 @@ impl SpecArgs {
     }
 
     /// The engine's configuration for these flags on `device` for `target`,
-    /// the draft model's name resolved to a file (downloading a packaged one, copying a packaged drafter
-    /// from the repository). DFlash runs on either device (on CUDA next to
+    /// the draft model's name resolved to a file (downloading a packaged
+    /// one, copying a packaged drafter from the repository). DFlash runs on
+    /// either device (on CUDA next to
     /// the target, a plain DFlash1 draft only: the GPU path names what else
     /// it cannot run when the drafter loads).
     pub fn config(&self, device: Device, target: Target) -> Result<SpecConfig> {

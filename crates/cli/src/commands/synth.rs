@@ -381,18 +381,21 @@ pub fn run(args: Args) -> Result<()> {
                 })?;
             eprintln!("tokenizer from {} ({n} tokens)", path.display());
             shape.vocab_size = n;
-            if args.muse_specials {
-                let keys = with_muse_specials(keys).with_context(|| {
-                    format!("--muse-specials on the tokenizer of {}", path.display())
-                })?;
-                shape.vocab_size = MUSE_VOCAB;
-                eprintln!(
-                    "Muse Glimmer special tokens at their ids, {MUSE_VOCAB} tokens, no chat template (the built-in format)"
-                );
-                Some(keys)
-            } else {
-                Some(keys)
-            }
+            let keys = match args.muse_specials {
+                false => keys,
+                true => {
+                    // The real model's vocabulary size.
+                    shape.vocab_size = SynthShape::muse_glimmer_30b().vocab_size;
+                    eprintln!(
+                        "Muse Glimmer special tokens at their ids, {} tokens, no chat template (the built-in format)",
+                        shape.vocab_size
+                    );
+                    with_muse_specials(keys, shape.vocab_size).with_context(|| {
+                        format!("--muse-specials on the tokenizer of {}", path.display())
+                    })?
+                }
+            };
+            Some(keys)
         }
         None => None,
     };
@@ -415,14 +418,12 @@ pub fn run(args: Args) -> Result<()> {
     write(&args, &plan)
 }
 
-/// The vocabulary size of Muse Glimmer (spec muse-glimmer-model.md).
-const MUSE_VOCAB: usize = 202048;
-
-/// `tokenizer.*` keys extended to [`MUSE_VOCAB`] ids with the Muse Glimmer
+/// `tokenizer.*` keys extended to `vocab` ids with the Muse Glimmer
 /// specials at their ids (control tokens; the other new ids
 /// `<|reserved_special_token_N|>`), BOS and EOS theirs, no chat template.
 fn with_muse_specials(
     keys: Vec<(String, hearth_gguf::Value)>,
+    vocab: usize,
 ) -> Result<Vec<(String, hearth_gguf::Value)>> {
     use hearth_chat::muse_glimmer::Special;
     use hearth_gguf::{Value, ValueType};
@@ -441,7 +442,7 @@ fn with_muse_specials(
                         bail!("the vocabulary already has {}", t.as_str());
                     }
                 }
-                for i in tokens.len()..MUSE_VOCAB {
+                for i in tokens.len()..vocab {
                     let name = Special::ALL
                         .iter()
                         .find(|t| t.id() as usize == i)
@@ -454,11 +455,11 @@ fn with_muse_specials(
                 Value::Array(ValueType::String, tokens)
             }
             ("tokenizer.ggml.token_type", Value::Array(ty, mut types)) => {
-                types.resize(MUSE_VOCAB, Value::I32(CONTROL));
+                types.resize(vocab, Value::I32(CONTROL));
                 Value::Array(ty, types)
             }
             ("tokenizer.ggml.scores", Value::Array(ty, mut scores)) => {
-                scores.resize(MUSE_VOCAB, Value::F32(0.0));
+                scores.resize(vocab, Value::F32(0.0));
                 Value::Array(ty, scores)
             }
             ("tokenizer.ggml.bos_token_id", _) => Value::U32(Special::BeginOfText.id()),
