@@ -10,7 +10,8 @@
   that diverges from the first at the assistant's reply cannot roll the rings
   back that far, but the checkpoint taken after the first prompt restores the
   state there: the reply equals that of a session that never moved past the
-  first prompt, and the whole first prompt is reused.
+  first prompt, and the whole first prompt is reused; a session saved to a
+  file and restored keeps its checkpoints (the same reply, the same reuse).
 
 Run: python3 tests/server/test_sessions.py
 """
@@ -143,7 +144,7 @@ def test_a_new_session_starts_from_another_sessions_prefix():
 
 
 def test_checkpoint_brings_a_ring_back_past_its_slack():
-    gemma = Server(ctx=2048, model=model_path("gemma3-270m"))
+    gemma = Server("--session-dir", str(DIR), ctx=2048, model=model_path("gemma3-270m"))
     try:
         text = " ".join(f"Fact {i}: the number {i} squared is {i * i}." for i in range(70))
         first = [{"role": "user", "content": f"{text}\nWhich fact mentions 49?"}]
@@ -165,6 +166,19 @@ def test_checkpoint_brings_a_ring_back_past_its_slack():
         assert u2.prompt_tokens_details.cached_tokens == u1.prompt_tokens, (u1, u2)
         assert u3.prompt_tokens_details.cached_tokens == u1.prompt_tokens, (u1, u3)
         reasons = re.findall(r"llm_turn_stats session_id=g reason=(\w+)", gemma.logs())
+        assert reasons == ["new", "checkpoint"], reasons
+        # The checkpoint is in the session file: after save, DELETE and
+        # restore, session h parts from its rings the same way.
+        chat(gemma, "h", first, max_tokens=12)
+        status, body = post(gemma, "/v1/sessions/h/save")
+        assert status == 200, body
+        assert http(gemma, "DELETE", "/v1/sessions/h")[0] == 200
+        status, body = post(gemma, "/v1/sessions/h/restore")
+        assert status == 200 and body["tokens"] == u1.prompt_tokens + 11, body
+        restored, u4 = chat(gemma, "h", second, max_tokens=12)
+        assert restored == ref, (restored, ref)
+        assert u4.prompt_tokens_details.cached_tokens == u1.prompt_tokens, (u1, u4)
+        reasons = re.findall(r"llm_turn_stats session_id=h reason=(\w+)", gemma.logs())
         assert reasons == ["new", "checkpoint"], reasons
         # Without the checkpoint the state would start over: a whole-prompt
         # prefill, which on this model gives another reply (its prefill is

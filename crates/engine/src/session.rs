@@ -24,11 +24,21 @@ pub struct SavedImage {
     pub digest: [u8; 32],
 }
 
-/// A session as a file holds it: resident ids, its images, the state bytes.
+/// A ring checkpoint a saved session holds: its position and the backend's
+/// bytes for it ([`BackendState::save_checkpoint`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedCheckpoint {
+    pub pos: usize,
+    pub state: Vec<u8>,
+}
+
+/// A session as a file holds it: resident ids, its images, its ring
+/// checkpoints (oldest first), the state bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SavedSession {
     pub ids: Vec<u32>,
     pub images: Vec<SavedImage>,
+    pub checkpoints: Vec<SavedCheckpoint>,
     pub state: Vec<u8>,
 }
 
@@ -154,9 +164,20 @@ impl<S: BackendState> Session<S> {
                 digest: s.image.digest,
             })
             .collect();
+        // A backend that cannot save its checkpoints still saves the session
+        // (it only rolls back less far after the restore).
+        let checkpoints = self
+            .checkpoints
+            .iter()
+            .filter_map(|(pos, cp)| {
+                let state = self.state.save_checkpoint(&**cp)?;
+                Some(SavedCheckpoint { pos: *pos, state })
+            })
+            .collect();
         Ok(SavedSession {
             ids: self.resident.clone(),
             images,
+            checkpoints,
             state,
         })
     }
@@ -169,6 +190,7 @@ impl<S: BackendState> Session<S> {
         let SavedSession {
             ids,
             images,
+            checkpoints,
             state: bytes,
         } = saved;
         if self.drafter.is_some() {
@@ -203,6 +225,28 @@ impl<S: BackendState> Session<S> {
                 ids.len(),
                 self.state.pos()
             ));
+        }
+        let mut last = 0;
+        for c in &checkpoints {
+            if c.pos <= last || c.pos > ids.len() {
+                self.reset();
+                return Err(format!(
+                    "the session file's checkpoint at {} is not after the one before ({last}) and within its {} ids",
+                    c.pos,
+                    ids.len()
+                ));
+            }
+            last = c.pos;
+        }
+        let skip = checkpoints.len().saturating_sub(MAX_CHECKPOINTS);
+        for c in &checkpoints[skip..] {
+            match self.state.load_checkpoint(c.pos, &c.state) {
+                Ok(cp) => self.checkpoints.push((c.pos, cp)),
+                Err(e) => {
+                    self.reset();
+                    return Err(format!("the session file's checkpoint at {}: {e}", c.pos));
+                }
+            }
         }
         self.resident = ids;
         self.images = images

@@ -318,3 +318,84 @@ fn sessions_with_images_save_and_restore() {
     let (_, reused) = turn(&mut s, &first);
     assert_eq!(reused, 0);
 }
+
+/// Ring checkpoints travel with a saved session: after the rings moved past
+/// their slack, a restored session's prompt that parts from the resident ids
+/// at a checkpoint resumes there (the same logits as a session that never
+/// moved past it); without the checkpoint the same restore starts over; a
+/// damaged or misplaced checkpoint is refused and the session stays usable.
+/// (muse-a: sliding-window rings, no slack.)
+#[test]
+fn saved_sessions_keep_their_ring_checkpoints() {
+    use hearth_engine::session::{ResumeReason, Session};
+    use hearth_models::{Backend, Logits};
+
+    let path = gguf("muse-a");
+    let target = Arc::new(Model::load(&path).unwrap());
+    let fx = fixture("muse-a.json");
+    let p = ids(&fx["prompts"][1]["prompt_ids"]);
+    let new_session = || Session::new(Backend::new_state(target.as_ref(), CTX, 0).unwrap());
+    let feed = |s: &mut Session<State>, t: &[u32]| -> Vec<f32> {
+        let logits = Backend::forward(target.as_ref(), &mut s.state, t, Logits::Last).unwrap();
+        s.push_fed(t);
+        logits
+    };
+    // 24 ids past the prompt: the rings (window < 24) overwrite what a
+    // rollback to the prompt's end needs.
+    let moved: Vec<u32> = (0..24).map(|i| 100 + i * 7).collect();
+    let tail: Vec<u32> = vec![42, 43, 44];
+    let mut next = p.clone();
+    next.extend_from_slice(&tail);
+
+    let mut live = new_session();
+    live.prepare(&p);
+    feed(&mut live, &p);
+    live.checkpoint();
+    feed(&mut live, &moved);
+    let saved = live.save().unwrap();
+    assert_eq!(saved.checkpoints.len(), 1);
+    assert_eq!(saved.checkpoints[0].pos, p.len());
+
+    // The reference: a session that stopped at the prompt's end.
+    let mut cold = new_session();
+    cold.prepare(&p);
+    feed(&mut cold, &p);
+    let want = feed(&mut cold, &tail);
+
+    let mut restored = new_session();
+    restored.restore(saved.clone()).unwrap();
+    let resume = restored.prepare(&next);
+    assert_eq!(
+        (resume.reason, resume.reused),
+        (ResumeReason::Checkpoint, p.len())
+    );
+    let got = feed(&mut restored, &tail);
+    assert_eq!(
+        got, want,
+        "the restored checkpoint continues as the cold state"
+    );
+
+    // Without it: the rings cannot roll back, everything starts over.
+    let mut bare = saved.clone();
+    bare.checkpoints.clear();
+    let mut s = new_session();
+    s.restore(bare).unwrap();
+    let resume = s.prepare(&next);
+    assert_eq!(
+        (resume.reason, resume.reused),
+        (ResumeReason::RollbackFailed, 0)
+    );
+
+    // Damaged bytes, a position past the ids: refused, the session empty
+    // and usable.
+    let mut short = saved.clone();
+    short.checkpoints[0].state.pop();
+    let mut s = new_session();
+    assert!(s.restore(short).unwrap_err().contains("checkpoint"));
+    assert!(s.resident().is_empty());
+    let mut far = saved.clone();
+    far.checkpoints[0].pos = saved.ids.len() + 1;
+    assert!(s.restore(far).unwrap_err().contains("checkpoint"));
+    s.prepare(&p);
+    assert_eq!(feed(&mut s, &p).len(), target.config.vocab_size);
+}

@@ -56,6 +56,22 @@ pub trait BackendState: Send {
     fn restore(&mut self, _checkpoint: &(dyn std::any::Any + Send)) -> bool {
         false
     }
+    /// A checkpoint of this state as bytes, for a session file (`None`: not
+    /// this backend's, or it cannot save them).
+    fn save_checkpoint(&self, _checkpoint: &(dyn std::any::Any + Send)) -> Option<Vec<u8>> {
+        None
+    }
+    /// A checkpoint at `pos` from [`BackendState::save_checkpoint`]'s bytes.
+    fn load_checkpoint(
+        &self,
+        _pos: usize,
+        _data: &[u8],
+    ) -> Result<Box<dyn std::any::Any + Send>, ModelError> {
+        Err(ModelError::Unsupported {
+            backend: "this",
+            what: "restoring ring checkpoints".into(),
+        })
+    }
 }
 
 /// A loaded model on some device, computing forward passes for states it made.
@@ -233,6 +249,22 @@ impl BackendState for State {
             }
             None => false,
         }
+    }
+
+    fn save_checkpoint(&self, checkpoint: &(dyn std::any::Any + Send)) -> Option<Vec<u8>> {
+        checkpoint
+            .downcast_ref::<crate::state::Checkpoint>()
+            .map(crate::state::Checkpoint::save)
+    }
+
+    fn load_checkpoint(
+        &self,
+        pos: usize,
+        data: &[u8],
+    ) -> Result<Box<dyn std::any::Any + Send>, ModelError> {
+        State::load_checkpoint(self, pos, data)
+            .map(|c| Box::new(c) as _)
+            .map_err(ModelError::SavedState)
     }
 }
 

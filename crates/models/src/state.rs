@@ -167,6 +167,47 @@ impl State {
         })
     }
 
+    /// A checkpoint at `pos` from [`Checkpoint::save`]'s bytes, for this
+    /// state's rings (the same model, context and cache types: the error
+    /// names what differs). Each of this state's rings must be in it once.
+    pub fn load_checkpoint(&self, pos: usize, data: &[u8]) -> Result<Checkpoint, String> {
+        let truncated = || "the saved checkpoint is truncated".to_string();
+        let word = |at: usize| -> Result<u64, String> {
+            data.get(at..at + 8)
+                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .ok_or_else(truncated)
+        };
+        if pos == 0 || pos > self.max_ctx {
+            return Err(format!(
+                "the saved checkpoint's position {pos} is outside the context of {}",
+                self.max_ctx
+            ));
+        }
+        let ring_layers: Vec<usize> = (0..self.caches.len())
+            .filter(|&i| matches!(self.caches[i].layout, CacheLayout::Ring { .. }))
+            .collect();
+        if word(0)? != ring_layers.len() as u64 {
+            return Err("the saved checkpoint has another number of sliding-window layers".into());
+        }
+        let mut at = 8;
+        let mut rings = Vec::with_capacity(ring_layers.len());
+        for &want in &ring_layers {
+            if word(at)? != want as u64 {
+                return Err(format!(
+                    "the saved checkpoint's rings are not this model's (layer {want} expected)"
+                ));
+            }
+            at += 8;
+            let mut ring = self.caches[want].clone();
+            at += ring.load(pos, &data[at..]).ok_or_else(truncated)?;
+            rings.push((want, ring));
+        }
+        if at != data.len() {
+            return Err("the saved checkpoint has trailing bytes".into());
+        }
+        Ok(Checkpoint { pos, rings })
+    }
+
     /// Back to a checkpoint's position: flat caches roll back, rings are
     /// copied back. The positions before the checkpoint must hold what they
     /// held when it was taken (the caller's bookkeeping).
@@ -187,5 +228,24 @@ pub struct Checkpoint {
 impl Checkpoint {
     pub fn bytes(&self) -> usize {
         self.rings.iter().map(|(_, c)| c.bytes()).sum()
+    }
+
+    /// The rings as bytes, for a session file ([`State::load_checkpoint`]):
+    /// the ring count, then per ring its layer index and its every slot.
+    /// The position is the caller's to keep.
+    pub fn save(&self) -> Vec<u8> {
+        let len = 8 + self
+            .rings
+            .iter()
+            .map(|(_, c)| 8 + c.saved_len(self.pos))
+            .sum::<usize>();
+        let mut out = Vec::with_capacity(len);
+        out.extend_from_slice(&(self.rings.len() as u64).to_le_bytes());
+        for (i, c) in &self.rings {
+            out.extend_from_slice(&(*i as u64).to_le_bytes());
+            c.save(self.pos, &mut out);
+        }
+        debug_assert_eq!(out.len(), len);
+        out
     }
 }

@@ -54,8 +54,8 @@ fn main() {
         let t = Instant::now();
         let saved = hearth_engine::session::SavedSession {
             ids: ids.clone(),
-            images: Vec::new(),
             state: bytes,
+            ..Default::default()
         };
         let n = session_file::write_file(&path, &fp, &saved).unwrap();
         let t_write = t.elapsed();

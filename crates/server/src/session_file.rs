@@ -3,16 +3,19 @@
 //! KV state, tied to the model that computed them.
 //!
 //! ```text
-//! magic "HEARTHSESSION\x01" (14 bytes; "\x02" when it holds images)
+//! magic "HEARTHSESSION\x01" (14 bytes; "\x02" when it holds images,
+//!   "\x03" when it holds ring checkpoints)
 //! model fingerprint: sha256 of the GGUF's header, metadata and tensor index (32)
 //! n_ids u64 LE, then n_ids u32 LE token ids
-//! version 2 only: n_images u64 LE, then per image start u64 LE, n u64 LE,
+//! versions 2 and 3: n_images u64 LE, then per image start u64 LE, n u64 LE,
 //!   digest (32): the image positions start..start+n (ids u32::MAX there)
+//! version 3: n_checkpoints u64 LE, then per checkpoint (oldest first) pos
+//!   u64 LE, n u64 LE, n bytes: the backend's sliding-window rings at pos
 //! n_state u64 LE, then the backend's state bytes
 //! sha256 of everything above (32)
 //! ```
 
-use hearth_engine::session::{SavedImage, SavedSession};
+use hearth_engine::session::{SavedCheckpoint, SavedImage, SavedSession};
 use sha2::{Digest, Sha256};
 use std::io::{self, Read, Write};
 use std::path::Path;
@@ -20,6 +23,9 @@ use std::path::Path;
 const MAGIC: &[u8; 14] = b"HEARTHSESSION\x01";
 /// A session file that holds images (an image section after the ids).
 const MAGIC_IMAGES: &[u8; 14] = b"HEARTHSESSION\x02";
+/// A session file that holds ring checkpoints (a checkpoint section after
+/// the image section).
+const MAGIC_CHECKPOINTS: &[u8; 14] = b"HEARTHSESSION\x03";
 /// Bytes of one image record: start, n, digest.
 const IMAGE_RECORD: usize = 8 + 8 + 32;
 /// Magic, model fingerprint and the id count: what comes before the ids.
@@ -35,21 +41,29 @@ pub fn fingerprint(gguf_head: &[u8]) -> [u8; 32] {
     Sha256::digest(gguf_head).into()
 }
 
-/// Everything before the state bytes: magic, model, ids, images (version
-/// 2), the state's length.
-fn header(model: &[u8; 32], ids: &[u32], images: &[SavedImage], n_state: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEAD + ids.len() * 4 + 16 + images.len() * IMAGE_RECORD);
-    out.extend_from_slice(if images.is_empty() {
-        MAGIC
-    } else {
-        MAGIC_IMAGES
+/// Everything before the state bytes: magic, model, ids, images (versions
+/// 2 and 3), checkpoints (version 3), the state's length.
+fn header(model: &[u8; 32], saved: &SavedSession) -> Vec<u8> {
+    let SavedSession {
+        ids,
+        images,
+        checkpoints,
+        state,
+    } = saved;
+    let cp_len: usize = checkpoints.iter().map(|c| 16 + c.state.len()).sum();
+    let mut out =
+        Vec::with_capacity(HEAD + ids.len() * 4 + 24 + images.len() * IMAGE_RECORD + cp_len);
+    out.extend_from_slice(match (images.is_empty(), checkpoints.is_empty()) {
+        (true, true) => MAGIC,
+        (false, true) => MAGIC_IMAGES,
+        (_, false) => MAGIC_CHECKPOINTS,
     });
     out.extend_from_slice(model);
     out.extend_from_slice(&(ids.len() as u64).to_le_bytes());
     for id in ids {
         out.extend_from_slice(&id.to_le_bytes());
     }
-    if !images.is_empty() {
+    if !images.is_empty() || !checkpoints.is_empty() {
         out.extend_from_slice(&(images.len() as u64).to_le_bytes());
         for im in images {
             out.extend_from_slice(&(im.start as u64).to_le_bytes());
@@ -57,7 +71,15 @@ fn header(model: &[u8; 32], ids: &[u32], images: &[SavedImage], n_state: usize) 
             out.extend_from_slice(&im.digest);
         }
     }
-    out.extend_from_slice(&(n_state as u64).to_le_bytes());
+    if !checkpoints.is_empty() {
+        out.extend_from_slice(&(checkpoints.len() as u64).to_le_bytes());
+        for c in checkpoints {
+            out.extend_from_slice(&(c.pos as u64).to_le_bytes());
+            out.extend_from_slice(&(c.state.len() as u64).to_le_bytes());
+            out.extend_from_slice(&c.state);
+        }
+    }
+    out.extend_from_slice(&(state.len() as u64).to_le_bytes());
     out
 }
 
@@ -66,7 +88,7 @@ fn header(model: &[u8; 32], ids: &[u32], images: &[SavedImage], n_state: usize) 
 /// hashes them for the trailing checksum. Returns the bytes written.
 pub fn write_to<W: Write>(out: &mut W, model: &[u8; 32], saved: &SavedSession) -> io::Result<u64> {
     let state = &saved.state[..];
-    let head = header(model, &saved.ids, &saved.images, state.len());
+    let head = header(model, saved);
     let sum = std::thread::scope(|s| {
         let hasher = s.spawn(|| {
             let mut h = Sha256::new();
@@ -140,9 +162,10 @@ pub fn read_from<R: Read>(
     }
     let mut head = vec![0u8; HEAD];
     inp.read_exact(&mut head)?;
-    let with_images = match &head[..MAGIC.len()] {
-        m if m == MAGIC => false,
-        m if m == MAGIC_IMAGES => true,
+    let (with_images, with_checkpoints) = match &head[..MAGIC.len()] {
+        m if m == MAGIC => (false, false),
+        m if m == MAGIC_IMAGES => (true, false),
+        m if m == MAGIC_CHECKPOINTS => (true, true),
         _ => return invalid("not a hearth session file"),
     };
     let sizes_wrong = "the session file is damaged (its lengths do not match its size)";
@@ -169,6 +192,20 @@ pub fn read_from<R: Read>(
         n_images = le_u64(&head[head.len() - 8..]);
         images_at = head.len();
         take(&mut head, n_images.checked_mul(IMAGE_RECORD as u64))?;
+    }
+    // (pos, offset of its bytes in `head`, length)
+    let mut checkpoints_at = Vec::new();
+    if with_checkpoints {
+        take(&mut head, Some(8))?;
+        let n = le_u64(&head[head.len() - 8..]);
+        for _ in 0..n {
+            take(&mut head, Some(16))?;
+            let pos = le_u64(&head[head.len() - 16..head.len() - 8]);
+            let len = le_u64(&head[head.len() - 8..]);
+            let at = head.len();
+            take(&mut head, Some(len))?;
+            checkpoints_at.push((pos, at, len as usize));
+        }
     }
     take(&mut head, Some(8))?;
     let n_state = le_u64(&head[head.len() - 8..]);
@@ -221,7 +258,22 @@ pub fn read_from<R: Read>(
             digest: r[16..].try_into().expect("32 bytes"),
         });
     }
-    Ok(SavedSession { ids, images, state })
+    let mut checkpoints = Vec::with_capacity(checkpoints_at.len());
+    for (pos, at, len) in checkpoints_at {
+        let Ok(pos) = usize::try_from(pos) else {
+            return invalid("the session file's checkpoint positions are out of range");
+        };
+        checkpoints.push(SavedCheckpoint {
+            pos,
+            state: head[at..at + len].to_vec(),
+        });
+    }
+    Ok(SavedSession {
+        ids,
+        images,
+        checkpoints,
+        state,
+    })
 }
 
 /// Reads session file `path` ([`read_from`]).
@@ -253,8 +305,8 @@ mod tests {
     fn saved(ids: &[u32], state: &[u8]) -> SavedSession {
         SavedSession {
             ids: ids.to_vec(),
-            images: vec![],
             state: state.to_vec(),
+            ..Default::default()
         }
     }
 
@@ -328,6 +380,7 @@ mod tests {
                 },
             ],
             state: b"kv bytes".to_vec(),
+            ..Default::default()
         };
         let file = encode(&fp, &s);
         assert_eq!(&file[..MAGIC.len()], MAGIC_IMAGES);
@@ -340,6 +393,47 @@ mod tests {
         assert!(decode(&fp, &long).unwrap_err().contains("lengths"));
         let mut bad = file.clone();
         bad[at + 8 + 20] ^= 1;
+        assert!(decode(&fp, &bad).unwrap_err().contains("damaged"));
+    }
+
+    /// A session holding ring checkpoints: version 3 (the image section, even
+    /// empty, then the checkpoints), round trip exact; an impossible
+    /// checkpoint length is refused, damage caught.
+    #[test]
+    fn checkpoints_round_trip_in_version_3() {
+        let fp = fingerprint(b"model");
+        let cp = |pos: usize, b: &[u8]| SavedCheckpoint {
+            pos,
+            state: b.to_vec(),
+        };
+        let s = SavedSession {
+            ids: vec![1, 2, 3, 4, 5],
+            checkpoints: vec![cp(2, b"rings at 2"), cp(5, b"rings at five")],
+            state: b"kv bytes".to_vec(),
+            ..Default::default()
+        };
+        let file = encode(&fp, &s);
+        assert_eq!(&file[..MAGIC.len()], MAGIC_CHECKPOINTS);
+        let cps = 8 + (16 + 10) + (16 + 13);
+        assert_eq!(file.len(), HEAD + 20 + 8 + cps + 8 + 8 + 32);
+        assert_eq!(decode(&fp, &file).unwrap(), s);
+        // With images too.
+        let mut both = s.clone();
+        both.ids[1] = u32::MAX;
+        both.images = vec![SavedImage {
+            start: 1,
+            n: 1,
+            digest: [3; 32],
+        }];
+        assert_eq!(decode(&fp, &encode(&fp, &both)).unwrap(), both);
+        // A checkpoint length past the end.
+        let mut long = file.clone();
+        let at = HEAD + 20 + 8 + 8 + 8;
+        assert_eq!(le_u64(&long[at..at + 8]), 10);
+        long[at..at + 8].copy_from_slice(&(u64::MAX - 3).to_le_bytes());
+        assert!(decode(&fp, &long).unwrap_err().contains("lengths"));
+        let mut bad = file.clone();
+        bad[at + 8 + 3] ^= 1;
         assert!(decode(&fp, &bad).unwrap_err().contains("damaged"));
     }
 }
