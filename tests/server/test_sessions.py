@@ -143,6 +143,50 @@ def test_a_new_session_starts_from_another_sessions_prefix():
     assert salted("tenant-x-2", "tenant-x") > 200
 
 
+def test_evicted_sessions_come_back_from_the_session_dir():
+    """With --session-dir, an evicted session is written to DIR/.evicted and
+    its next request brings it back: the reply equals the uninterrupted
+    session's (QWEN, never evicted), the whole resident prefix is reused;
+    deleting a spilled session removes its file and it starts over."""
+    spill_dir = DIR / "spill-test"
+    small = Server("--session-dir", str(spill_dir), "--max-sessions", "2", ctx=2048)
+    try:
+        def turns(server, session):
+            first = [{"role": "user", "content": "List three prime numbers, separated by commas."}]
+            r1, u1 = chat(server, session, first)
+            second = first + [{"role": "assistant", "content": r1}, {"role": "user", "content": "And two more."}]
+            return u1, second
+        u1, second = turns(small, "a")
+        chat(small, "b", [{"role": "user", "content": "Name a color."}], max_tokens=4)
+        # A third session evicts the least recently used one: a.
+        chat(small, "c", [{"role": "user", "content": "Name a fruit."}], max_tokens=4)
+        assert (spill_dir / ".evicted" / "a.hsession").exists()
+        m = small.metrics()
+        assert m[("hearth_session_spills_total", "")] == 1, m
+        assert m[("hearth_session_evictions_total", "")] == 1, m
+        got, usage = chat(small, "a", second)
+        assert not (spill_dir / ".evicted" / "a.hsession").exists()
+        assert small.metrics()[("hearth_session_unspills_total", "")] == 1
+        _, ref_second = turns(QWEN, "spill-ref")
+        assert ref_second == second
+        want, ref_usage = chat(QWEN, "spill-ref", second)
+        assert got == want, (got, want)
+        cached = usage.prompt_tokens_details.cached_tokens
+        assert cached == ref_usage.prompt_tokens_details.cached_tokens and cached >= u1.prompt_tokens, (usage, ref_usage)
+        assert re.search(r"session evicted: a \(least recently used; capacity 2, kept in --session-dir\)", small.logs())
+        # b was evicted to bring a back; deleting it removes its file, and
+        # its next request starts over.
+        assert (spill_dir / ".evicted" / "b.hsession").exists()
+        assert http(small, "DELETE", "/v1/sessions/b")[0] == 200
+        assert not (spill_dir / ".evicted" / "b.hsession").exists()
+        _, ub = chat(small, "b", [{"role": "user", "content": "Name a color."}], max_tokens=4)
+        assert ub.prompt_tokens_details.cached_tokens == 0, ub
+        assert http(small, "DELETE", "/v1/sessions/b")[0] == 200
+        assert http(small, "DELETE", "/v1/sessions/b")[0] == 404
+    finally:
+        assert small.stop() == 0
+
+
 def test_checkpoint_brings_a_ring_back_past_its_slack():
     gemma = Server("--session-dir", str(DIR), ctx=2048, model=model_path("gemma3-270m"))
     try:

@@ -118,6 +118,9 @@ pub struct SchedulerStats {
     pub live_sessions: AtomicU64,
     pub active_generations: AtomicU64,
     pub session_evictions: AtomicU64,
+    /// Evicted sessions kept on disk (`--session-dir`) and brought back.
+    pub session_spills: AtomicU64,
+    pub session_unspills: AtomicU64,
     pub session_capacity: AtomicU64,
     /// Requests stopped because their client went away, and the prompt
     /// tokens that were therefore never prefilled.
@@ -336,9 +339,13 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                     Command::Submit(job) => waiting.push(job),
                     Command::Reset(id, done) => done(self.store.reset(&id)),
                     Command::Close(id, done) => done(self.store.close(&id)),
-                    Command::Save(id, done) => done(self.store.save(&id)),
+                    Command::Save(id, done) => {
+                        done(self.store.save(self.model, &id));
+                        self.publish_store_counts();
+                    }
                     Command::Restore(id, saved, done) => {
-                        done(self.store.restore(self.model, &id, saved))
+                        done(self.store.restore(self.model, &id, saved));
+                        self.publish_store_counts();
                     }
                     Command::Shutdown => shutdown = true,
                 }
@@ -464,10 +471,18 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 }
             }
         }
-        self.stats
-            .session_evictions
-            .store(self.store.evictions, Ordering::Relaxed);
+        self.publish_store_counts();
         *waiting = still;
+    }
+
+    fn publish_store_counts(&self) {
+        let s = &self.stats;
+        s.session_evictions
+            .store(self.store.evictions, Ordering::Relaxed);
+        s.session_spills
+            .store(self.store.spilled, Ordering::Relaxed);
+        s.session_unspills
+            .store(self.store.unspilled, Ordering::Relaxed);
     }
 
     /// With speculation on: gives the session a drafter if it has none (a

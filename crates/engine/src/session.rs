@@ -419,6 +419,18 @@ enum Pending {
     Close,
 }
 
+/// Where evicted sessions go (`hearth serve --session-dir`): an evicted named
+/// session is kept here in its saved form and comes back on its next request.
+pub trait SessionSpill: Send {
+    /// Keeps session `id`'s saved form; an error says why it was not kept.
+    fn put(&mut self, id: &str, saved: &SavedSession) -> Result<(), String>;
+    /// Takes back session `id`'s saved form (`None`: none is kept); an error
+    /// says why a kept one could not be read.
+    fn take(&mut self, id: &str) -> Option<Result<SavedSession, String>>;
+    /// Drops session `id`'s saved form; false when none was kept.
+    fn forget(&mut self, id: &str) -> bool;
+}
+
 /// Many sessions on one model load. Named sessions live until closed or
 /// evicted (least recently used first, idle ones only); requests without an id
 /// share one scratch session (reset for every request: anonymous traffic
@@ -440,6 +452,12 @@ pub struct SessionStore<S> {
     ring_slack: usize,
     /// Named sessions may start from another named session's prefix.
     pub prefix_sharing: bool,
+    /// Evicted named sessions are kept here and come back on their next
+    /// request (`None`: eviction forgets them).
+    spill: Option<Box<dyn SessionSpill>>,
+    /// Sessions spilled and brought back so far (for metrics).
+    pub spilled: u64,
+    pub unspilled: u64,
 }
 
 /// Fewest prompt tokens worth copying from another session.
@@ -466,7 +484,49 @@ impl<S: BackendState> SessionStore<S> {
             evictions: 0,
             ring_slack: 0,
             prefix_sharing: true,
+            spill: None,
+            spilled: 0,
+            unspilled: 0,
         }
+    }
+
+    /// Evicted named sessions go to `spill` and come back from it on their
+    /// next request (or save, restore, reset, close).
+    pub fn set_spill(&mut self, spill: Box<dyn SessionSpill>) {
+        self.spill = Some(spill);
+    }
+
+    /// Brings session `id` back from the spill into the idle set, if it was
+    /// spilled; an unreadable spill is logged and dropped (the session then
+    /// starts over, as it would without a spill).
+    fn unspill<B: Backend<State = S>>(&mut self, model: &B, id: &str) -> Result<(), SessionError> {
+        let key = Some(id.to_string());
+        if self.idle.contains_key(&key) || self.busy.contains(&key) {
+            return Ok(());
+        }
+        let Some(taken) = self.spill.as_mut().and_then(|s| s.take(id)) else {
+            return Ok(());
+        };
+        let saved = match taken {
+            Ok(saved) => saved,
+            Err(e) => {
+                eprintln!(
+                    "session {id}: its evicted state could not be read back ({e}); it starts over"
+                );
+                return Ok(());
+            }
+        };
+        let mut session = self.allocate(model)?;
+        if let Err(e) = session.restore(saved) {
+            eprintln!(
+                "session {id}: its evicted state could not be restored ({e}); it starts over"
+            );
+        }
+        self.unspilled += 1;
+        self.clock += 1;
+        session.last_used = self.clock;
+        self.idle.insert(key, session);
+        Ok(())
     }
 
     /// New states get `slack` extra slots in their sliding-window rings, so a
@@ -504,6 +564,9 @@ impl<S: BackendState> SessionStore<S> {
                 transient: true,
                 fresh: true,
             }));
+        }
+        if let Some(id) = id {
+            self.unspill(model, id)?;
         }
         let (mut session, fresh) = match self.idle.remove(&key) {
             Some(s) => (s, false),
@@ -559,7 +622,8 @@ impl<S: BackendState> SessionStore<S> {
         } else if self.busy.contains(&key) {
             self.pending.entry(key).or_insert(Pending::Reset);
         } else {
-            return false;
+            // A spilled session resets to nothing: its next request starts over.
+            return self.spill.as_mut().is_some_and(|s| s.forget(id));
         }
         true
     }
@@ -573,7 +637,7 @@ impl<S: BackendState> SessionStore<S> {
         } else if self.busy.contains(&key) {
             self.pending.insert(key, Pending::Close);
         } else {
-            return false;
+            return self.spill.as_mut().is_some_and(|s| s.forget(id));
         }
         true
     }
@@ -624,8 +688,15 @@ impl<S: BackendState> SessionStore<S> {
         Some(n)
     }
 
-    /// Session `id`'s resident ids and state bytes (idle sessions only).
-    pub fn save(&self, id: &str) -> Result<SavedSession, StoreError> {
+    /// Session `id`'s resident ids and state bytes (idle sessions only; a
+    /// spilled one is brought back first).
+    pub fn save<B: Backend<State = S>>(
+        &mut self,
+        model: &B,
+        id: &str,
+    ) -> Result<SavedSession, StoreError> {
+        self.unspill(model, id)
+            .map_err(|e| StoreError::Invalid(e.to_string()))?;
         let key = Some(id.to_string());
         if self.busy.contains(&key) {
             return Err(StoreError::Busy);
@@ -645,6 +716,10 @@ impl<S: BackendState> SessionStore<S> {
         let key = Some(id.to_string());
         if self.busy.contains(&key) {
             return Err(StoreError::Busy);
+        }
+        // What was spilled under this id is replaced.
+        if let Some(s) = self.spill.as_mut() {
+            s.forget(id);
         }
         let mut session = match self.idle.remove(&key) {
             Some(s) => s,
@@ -678,8 +753,24 @@ impl<S: BackendState> SessionStore<S> {
             Some(k) => {
                 let s = self.idle.remove(&k).expect("victim is idle");
                 self.evictions += 1;
+                let kept = match (&k, self.spill.as_mut()) {
+                    (Some(id), Some(spill)) if !s.resident.is_empty() => {
+                        let put = s.save().and_then(|saved| spill.put(id, &saved));
+                        match put {
+                            Ok(()) => {
+                                self.spilled += 1;
+                                ", kept in --session-dir"
+                            }
+                            Err(e) => {
+                                eprintln!("session {id}: keeping its state on disk failed: {e}");
+                                ""
+                            }
+                        }
+                    }
+                    _ => "",
+                };
                 eprintln!(
-                    "session evicted: {} (least recently used; capacity {})",
+                    "session evicted: {} (least recently used; capacity {}{kept})",
                     k.as_deref().unwrap_or("<scratch>"),
                     self.capacity
                 );

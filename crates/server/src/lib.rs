@@ -221,8 +221,16 @@ pub fn run_on<B: Backend + 'static>(
     let head = model.file().data_offset() as usize;
     let model_fingerprint = session_file::fingerprint(&model.file().raw_bytes()[..head]);
     if let Some(dir) = &opts.session_dir {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| ServerError::Config(format!("--session-dir {}: {e}", dir.display())))?;
+        let bad = |e: std::io::Error| {
+            ServerError::Config(format!("--session-dir {}: {e}", dir.display()))
+        };
+        std::fs::create_dir_all(dir).map_err(bad)?;
+        // Evicted sessions go to disk and come back on their next request;
+        // not while speculating (a drafter's state is not in a session file).
+        if drafters.is_none() {
+            let spill = session_file::DirSpill::new(dir, model_fingerprint).map_err(bad)?;
+            store.set_spill(Box::new(spill));
+        }
     }
     let (scheduler, engine_thread) = scheduler::spawn(
         backend,

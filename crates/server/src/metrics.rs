@@ -149,6 +149,16 @@ impl Metrics {
             get(&self.engine.session_evictions),
         );
         counter(
+            "hearth_session_spills_total",
+            "Evicted sessions kept in --session-dir (their KV written to disk).",
+            get(&self.engine.session_spills),
+        );
+        counter(
+            "hearth_session_unspills_total",
+            "Evicted sessions brought back from --session-dir on their next request.",
+            get(&self.engine.session_unspills),
+        );
+        counter(
             "hearth_shared_prefix_tokens_total",
             "Prompt tokens copied from another session's KV (the shared prefix cache) instead of prefilled.",
             get(&self.engine.shared_prefix_tokens),

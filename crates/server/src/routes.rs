@@ -165,7 +165,7 @@ fn session_path(app: &AppState, id: &str) -> Result<std::path::PathBuf, ApiError
             "Saving sessions is off: start the server with --session-dir DIR.",
         )
     })?;
-    Ok(dir.join(format!("{id}.hsession")))
+    Ok(dir.join(crate::session_file::file_name(id)))
 }
 
 fn store_error(id: &str, e: hearth_engine::session::StoreError) -> ApiError {

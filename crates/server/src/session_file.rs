@@ -15,10 +15,11 @@
 //! sha256 of everything above (32)
 //! ```
 
-use hearth_engine::session::{SavedCheckpoint, SavedImage, SavedSession};
+use hearth_engine::session::{SavedCheckpoint, SavedImage, SavedSession, SessionSpill};
 use sha2::{Digest, Sha256};
+use std::collections::HashSet;
 use std::io::{self, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 14] = b"HEARTHSESSION\x01";
 /// A session file that holds images (an image section after the ids).
@@ -34,6 +35,85 @@ const HEAD: usize = MAGIC.len() + 32 + 8;
 const MIN_LEN: u64 = (HEAD + 8 + 32) as u64;
 /// State bytes read per step while a second thread hashes the step before.
 const CHUNK: usize = 4 << 20;
+
+/// The file name of session `id` in a session directory: the id itself
+/// when it is made of ASCII letters, digits, `-` and `_`; otherwise every
+/// other byte is `%XX` (so an id never names a path outside the directory,
+/// and two ids never share a file).
+pub fn file_name(id: &str) -> String {
+    let mut out = String::with_capacity(id.len() + 9);
+    for b in id.bytes() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' => out.push(b as char),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out.push_str(".hsession");
+    out
+}
+
+/// Evicted sessions kept in `DIR/.evicted` (`hearth serve --session-dir`):
+/// written when the store evicts a named session, read back (and deleted)
+/// on its next request. Files left by an earlier run are removed at start
+/// (their sessions ended with that process, as resident ones do).
+pub struct DirSpill {
+    dir: PathBuf,
+    model: [u8; 32],
+    kept: HashSet<String>,
+}
+
+impl DirSpill {
+    pub fn new(session_dir: &Path, model: [u8; 32]) -> io::Result<DirSpill> {
+        let dir = session_dir.join(".evicted");
+        std::fs::create_dir_all(&dir)?;
+        for e in std::fs::read_dir(&dir)? {
+            let p = e?.path();
+            if p.extension().is_some_and(|x| x == "hsession" || x == "tmp") {
+                std::fs::remove_file(p)?;
+            }
+        }
+        Ok(DirSpill {
+            dir,
+            model,
+            kept: HashSet::new(),
+        })
+    }
+
+    fn path(&self, id: &str) -> PathBuf {
+        self.dir.join(file_name(id))
+    }
+}
+
+impl SessionSpill for DirSpill {
+    fn put(&mut self, id: &str, saved: &SavedSession) -> Result<(), String> {
+        let path = self.path(id);
+        write_file(&path, &self.model, saved)
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        self.kept.insert(id.to_string());
+        Ok(())
+    }
+
+    fn take(&mut self, id: &str) -> Option<Result<SavedSession, String>> {
+        if !self.kept.remove(id) {
+            return None;
+        }
+        let path = self.path(id);
+        let out = read_file(&path, &self.model).map_err(|e| match e {
+            ReadError::Io(e) => format!("reading {}: {e}", path.display()),
+            ReadError::Invalid(m) => m,
+        });
+        let _ = std::fs::remove_file(&path);
+        Some(out)
+    }
+
+    fn forget(&mut self, id: &str) -> bool {
+        let kept = self.kept.remove(id);
+        if kept {
+            let _ = std::fs::remove_file(self.path(id));
+        }
+        kept
+    }
+}
 
 /// What identifies a model for its sessions: the GGUF bytes before the
 /// tensor data (everything that decides its shapes and tokenizer).
@@ -435,5 +515,44 @@ mod tests {
         let mut bad = file.clone();
         bad[at + 8 + 3] ^= 1;
         assert!(decode(&fp, &bad).unwrap_err().contains("damaged"));
+    }
+
+    #[test]
+    fn file_names_stay_in_their_directory() {
+        assert_eq!(file_name("s1"), "s1.hsession");
+        assert_eq!(file_name("agent_A-2"), "agent_A-2.hsession");
+        assert_eq!(file_name("../x"), "%2E%2E%2Fx.hsession");
+        assert_eq!(file_name(".hidden"), "%2Ehidden.hsession");
+        assert_ne!(file_name("a.b"), file_name("a%2Eb"));
+    }
+
+    #[test]
+    fn the_spill_keeps_evicted_sessions_until_taken_or_forgotten() {
+        let dir = std::env::temp_dir().join(format!("hearth-spill-{}", std::process::id()));
+        let fp = fingerprint(b"model");
+        let stale = dir.join(".evicted").join("old.hsession");
+        std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
+        std::fs::write(&stale, b"from an earlier run").unwrap();
+        let mut spill = DirSpill::new(&dir, fp).unwrap();
+        assert!(!stale.exists(), "an earlier run's files are removed");
+        let s = saved(&[1, 2, 3], b"kv");
+        spill.put("a/../b", &s).unwrap();
+        assert!(dir.join(".evicted").join(file_name("a/../b")).exists());
+        assert!(spill.take("other").is_none());
+        assert_eq!(spill.take("a/../b").unwrap().unwrap(), s);
+        assert!(spill.take("a/../b").is_none(), "taken once");
+        assert_eq!(std::fs::read_dir(dir.join(".evicted")).unwrap().count(), 0);
+        spill.put("c", &s).unwrap();
+        assert!(spill.forget("c") && !spill.forget("c"));
+        // A damaged file: an error, and it is gone.
+        spill.put("d", &s).unwrap();
+        let p = dir.join(".evicted").join("d.hsession");
+        let mut bytes = std::fs::read(&p).unwrap();
+        let n = bytes.len();
+        bytes[n - 40] ^= 1;
+        std::fs::write(&p, bytes).unwrap();
+        assert!(spill.take("d").unwrap().unwrap_err().contains("damaged"));
+        assert!(!p.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -83,7 +83,9 @@ pub struct Args {
     pub strict_tools: bool,
     /// Directory for saved sessions: `POST /v1/sessions/{id}/save` writes
     /// `DIR/{id}.hsession` (tokens + KV state, tied to this model) and
-    /// `/restore` reads it back. Off unless given.
+    /// `/restore` reads it back. Sessions evicted for room (`--max-sessions`)
+    /// are kept in `DIR/.evicted` and come back on their next request
+    /// (not with `--spec`). Off unless given.
     #[arg(long, value_name = "DIR")]
     pub session_dir: Option<std::path::PathBuf>,
     /// Never start a session from another session's KV. By default a named
