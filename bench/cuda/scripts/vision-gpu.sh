@@ -6,7 +6,7 @@
 #   .gpu/hearth.gz, .gpu/gpu_tests.gz (stripped, gzipped), .gpu/vision_encode,
 #   .gpu/tok.gguf (SmolLM2's tokenizer keys only: the synthetic models' vocabulary).
 #
-#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e ...
+#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions ...
 #
 # Everything it writes goes to $OUT (logs) and /dev/shm/h (binaries, models),
 # which survives between calls while the machine stays warm.
@@ -124,6 +124,24 @@ print("serve turn 2:", json.dumps(r2["usage"]), repr(r2["choices"][0]["message"]
 PY
       kill $pid; wait $pid 2>/dev/null || true
       grep -E "image|tower" "$H/serve.log" | tee -a "$OUT/e2e.log" ;;
+    sessions)
+      # Issue 18 on CUDA: serve --device cuda with --session-dir on a synthetic
+      # muse-glimmer (window 16: rings and flat caches): save/restore, the
+      # shared prefix cache, evicted sessions spilled and brought back, ring
+      # checkpoints (in memory and through a file) after 600 generated tokens
+      # (past the rings' 512 spare slots). Each check against the same
+      # requests on sessions that never left.
+      [[ -f "$H/e2e-text.gguf" ]] || "$H/hearth" synth --arch muse-glimmer --layers 2 --dim 256 --heads 4 --kv-heads 2 \
+        --head-dim 64 --ffn 512 --window 16 --seed 7 --tokenizer-from "$H/tok.gguf" -o "$H/e2e-text.gguf" >&2
+      rm -rf "$H/sessions"
+      "$H/hearth" serve --device cuda -m "$H/e2e-text.gguf" --port 18182 -c 4096 --max-sessions 4 \
+        --session-dir "$H/sessions" >"$H/serve-s.log" 2>&1 &
+      pid=$!
+      python3 bench/cuda/scripts/sessions_check.py 18182 "$H/serve-s.log" "$H/sessions" 2>&1 | tee -a "$OUT/sessions.log"
+      rc=${PIPESTATUS[0]}
+      kill $pid; wait $pid 2>/dev/null || true
+      grep -E "evicted|error|failed" "$H/serve-s.log" | tee -a "$OUT/sessions.log" || true
+      [[ $rc == 0 ]] ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done

@@ -14,6 +14,7 @@ use hearth_models::{Backend, BackendState, Input, Logits, ModelConfig, ModelErro
 use crate::error::CudaError;
 use crate::forward::{GpuState, GPU_CHUNK};
 use crate::model::GpuModel;
+use crate::saved::GpuCheckpoint;
 
 // SAFETY: a `GpuState` owns device allocations and a captured graph, which
 // are plain driver handles, not tied to the thread that created them. Every
@@ -51,6 +52,63 @@ impl BackendState for GpuState {
 
     fn kv_bytes(&self) -> usize {
         GpuState::kv_bytes(self)
+    }
+
+    fn save(&self) -> Result<Vec<u8>, ModelError> {
+        GpuState::save(self).map_err(model_error)
+    }
+
+    fn load(&mut self, data: &[u8]) -> Result<(), ModelError> {
+        GpuState::load(self, data).map_err(model_error)
+    }
+
+    fn copy_from(&mut self, other: &Self) -> bool {
+        match GpuState::copy_from(self, other) {
+            Ok(copied) => copied,
+            Err(e) => {
+                eprintln!("copying a session's KV on the GPU failed: {e}");
+                false
+            }
+        }
+    }
+
+    fn checkpoint(&self) -> Option<Box<dyn std::any::Any + Send>> {
+        match GpuState::checkpoint(self) {
+            Ok(cp) => cp.map(|c| Box::new(c) as _),
+            Err(e) => {
+                eprintln!("taking a ring checkpoint on the GPU failed: {e}");
+                None
+            }
+        }
+    }
+
+    fn restore(&mut self, checkpoint: &(dyn std::any::Any + Send)) -> bool {
+        let Some(cp) = checkpoint.downcast_ref::<GpuCheckpoint>() else {
+            return false;
+        };
+        match GpuState::restore(self, cp) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("restoring a ring checkpoint on the GPU failed: {e}");
+                false
+            }
+        }
+    }
+
+    fn save_checkpoint(&self, checkpoint: &(dyn std::any::Any + Send)) -> Option<Vec<u8>> {
+        checkpoint
+            .downcast_ref::<GpuCheckpoint>()
+            .map(GpuCheckpoint::save)
+    }
+
+    fn load_checkpoint(
+        &self,
+        pos: usize,
+        data: &[u8],
+    ) -> Result<Box<dyn std::any::Any + Send>, ModelError> {
+        GpuState::load_checkpoint(self, pos, data)
+            .map(|c| Box::new(c) as _)
+            .map_err(model_error)
     }
 }
 

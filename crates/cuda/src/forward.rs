@@ -29,7 +29,8 @@ pub struct GpuKv {
     /// 0: global (flat); else the sliding window (ring of `slots` >= window + GPU_CHUNK).
     pub window: usize,
     /// Lowest position still intact (a ring overwrites older ones).
-    oldest_intact: usize,
+    pub(crate) oldest_intact: usize,
+    pub(crate) n_kv_heads: usize,
     /// Attention splits for a single decode token.
     decode_splits: usize,
 }
@@ -65,6 +66,8 @@ struct Scratch {
 
 /// A session on the GPU: position, KV caches, scratch, and the captured decode graph.
 pub struct GpuState {
+    /// The device the caches live on (saving and restoring copy through it).
+    pub(crate) gpu: std::sync::Arc<Gpu>,
     pub pos: usize,
     pub max_ctx: usize,
     pub caches: Vec<GpuKv>,
@@ -162,6 +165,7 @@ impl GpuModel {
                 slots,
                 window,
                 oldest_intact: 0,
+                n_kv_heads: c.n_kv_heads,
                 decode_splits: decode_splits(span, c.n_kv_heads),
             });
         }
@@ -198,6 +202,7 @@ impl GpuModel {
         };
         g.sync()?;
         Ok(GpuState {
+            gpu: self.gpu.clone(),
             pos: 0,
             max_ctx,
             caches,

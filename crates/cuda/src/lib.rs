@@ -24,6 +24,7 @@ pub mod kbench;
 pub mod model;
 pub mod ops;
 pub mod repack;
+pub mod saved;
 pub mod tune;
 pub mod vision;
 

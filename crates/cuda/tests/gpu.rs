@@ -1787,3 +1787,91 @@ fn speculation_over_image_rows_equals_plain_greedy() {
         assert_eq!(got, want, "{name}");
     }
 }
+
+/// GPU session states leave the device and come back (muse-glimmer, window
+/// 16: rings and flat caches): a state saved and loaded into a fresh one
+/// continues bit-identically; after the rings moved past their spare slots
+/// (600 positions) a rollback fails, but a ring checkpoint (as taken, and
+/// through its bytes) brings the state back to the checkpoint's position with
+/// the cold state's logits, bit for bit; a copy continues as the original;
+/// a CPU state's bytes, a truncated state and a damaged checkpoint are
+/// refused, leaving the state as it was.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn states_save_load_checkpoint_and_copy() {
+    use hearth_models::{Backend, BackendState};
+    let (m, _) = synth_models(muse_shape(), 12);
+    let g = gpu();
+    let gm = GpuModel::upload(g, m.clone(), false).unwrap();
+    let ctx = 1024;
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let mut ids = |n: usize| -> Vec<u32> { (0..n).map(|_| rng.gen_range(0..1000u32)).collect() };
+    let (p, moved, tail) = (ids(40), ids(600), ids(5));
+    let new = || gm.new_state(ctx).unwrap();
+    let fwd = |st: &mut hearth_cuda::forward::GpuState, t: &[u32], want: Logits| {
+        gm.forward(st, t, want).unwrap()
+    };
+
+    let mut cold = new();
+    fwd(&mut cold, &p, Logits::Last);
+    let want = fwd(&mut cold, &tail, Logits::All);
+
+    let mut live = new();
+    fwd(&mut live, &p, Logits::Last);
+    let cp = BackendState::checkpoint(&live).expect("rings: a checkpoint");
+    let cp_bytes = BackendState::save_checkpoint(&live, &*cp).unwrap();
+    fwd(&mut live, &moved, Logits::Last);
+    assert!(BackendState::rollback(&mut live, p.len()).is_err());
+
+    // Save and load: the same continuation.
+    let bytes = BackendState::save(&live).unwrap();
+    let mut back = new();
+    BackendState::load(&mut back, &bytes).unwrap();
+    assert_eq!(back.pos, live.pos);
+    let mut live2 = new();
+    assert!(BackendState::copy_from(&mut live2, &live));
+    let a = fwd(&mut live, &tail, Logits::All);
+    let b = fwd(&mut back, &tail, Logits::All);
+    let c = fwd(&mut live2, &tail, Logits::All);
+    let same = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits());
+    assert!(same(&a, &b), "a loaded state continues as the saved one");
+    assert!(same(&a, &c), "a copied state continues as the original");
+
+    // Checkpoints: as taken, and from their bytes on another state.
+    assert!(BackendState::restore(&mut live, &*cp));
+    assert_eq!(live.pos, p.len());
+    assert!(same(&fwd(&mut live, &tail, Logits::All), &want));
+    let cp2 = BackendState::load_checkpoint(&back, p.len(), &cp_bytes).unwrap();
+    assert!(BackendState::restore(&mut back, &*cp2));
+    assert!(same(&fwd(&mut back, &tail, Logits::All), &want));
+    println!(
+        "state {} bytes at {} positions, checkpoint {} bytes",
+        bytes.len(),
+        p.len() + moved.len(),
+        cp_bytes.len()
+    );
+
+    // Refusals leave the state as it was.
+    let cpu_bytes = {
+        let mut st = Backend::new_state(m.as_ref(), ctx, 0).unwrap();
+        Backend::forward(m.as_ref(), &mut st, &p, Logits::Last).unwrap();
+        BackendState::save(&st).unwrap()
+    };
+    let pos = back.pos;
+    let e = BackendState::load(&mut back, &cpu_bytes)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shapes"), "{e}");
+    let e = BackendState::load(&mut back, &bytes[..bytes.len() - 1])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("truncated"), "{e}");
+    assert_eq!(back.pos, pos);
+    let e = BackendState::load_checkpoint(&back, p.len(), &cp_bytes[..cp_bytes.len() - 2])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("truncated"), "{e}");
+    assert!(BackendState::load_checkpoint(&back, 0, &cp_bytes).is_err());
+    assert!(fwd(&mut back, &tail, Logits::Last).len() == 1000);
+}

@@ -680,9 +680,23 @@ impl<S: BackendState> SessionStore<S> {
         session.resident = donor.resident.clone();
         session.images.clear();
         session.checkpoints.clear();
+        let mut n = n;
         if session.state.rollback(n).is_err() {
-            session.reset();
-            return None;
+            // The donor's rings moved on past `n`: its latest checkpoint at
+            // or before `n` (a sliding-window model), if that still shares
+            // enough.
+            let cp = donor
+                .checkpoints
+                .iter()
+                .rev()
+                .find(|(p, _)| *p <= n && *p >= own.saturating_add(MIN_SHARED_PREFIX));
+            match cp {
+                Some((p, cp)) if session.state.restore(&**cp) => n = *p,
+                _ => {
+                    session.reset();
+                    return None;
+                }
+            }
         }
         session.resident.truncate(n);
         Some(n)

@@ -399,3 +399,71 @@ fn saved_sessions_keep_their_ring_checkpoints() {
     s.prepare(&p);
     assert_eq!(feed(&mut s, &p).len(), target.config.vocab_size);
 }
+
+/// The shared prefix cache on a sliding-window model: the donor's rings
+/// moved past the shared prefix, so a copy of its state cannot roll back
+/// there; its checkpoint at the end of the shared prompt brings the copy
+/// back instead, and the new session continues with the cold state's logits.
+/// (muse-a: rings without slack.)
+#[test]
+fn shared_prefix_from_a_donor_checkpoint() {
+    use hearth_engine::prompt::Prompt;
+    use hearth_engine::session::{Acquire, SessionStore};
+    use hearth_models::{Backend, BackendState, Logits};
+
+    let target = Arc::new(Model::load(gguf("muse-a")).unwrap());
+    let bytes = Backend::new_state(target.as_ref(), CTX, 0)
+        .unwrap()
+        .kv_bytes();
+    let mut store = SessionStore::<State>::new(4, None, bytes, CTX);
+    let shared: Vec<u32> = (0..80).map(|i| 5 + i * 11).collect();
+    let own: Vec<u32> = (0..30).map(|i| 700 + i).collect();
+    let tail: Vec<u32> = vec![42, 43, 44];
+    let lease = |store: &mut SessionStore<State>, id: &str| match store
+        .acquire(target.as_ref(), Some(id))
+        .unwrap()
+    {
+        Acquire::Ready(l) => l,
+        Acquire::Busy => panic!("busy"),
+    };
+    let feed =
+        |st: &mut State, t: &[u32]| Backend::forward(target.as_ref(), st, t, Logits::Last).unwrap();
+
+    // The donor: the shared prompt (checkpoint at its end), then more.
+    let mut donor = lease(&mut store, "donor");
+    donor.session.prepare(&shared);
+    feed(&mut donor.session.state, &shared);
+    donor.session.push_fed(&shared);
+    donor.session.checkpoint();
+    feed(&mut donor.session.state, &own);
+    donor.session.push_fed(&own);
+    store.release(donor);
+
+    let mut cold = Backend::new_state(target.as_ref(), CTX, 0).unwrap();
+    feed(&mut cold, &shared);
+    let want = feed(&mut cold, &tail);
+
+    let mut prompt_ids = shared.clone();
+    prompt_ids.extend_from_slice(&tail);
+    let prompt = Prompt::from(prompt_ids.clone());
+    let mut new = lease(&mut store, "new");
+    assert_eq!(
+        store.share_prefix(&mut new.session, &prompt, None),
+        Some(shared.len())
+    );
+    let resume = new.session.prepare(&prompt_ids);
+    assert_eq!(resume.reused, shared.len());
+    assert_eq!(new.session.state.pos(), shared.len());
+    let got = feed(&mut new.session.state, &tail);
+    new.session.push_fed(&tail);
+    assert_eq!(got, want, "the shared prefix continues as the cold state");
+    store.release(new);
+
+    // Without a checkpoint that early, nothing is shared.
+    let mut other = lease(&mut store, "other");
+    let mut ids2 = shared[..70].to_vec();
+    ids2.extend_from_slice(&tail);
+    let p2 = Prompt::from(ids2);
+    assert_eq!(store.share_prefix(&mut other.session, &p2, None), None);
+    assert_eq!(other.session.state.pos(), 0);
+}
