@@ -6,7 +6,7 @@
 #   .gpu/hearth.gz, .gpu/gpu_tests.gz (stripped, gzipped), .gpu/vision_encode,
 #   .gpu/tok.gguf (SmolLM2's tokenizer keys only: the synthetic models' vocabulary).
 #
-#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions ...
+#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching ...
 #
 # Everything it writes goes to $OUT (logs) and /dev/shm/h (binaries, models),
 # which survives between calls while the machine stays warm.
@@ -142,6 +142,21 @@ PY
       kill $pid; wait $pid 2>/dev/null || true
       grep -E "evicted|error|failed" "$H/serve-s.log" | tee -a "$OUT/sessions.log" || true
       [[ $rc == 0 ]] ;;
+    batching)
+      # Issue 18's GPU goal: aggregate decode of 1, 8 and 32 concurrent streams
+      # on the Qwen2.5-32B shape (Q4_K_M mix, synthetic), serve --device cuda.
+      [[ -f "$H/q32.gguf" ]] || "$H/hearth" synth --preset qwen2.5-32b --row-pool 64 \
+        --tokenizer-from "$H/tok.gguf" -o "$H/q32.gguf" >&2
+      for mode in "" --batch-invariant; do
+        "$H/hearth" serve --device cuda -m "$H/q32.gguf" --model-id q32 --port 18183 -c 1024 --max-sessions 80 \
+          $mode >"$H/serve-b.log" 2>&1 &
+        pid=$!
+        for _ in $(seq 600); do curl -sf http://127.0.0.1:18183/health >/dev/null 2>&1 && break; sleep 0.5; done
+        echo "serve ${mode:-(default)}:" | tee -a "$OUT/batching.log"
+        python3 bench/cuda/scripts/batching_gpu.py 18183 q32 ${NS:-1,8,32} 128 2>&1 | tee -a "$OUT/batching.log"
+        curl -s http://127.0.0.1:18183/metrics | grep -E "^hearth_forward_pass" | tee -a "$OUT/batching.log"
+        kill $pid; wait $pid 2>/dev/null || true
+      done ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done

@@ -9,10 +9,10 @@
 //! - rings always keep `GPU_CHUNK` spare slots, so any `ring_slack` up to it
 //!   needs no extra memory.
 
-use hearth_models::{Backend, BackendState, Input, Logits, ModelConfig, ModelError};
+use hearth_models::{Backend, BackendState, BatchItem, Input, Logits, ModelConfig, ModelError};
 
 use crate::error::CudaError;
-use crate::forward::{GpuState, GPU_CHUNK};
+use crate::forward::{GpuState, DECODE_BATCH, GPU_CHUNK};
 use crate::model::GpuModel;
 use crate::saved::GpuCheckpoint;
 
@@ -165,6 +165,66 @@ impl Backend for GpuModel {
         hidden: &mut Vec<f32>,
     ) -> Result<Vec<f32>, ModelError> {
         GpuModel::forward_input(self, state, input, want, taps, hidden).map_err(model_error)
+    }
+
+    /// The items that are one decode token each go through batched decode
+    /// passes of up to [`DECODE_BATCH`] states ([`GpuModel::forward_decode_batch`]:
+    /// each weight read once for all of them); the rest (prefill chunks,
+    /// image rows, a lone decode token, which replays its CUDA graph) run
+    /// one by one. With `invariant`, every row is what it is alone.
+    fn forward_batch(
+        &self,
+        items: &mut [BatchItem<'_, GpuState>],
+        invariant: bool,
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
+        let mut out: Vec<Option<Result<Vec<f32>, ModelError>>> =
+            items.iter().map(|_| None).collect();
+        let decode: Vec<usize> = (0..items.len())
+            .filter(|&i| {
+                matches!(items[i].input, Input::Tokens(t) if t.len() == 1)
+                    && items[i].want == Logits::Last
+            })
+            .collect();
+        if decode.len() >= 2 {
+            for group in decode.chunks(DECODE_BATCH) {
+                let tokens: Vec<u32> = group
+                    .iter()
+                    .map(|&i| match items[i].input {
+                        Input::Tokens(t) => t[0],
+                        Input::Rows(_) => unreachable!("decode items are tokens"),
+                    })
+                    .collect();
+                // Each state once: the group's items are distinct sessions.
+                let mut states: Vec<&mut GpuState> = Vec::with_capacity(group.len());
+                let mut rest: &mut [BatchItem<'_, GpuState>] = items;
+                let mut base = 0;
+                for &i in group {
+                    let (_, tail) = std::mem::take(&mut rest).split_at_mut(i - base);
+                    let (first, tail) = tail.split_first_mut().expect("index in range");
+                    states.push(&mut *first.state);
+                    rest = tail;
+                    base = i + 1;
+                }
+                // A failed pass (checked before any work: a full context, a
+                // bad token) leaves the states as they were; its items then
+                // run one by one, each with its own outcome.
+                if let Ok(rows) = self.forward_decode_batch(&mut states, &tokens, invariant) {
+                    for (&i, logits) in group.iter().zip(rows) {
+                        out[i] = Some(Ok(logits));
+                    }
+                }
+            }
+        }
+        items
+            .iter_mut()
+            .zip(out)
+            .map(|(it, done)| {
+                done.unwrap_or_else(|| {
+                    GpuModel::forward_input(self, it.state, it.input, it.want, &[], &mut Vec::new())
+                        .map_err(model_error)
+                })
+            })
+            .collect()
     }
 
     /// Blocks of up to 16 tokens batch-invariant (each row as a decode step

@@ -18,6 +18,8 @@ use crate::ops::{self, AttnArgs, HeadPrep, Segment, Q8};
 pub const GPU_CHUNK: usize = 512;
 /// Rows of logits computed per head launch.
 const LOGIT_ROWS: usize = 16;
+/// Most states in one batched decode pass ([`GpuModel::forward_decode_batch`]).
+pub const DECODE_BATCH: usize = LOGIT_ROWS;
 /// Keys per decode split at least (two 32-key tiles of the attention kernel).
 const ATT_TILE: usize = 64;
 
@@ -539,6 +541,64 @@ impl GpuModel {
         self.gpu.upload(st.s.x.ptr, &st.host_x)
     }
 
+    /// One decode token for each of several states in one pass (continuous
+    /// batching): the products read each weight once for all rows, each
+    /// row attends over its own state's cache at its own position. Returns
+    /// each state's [vocab] logits. With `invariant`, every row comes out
+    /// bit for bit as that state's one-token step computes it (the products
+    /// are the one-token kernels with a grid row per token). At most
+    /// `LOGIT_ROWS` states; the first one's scratch holds the rows.
+    pub fn forward_decode_batch(
+        &self,
+        states: &mut [&mut GpuState],
+        tokens: &[u32],
+        invariant: bool,
+    ) -> Result<Vec<Vec<f32>>> {
+        let c = &self.model.config;
+        let n = states.len();
+        if n != tokens.len() || n == 0 || n > LOGIT_ROWS {
+            return Err(CudaError::Unsupported(format!(
+                "a batched decode pass of {n} states and {} tokens (1 to {LOGIT_ROWS}, one token each)",
+                tokens.len()
+            )));
+        }
+        for (st, &t) in states.iter().zip(tokens) {
+            self.check(st, &[t], &[])?;
+        }
+        self.gpu.bind()?;
+        for st in states.iter() {
+            self.gpu.upload(st.s.pos.ptr, &[st.pos as i32])?;
+        }
+        self.embed(states[0], tokens)?;
+        states[0].invariant = invariant;
+        let run = {
+            let views: Vec<&GpuState> = states.iter().map(|s| &**s).collect();
+            let lead = views[0];
+            (|| -> Result<Vec<f32>> {
+                for li in 0..self.layers.len() {
+                    self.layer_of(lead, li, n, Some(&views))?;
+                }
+                self.head(lead, 0, n)?;
+                let mut out = vec![0.0f32; n * c.vocab_size];
+                self.gpu.download(&mut out, lead.s.logits.ptr)?;
+                Ok(out)
+            })()
+        };
+        states[0].invariant = false;
+        let logits = run?;
+        for st in states.iter_mut() {
+            let end = st.pos + 1;
+            for k in st.caches.iter_mut().filter(|k| k.window > 0) {
+                k.oldest_intact = k.oldest_intact.max(end.saturating_sub(k.slots));
+            }
+            st.pos = end;
+        }
+        Ok(logits
+            .chunks_exact(c.vocab_size)
+            .map(<[f32]>::to_vec)
+            .collect())
+    }
+
     /// All layers for `t` tokens already in x, then the head for the last `rows` rows.
     fn layers_and_head(&self, st: &mut GpuState, t: usize, rows: usize) -> Result<()> {
         for li in 0..self.layers.len() {
@@ -743,20 +803,42 @@ impl GpuModel {
         out_flags: i32,
         quantize: bool,
     ) -> Result<()> {
+        self.attention_of(st, 0, st, li, t, out_flags, quantize)
+    }
+
+    /// [`GpuModel::attention`] of the queries at row `row` of `rows`'s
+    /// scratch (into its att rows there) over `st`'s cache at `st`'s
+    /// position: a batched pass's rows belong to several states.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_of(
+        &self,
+        rows: &GpuState,
+        row: usize,
+        st: &GpuState,
+        li: usize,
+        t: usize,
+        out_flags: i32,
+        quantize: bool,
+    ) -> Result<()> {
+        let c = &self.model.config;
+        let qd = c.n_heads * c.head_dim;
         let kv = &st.caches[li];
         let args = self.attn_args(li, kv);
-        if st.invariant {
+        let q = rows.s.q.ptr + (row * qd * 4) as u64;
+        let att = rows.s.att.ptr + (row * qd * 4) as u64;
+        let q8 = quantize.then(|| Self::q8(rows).offset(row, qd));
+        if rows.invariant {
             return ops::attention_mode(
                 &self.gpu,
                 &args,
                 ops::AttnMode::PerToken,
                 t,
                 kv.decode_splits,
-                (st.s.q.ptr, kv.k.ptr, kv.v.ptr, st.s.pos.ptr),
+                (q, kv.k.ptr, kv.v.ptr, st.s.pos.ptr),
                 (st.s.part_o.ptr, st.s.part_ml.ptr),
-                st.s.att.ptr,
+                att,
                 out_flags,
-                quantize.then(|| Self::q8(st)),
+                q8,
             );
         }
         let splits = if t == 1 {
@@ -778,21 +860,34 @@ impl GpuModel {
             &args,
             t,
             splits,
-            st.s.q.ptr,
+            q,
             kv.k.ptr,
             kv.v.ptr,
             st.s.pos.ptr,
             st.s.part_o.ptr,
             st.s.part_ml.ptr,
-            st.s.att.ptr,
+            att,
             out_flags,
-            quantize.then(|| Self::q8(st)),
+            q8,
         )
     }
 
     /// QK-norm / RoPE of the new tokens' heads and their keys and values
     /// written to layer li's cache, as the layer's description says.
     fn prepare_heads(&self, st: &GpuState, li: usize, t: usize) -> Result<()> {
+        self.prepare_heads_of(st, 0, st, li, t)
+    }
+
+    /// [`GpuModel::prepare_heads`] of the heads at row `row` of `rows`'s
+    /// scratch, the keys and values going to `st`'s cache at `st`'s position.
+    fn prepare_heads_of(
+        &self,
+        rows: &GpuState,
+        row: usize,
+        st: &GpuState,
+        li: usize,
+        t: usize,
+    ) -> Result<()> {
         let c = &self.model.config;
         let spec: &LayerSpec = &self.model.arch.layers[li];
         let mut flags = 0;
@@ -818,9 +913,19 @@ impl GpuModel {
             eps: c.norm_eps,
             flags,
         };
-        let (s, kv) = (&st.s, &st.caches[li]);
+        let (s, kv) = (&rows.s, &st.caches[li]);
+        let (qd, kvd) = (c.n_heads * c.head_dim * 4, c.n_kv_heads * c.head_dim * 4);
         ops::prepare_heads(
-            &self.gpu, &prep, t, s.q.ptr, s.k.ptr, s.v.ptr, gains, s.pos.ptr, kv.k.ptr, kv.v.ptr,
+            &self.gpu,
+            &prep,
+            t,
+            s.q.ptr + (row * qd) as u64,
+            s.k.ptr + (row * kvd) as u64,
+            s.v.ptr + (row * kvd) as u64,
+            gains,
+            st.s.pos.ptr,
+            kv.k.ptr,
+            kv.v.ptr,
             kv.slots,
         )
     }
@@ -831,6 +936,20 @@ impl GpuModel {
     /// x += post_norm(Wo · [gate ·] attn(rope(qk_norm(q)), rope(qk_norm(k)), v));
     /// x += post_norm(W_down · (act(W_gate h) ⊙ W_up h)).
     fn layer(&self, st: &GpuState, li: usize, t: usize) -> Result<()> {
+        self.layer_of(st, li, t, None)
+    }
+
+    /// [`GpuModel::layer`]; with `batch`, row i of `st`'s scratch is one
+    /// decode token of state `batch[i]` (t = batch.len()): the products run
+    /// over all rows at once, each row's attention over its own state's
+    /// cache at its own position.
+    fn layer_of(
+        &self,
+        st: &GpuState,
+        li: usize,
+        t: usize,
+        batch: Option<&[&GpuState]>,
+    ) -> Result<()> {
         let c = &self.model.config;
         let spec: &LayerSpec = &self.model.arch.layers[li];
         let l: &GpuLayer = &self.layers[li];
@@ -877,10 +996,24 @@ impl GpuModel {
             items.push((Proj::Gate, gate, s.gate.ptr, 0));
         }
         self.norm_and_project(st, &l.attn_in, t, l.attn_norm, 0, &items, 0)?;
-        self.prepare_heads(st, li, t)?;
+        let attend = |quantize: bool| -> Result<()> {
+            match batch {
+                None => {
+                    self.prepare_heads(st, li, t)?;
+                    self.attention(st, li, t, 0, quantize)
+                }
+                Some(items) => {
+                    for (row, it) in items.iter().enumerate() {
+                        self.prepare_heads_of(st, row, it, li, 1)?;
+                        self.attention_of(st, row, it, li, 1, 0, quantize)?;
+                    }
+                    Ok(())
+                }
+            }
+        };
         match gate {
             Some(_) => {
-                self.attention(st, li, t, 0, false)?;
+                attend(false)?;
                 self.glu_and_project(
                     st,
                     t,
@@ -892,7 +1025,7 @@ impl GpuModel {
                 )?;
             }
             None => {
-                self.attention(st, li, t, 0, true)?;
+                attend(true)?;
                 self.linear(st, &l.wo, t, s.att.ptr, sub_out, 0, sub_flags)?;
             }
         }
