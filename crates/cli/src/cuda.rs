@@ -100,6 +100,8 @@ pub struct BenchOpts {
     pub depths: Vec<usize>,
     pub roofline: bool,
     pub graphs: bool,
+    /// Sessions decoding together in batched passes (continuous batching).
+    pub batch: Vec<usize>,
 }
 
 fn median(mut xs: Vec<f64>) -> (f64, f64, f64) {
@@ -263,6 +265,84 @@ pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {
             }
         }
     }
+    for &b in o.batch.iter().filter(|&&b| b > 0 && o.n_gen > 0) {
+        batched_decode(&gm, b, o, &mut tokens)?;
+    }
+    Ok(())
+}
+
+/// `--batch B`: B sessions (each after a 16-token prefill) decode `n_gen`
+/// tokens each, one batched pass per step ([`hearth_models::Backend::forward_batch`],
+/// ordinary numerics, as `serve` runs them): aggregate and per-session tok/s.
+fn batched_decode(
+    gm: &GpuModel,
+    b: usize,
+    o: &BenchOpts,
+    tokens: &mut dyn FnMut(usize) -> Vec<u32>,
+) -> Result<()> {
+    use hearth_models::{Backend, BatchItem, Input};
+    let mut states: Vec<GpuState> = (0..b)
+        .map(|_| gm.new_state(o.n_gen + 18))
+        .collect::<Result<_, _>>()?;
+    let mut xs = Vec::new();
+    let gpu = gm.device();
+    for rep in 0..=o.reps + usize::from(gpu.profiling()) {
+        let profile = gpu.profiling() && rep == o.reps + 1;
+        for st in states.iter_mut() {
+            st.reset();
+            gm.forward(st, &tokens(16), Logits::Last)?;
+        }
+        let toks: Vec<Vec<u32>> = (0..b).map(|_| tokens(o.n_gen)).collect();
+        if profile {
+            gpu.profile_reset();
+        }
+        let t0 = Instant::now();
+        for step in 0..o.n_gen {
+            let mut items: Vec<BatchItem<'_, GpuState>> = states
+                .iter_mut()
+                .zip(&toks)
+                .map(|(st, t)| BatchItem {
+                    state: st,
+                    input: Input::Tokens(&t[step..step + 1]),
+                    want: Logits::Last,
+                })
+                .collect();
+            for r in Backend::forward_batch(gm, &mut items, false) {
+                r?;
+            }
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        if profile {
+            let report = gpu.profile_report();
+            let total: f64 = report.iter().map(|r| r.2).sum();
+            println!(
+                "{:>14} kernel time per batched step of {b} (HEARTH_CUDA_PROFILE):",
+                ""
+            );
+            for (k, n, ms) in report {
+                println!(
+                    "{:>14}   {k:24} {:>8.1} launches {:>9.1} us  {:>5.1}%",
+                    "",
+                    n as f64 / o.n_gen as f64,
+                    1e3 * ms / o.n_gen as f64,
+                    100.0 * ms / total
+                );
+            }
+            println!(
+                "{:>14}   total {:.1} us per step",
+                "",
+                1e3 * total / o.n_gen as f64
+            );
+        } else if rep > 0 {
+            xs.push((b * o.n_gen) as f64 / secs);
+        }
+    }
+    let (m, lo, hi) = median(xs);
+    println!(
+        "{:>14} {m:>10.2} {lo:>10.2} {hi:>10.2}   aggregate over {b} sessions ({:.2} tok/s each)",
+        format!("tg{}x{b}", o.n_gen),
+        m / b as f64
+    );
     Ok(())
 }
 

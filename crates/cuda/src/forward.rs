@@ -18,6 +18,19 @@ use crate::ops::{self, AttnArgs, HeadPrep, Segment, Q8};
 pub const GPU_CHUNK: usize = 512;
 /// Rows of logits computed per head launch.
 const LOGIT_ROWS: usize = 16;
+/// Rows from which a batched decode pass's products use the tensor-core
+/// GEMM instead of the multi-token GEMV (`HEARTH_CUDA_BATCH_GEMM`, default 16
+/// as for prefill blocks).
+fn batch_gemm_min() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("HEARTH_CUDA_BATCH_GEMM")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(16)
+    })
+}
+
 /// Most states in one batched decode pass ([`GpuModel::forward_decode_batch`]).
 pub const DECODE_BATCH: usize = LOGIT_ROWS;
 /// Keys per decode split at least (two 32-key tiles of the attention kernel).
@@ -571,6 +584,8 @@ impl GpuModel {
         }
         self.embed(states[0], tokens)?;
         states[0].invariant = invariant;
+        let gemm_min = states[0].gemm_min_tokens;
+        states[0].gemm_min_tokens = batch_gemm_min();
         let run = {
             let views: Vec<&GpuState> = states.iter().map(|s| &**s).collect();
             let lead = views[0];
@@ -585,6 +600,7 @@ impl GpuModel {
             })()
         };
         states[0].invariant = false;
+        states[0].gemm_min_tokens = gemm_min;
         let logits = run?;
         for st in states.iter_mut() {
             let end = st.pos + 1;

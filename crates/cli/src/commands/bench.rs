@@ -45,6 +45,11 @@ pub struct Args {
     /// cuda: launch every kernel of a decode step instead of replaying a CUDA graph.
     #[arg(long)]
     pub no_graph: bool,
+    /// cuda: also decode this many sessions together (comma-separated), one
+    /// batched pass per step as `serve` runs concurrent requests: aggregate
+    /// tok/s (llama-batched-bench's question).
+    #[arg(long, value_delimiter = ',', value_name = "N")]
+    pub batch: Vec<usize>,
     /// cuda: time the kernels alone (GEMV variants, attention, GEMM) on random data; no model needed.
     #[arg(long)]
     pub kernels: bool,
@@ -155,6 +160,7 @@ pub fn run(args: Args) -> Result<()> {
             depths,
             roofline: args.roofline,
             graphs: !args.no_graph,
+            batch: args.batch.clone(),
         };
         return crate::cuda::bench(model, &name, &opts);
     }
