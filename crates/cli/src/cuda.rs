@@ -246,21 +246,11 @@ pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {
                 for &t in &toks {
                     gm.forward(&mut st, &[t], Logits::Last)?;
                 }
-                println!("{:>14} kernel time per decoded token (HEARTH_CUDA_PROFILE, each launch timed alone):", "");
-                let total: f64 = gpu.profile_report().iter().map(|r| r.2).sum();
-                for (k, n, ms) in gpu.profile_report() {
-                    println!(
-                        "{:>14}   {k:24} {:>8.1} launches {:>9.1} us  {:>5.1}%",
-                        "",
-                        n as f64 / o.n_gen as f64,
-                        1e3 * ms / o.n_gen as f64,
-                        100.0 * ms / total
-                    );
-                }
-                println!(
-                    "{:>14}   total {:.1} us per token",
-                    "",
-                    1e3 * total / o.n_gen as f64
+                print_profile(
+                    gpu,
+                    "decoded token (HEARTH_CUDA_PROFILE, each launch timed alone)",
+                    o.n_gen,
+                    "token",
                 );
             }
         }
@@ -313,26 +303,8 @@ fn batched_decode(
         }
         let secs = t0.elapsed().as_secs_f64();
         if profile {
-            let report = gpu.profile_report();
-            let total: f64 = report.iter().map(|r| r.2).sum();
-            println!(
-                "{:>14} kernel time per batched step of {b} (HEARTH_CUDA_PROFILE):",
-                ""
-            );
-            for (k, n, ms) in report {
-                println!(
-                    "{:>14}   {k:24} {:>8.1} launches {:>9.1} us  {:>5.1}%",
-                    "",
-                    n as f64 / o.n_gen as f64,
-                    1e3 * ms / o.n_gen as f64,
-                    100.0 * ms / total
-                );
-            }
-            println!(
-                "{:>14}   total {:.1} us per step",
-                "",
-                1e3 * total / o.n_gen as f64
-            );
+            let what = format!("batched step of {b} (HEARTH_CUDA_PROFILE)");
+            print_profile(gpu, &what, o.n_gen, "step");
         } else if rep > 0 {
             xs.push((b * o.n_gen) as f64 / secs);
         }
@@ -344,6 +316,24 @@ fn batched_decode(
         m / b as f64
     );
     Ok(())
+}
+
+/// The kernel times recorded over `steps` steps, per step.
+fn print_profile(gpu: &Gpu, what: &str, steps: usize, unit: &str) {
+    let report = gpu.profile_report();
+    let total: f64 = report.iter().map(|r| r.2).sum();
+    let per = steps.max(1) as f64;
+    println!("{:>14} kernel time per {what}:", "");
+    for (k, n, ms) in report {
+        println!(
+            "{:>14}   {k:24} {:>8.1} launches {:>9.1} us  {:>5.1}%",
+            "",
+            n as f64 / per,
+            1e3 * ms / per,
+            100.0 * ms / total
+        );
+    }
+    println!("{:>14}   total {:.1} us per {unit}", "", 1e3 * total / per);
 }
 
 /// Starts repetition `rep` of a measurement at `depth`: an empty state, then
