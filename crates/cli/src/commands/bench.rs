@@ -45,9 +45,10 @@ pub struct Args {
     /// cuda: launch every kernel of a decode step instead of replaying a CUDA graph.
     #[arg(long)]
     pub no_graph: bool,
-    /// cuda: also decode this many sessions together (comma-separated), one
-    /// batched pass per step as `serve` runs concurrent requests: aggregate
-    /// tok/s (llama-batched-bench's question).
+    /// Also decode this many sessions together (comma-separated), one
+    /// batched pass per step as `serve` runs concurrent requests (each after
+    /// a 16-token prefill, ordinary numerics): aggregate tok/s over all of
+    /// them (llama-batched-bench's question).
     #[arg(long, value_delimiter = ',', value_name = "N")]
     pub batch: Vec<usize>,
     /// cuda: time the kernels alone (GEMV variants, attention, GEMM) on random data; no model needed.
@@ -91,6 +92,41 @@ fn run_pp(model: &Model, n: usize, seed: u64) -> Result<f64> {
     let t0 = Instant::now();
     model.forward(&mut state, &tokens, Logits::Last)?;
     Ok(n as f64 / t0.elapsed().as_secs_f64())
+}
+
+/// `--batch b`: b sessions (each after a 16-token prefill, not timed) decode
+/// `n` tokens each, one batched pass per step; aggregate tok/s.
+fn run_batched(model: &Model, b: usize, n: usize, seed: u64) -> Result<f64> {
+    use hearth_models::{Backend, BatchItem, Input};
+    let vocab = model.config.vocab_size;
+    let mut states = Vec::with_capacity(b);
+    let mut toks = Vec::with_capacity(b);
+    for i in 0..b as u64 {
+        let mut st = model.new_state(n + 17);
+        model.forward(
+            &mut st,
+            &random_tokens(16, vocab, seed * 1000 + i),
+            Logits::Last,
+        )?;
+        states.push(st);
+        toks.push(random_tokens(n, vocab, seed * 1000 + 500 + i));
+    }
+    let t0 = Instant::now();
+    for step in 0..n {
+        let mut items: Vec<BatchItem<'_, _>> = states
+            .iter_mut()
+            .zip(&toks)
+            .map(|(st, t)| BatchItem {
+                state: st,
+                input: Input::Tokens(&t[step..step + 1]),
+                want: Logits::Last,
+            })
+            .collect();
+        for r in Backend::forward_batch(model, &mut items, false) {
+            r?;
+        }
+    }
+    Ok((b * n) as f64 / t0.elapsed().as_secs_f64())
 }
 
 /// Decode of `n` tokens after a (not timed) prefill of `depth` random tokens.
@@ -193,6 +229,10 @@ pub fn run(args: Args) -> Result<()> {
     for &d in args.depth.iter().filter(|&&d| d > 0 && args.n_gen > 0) {
         tg_depth.push((d, measure(&|s| run_tg(&model, args.n_gen, d, s))?));
     }
+    let mut tg_batch = Vec::new();
+    for &b in args.batch.iter().filter(|&&b| b > 0 && args.n_gen > 0) {
+        tg_batch.push((b, measure(&|s| run_batched(&model, b, args.n_gen, s))?));
+    }
     let weight_gb = model.weight_bytes() as f64 / 1e9;
     let tg_gbps = tg.as_ref().map(|t| t.median * weight_gb);
     let name = path
@@ -207,6 +247,7 @@ pub fn run(args: Args) -> Result<()> {
             "tg": tg.as_ref().map(|s| serde_json::json!({"tokens": args.n_gen, "tok_s": s.median, "min": s.min, "max": s.max})),
             "tg_gbps": tg_gbps,
             "tg_depth": tg_depth.iter().map(|(d, s)| serde_json::json!({"depth": d, "tokens": args.n_gen, "tok_s": s.median, "min": s.min, "max": s.max})).collect::<Vec<_>>(),
+            "tg_batch": tg_batch.iter().map(|(b, s)| serde_json::json!({"sessions": b, "tokens": args.n_gen, "aggregate_tok_s": s.median, "min": s.min, "max": s.max})).collect::<Vec<_>>(),
             "reps": reps,
             "isa": hearth_kernels::cpu::simd::active().name(),
             "kv_cache": kv.to_string(),
@@ -245,6 +286,12 @@ pub fn run(args: Args) -> Result<()> {
     }
     for (d, s) in &tg_depth {
         row(format!("tg{}@d{d}", args.n_gen), s)?;
+    }
+    for (b, s) in &tg_batch {
+        row(format!("tg{}x{b}", args.n_gen), s)?;
+    }
+    if !tg_batch.is_empty() {
+        outln!("tgNxB: aggregate over B sessions decoding together (one batched pass per step)");
     }
     Ok(())
 }
