@@ -227,10 +227,51 @@ def test_checkpoint_brings_a_ring_back_past_its_slack():
         # Without the checkpoint the state would start over: a whole-prompt
         # prefill, which on this model gives another reply (its prefill is
         # not split at the same place), so the check above tells them apart.
-        cold, _ = chat(gemma, "cold", second, max_tokens=12)
+        # A new named session with the second prompt starts from the donors'
+        # checkpoint at the first prompt's end (their rings moved on): the
+        # shared prefix cache on a sliding-window model, same reply.
+        fork, uf = chat(gemma, "fork", second, max_tokens=12)
+        assert uf.prompt_tokens_details.cached_tokens == u1.prompt_tokens, (u1, uf)
+        assert fork == ref, (fork, ref)
+        assert re.search(r"llm_turn_stats session_id=fork reason=shared_prefix ", gemma.logs())
+        # (An anonymous request: a named one would now start from another
+        # session's checkpoint, the shared prefix cache.)
+        r = gemma.client().chat.completions.create(model=MODEL_ID, messages=second, max_tokens=12, temperature=0)
+        cold = r.choices[0].message.content
+        assert r.usage.prompt_tokens_details.cached_tokens == 0
         print(f"  checkpoint reply {warm!r}; one-pass cold prefill {cold!r}")
     finally:
         gemma.stop()
+
+
+def test_ring_slack_lets_sliding_window_sessions_share_a_prefix():
+    """gemma3-270m (window 512): with no ring slack a new session cannot start
+    from another's system prompt (the donor's rings moved past it and its
+    only checkpoint is at its prompt's end); with --ring-slack 512 it can,
+    and continues exactly as a session that computed the prefix itself."""
+    system = {"role": "system", "content": "You answer in one short sentence. " + " ".join(
+        f"Rule {i}: mention the number {i} only if asked." for i in range(40))}
+    task_a = [system, {"role": "user", "content": "What is rule 3 about?"}]
+    task_b = [system, {"role": "user", "content": "What is rule 7 about?"}]
+    for slack, shares in (("0", False), ("512", True)):
+        gemma = Server("--ring-slack", slack, ctx=2048, model=model_path("gemma3-270m"))
+        try:
+            chat(gemma, "a", task_a, max_tokens=8)
+            b, ub = chat(gemma, "b", task_b, max_tokens=8)
+            shared = ub.prompt_tokens_details.cached_tokens
+            if not shares:
+                assert shared == 0, ub
+                continue
+            assert shared > 300, ub
+            assert re.search(r"llm_turn_stats session_id=b reason=shared_prefix ", gemma.logs())
+            # The reference computed the prefix itself (A, then B in the same
+            # session: it rolls back to the same prefix, within the slack).
+            chat(gemma, "ref", task_a, max_tokens=8)
+            ref, ur = chat(gemma, "ref", task_b, max_tokens=8)
+            assert ur.prompt_tokens_details.cached_tokens == shared, (ur, ub)
+            assert b == ref, (b, ref)
+        finally:
+            assert gemma.stop() == 0
 
 
 if __name__ == "__main__":

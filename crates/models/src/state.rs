@@ -128,7 +128,7 @@ impl State {
             .get(8..8 + n)
             .ok_or_else(|| "the saved state is truncated".to_string())?;
         if shape != self.shape() {
-            return Err("the saved state has other cache shapes (another model, context size or cache type)".into());
+            return Err("the saved state has other cache shapes (another model, context size, cache type or --ring-slack)".into());
         }
         let pos = word(8 + n)?;
         if pos > self.max_ctx {

@@ -69,6 +69,8 @@ pub struct ServerOptions {
     pub session_dir: Option<PathBuf>,
     /// `--no-prefix-sharing`: a new session never starts from another's KV.
     pub no_prefix_sharing: bool,
+    /// `--ring-slack`: extra slots per sliding-window ring (rollback without a checkpoint).
+    pub ring_slack: usize,
     /// `--batch-invariant`: outputs independent of what else runs.
     pub batch_invariant: bool,
     /// The model's multimodal projector (`--mmproj`): image parts accepted.
@@ -185,9 +187,13 @@ pub fn run_on<B: Backend + 'static>(
             "the context size must be at least 2 tokens".into(),
         ));
     }
+    // Ring slots beyond the window: the speculative rollback's and --ring-slack's.
+    let slack = opts
+        .ring_slack
+        .max(drafters.as_ref().map_or(0, |d| d.n_draft()));
     let state_bytes = backend
-        .new_state(opts.max_ctx, 0)
-        .map_err(|e| load_err(e.to_string()))?
+        .new_state(opts.max_ctx, slack)
+        .map_err(|e| ServerError::Config(format!("a session state (--ring-slack {slack}): {e}")))?
         .kv_bytes();
     let store = SessionStore::new(
         opts.max_sessions.max(1),
@@ -197,10 +203,10 @@ pub fn run_on<B: Backend + 'static>(
     );
     let mut store = store;
     store.prefix_sharing = !opts.no_prefix_sharing;
+    store.set_ring_slack(slack);
     let metrics = Arc::new(Metrics::default());
     if let Some(d) = &drafters {
         let (kind, n_draft, adaptive) = (d.kind().as_str(), d.n_draft(), d.adaptive());
-        store.set_ring_slack(n_draft);
         *metrics
             .engine
             .spec_config

@@ -95,6 +95,15 @@ pub struct Args {
     /// never share either way.
     #[arg(long)]
     pub no_prefix_sharing: bool,
+    /// Extra slots in every sliding-window ring (gemma3, muse-glimmer), so a
+    /// session rolls back up to N positions without a checkpoint: a shared
+    /// prefix or a re-rendered reply that parts from the resident tokens
+    /// within N of their end reuses everything before it. Costs N positions
+    /// of K and V per sliding layer and session (llama.cpp's `--swa-full`
+    /// keeps the whole context instead). 0 by default on the CPU; CUDA rings
+    /// always keep 512.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub ring_slack: usize,
     /// Batch-invariant numerics: every request's output is exactly what it
     /// would be if it ran alone, however many run at once. Concurrent
     /// requests are batched either way (one forward pass per step carries
@@ -176,6 +185,7 @@ pub fn run(mut args: Args) -> Result<()> {
         strict_tools: args.strict_tools,
         session_dir: args.session_dir.clone(),
         no_prefix_sharing: args.no_prefix_sharing,
+        ring_slack: args.ring_slack,
         batch_invariant: args.batch_invariant,
         mmproj: args.mmproj.clone(),
         image_rules: args.image_rules.rules(),
