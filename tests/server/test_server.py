@@ -340,6 +340,21 @@ def test_validation_errors_do_not_disturb_a_running_session():
     assert background["finish"] in ("stop", "length") and background["text"], background
 
 
+def test_ignore_eos_generates_to_max_tokens():
+    """`ignore_eos` (llama-server's and vLLM's field): a reply that ends with
+    the end-of-turn token after a few tokens runs to max_tokens instead."""
+    msgs = [{"role": "user", "content": "What is 2+2? Answer with one number."}]
+    ask = lambda **kw: SERVER.client().chat.completions.create(model="qwen-test", messages=msgs, max_tokens=12,
+                                                               temperature=0, **kw)
+    plain = ask()
+    assert plain.choices[0].finish_reason == "stop" and plain.usage.completion_tokens < 12, plain
+    forced = ask(extra_body={"ignore_eos": True})
+    assert forced.choices[0].finish_reason == "length" and forced.usage.completion_tokens == 12, forced
+    assert forced.choices[0].message.content.startswith(plain.choices[0].message.content), forced
+    status, body = http(SERVER, "POST", "/v1/chat/completions", body={"messages": msgs, "ignore_eos": "yes"})
+    assert status == 400 and "'ignore_eos' must be a boolean." in body["error"]["message"], body
+
+
 def test_completions_endpoint():
     r = SERVER.client().completions.create(model="qwen-test", prompt="def add(a, b):\n    return", max_tokens=3,
                                            temperature=0)

@@ -2,7 +2,8 @@
 """Aggregate decode speed of N concurrent streams against a running
 `hearth serve` (standard library only: the GPU machine has no openai SDK).
 Each stream is its own session with its own prompt, T=0, `max_tokens`
-tokens (a warm-up round first). Aggregate decode tok/s: every stream's
+tokens (`ignore_eos`, which llama-server also takes: every stream runs to
+max_tokens; a warm-up round first). Aggregate decode tok/s: every stream's
 tokens after its first, over the span from the earliest first token to the
 last stream's end; per stream: its tokens after the first over its time
 after the first. Prints one JSON line per N.
@@ -22,7 +23,7 @@ URL = f"http://127.0.0.1:{PORT}/v1/chat/completions"
 
 
 def stream(i, tag, out):
-    body = {"model": MODEL, "stream": True, "temperature": 0, "max_tokens": MAX_TOKENS,
+    body = {"model": MODEL, "stream": True, "temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True,
             "session_id": f"{tag}-{i}", "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": f"Stream {i}: tell a long story about the number {i * 7 + 3}."}]}
     req = urllib.request.Request(URL, data=json.dumps(body).encode(), headers={"content-type": "application/json"})

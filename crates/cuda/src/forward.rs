@@ -19,15 +19,16 @@ pub const GPU_CHUNK: usize = 512;
 /// Rows of logits computed per head launch.
 const LOGIT_ROWS: usize = 16;
 /// Rows from which a batched decode pass's products use the tensor-core
-/// GEMM instead of the multi-token GEMV (`HEARTH_CUDA_BATCH_GEMM`, default 16
-/// as for prefill blocks).
+/// GEMM instead of the multi-token GEMV (`HEARTH_CUDA_BATCH_GEMM`, default
+/// 17: never, a pass has at most DECODE_BATCH = 16 rows; the tensor-core
+/// GEMV, ops::gemv, measured faster than the GEMM at 16 tokens on an H200).
 fn batch_gemm_min() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MIN.get_or_init(|| {
         std::env::var("HEARTH_CUDA_BATCH_GEMM")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(16)
+            .unwrap_or(DECODE_BATCH + 1)
     })
 }
 
@@ -79,6 +80,12 @@ struct Scratch {
     pos: DevBuf,
 }
 
+/// Source of [`GpuState`] ids.
+static NEXT_STATE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// Batched decode graphs kept per leading state (least recently used dropped first).
+const BATCH_GRAPHS: usize = 8;
+
 /// A session on the GPU: position, KV caches, scratch, and the captured decode graph.
 pub struct GpuState {
     /// The device the caches live on (saving and restoring copy through it).
@@ -98,6 +105,12 @@ pub struct GpuState {
     invariant: bool,
     /// Verify passes captured as graphs: ((tokens, argmax only), taps, graph).
     verify_graphs: Vec<((usize, bool), Vec<usize>, Graph)>,
+    /// A number no other state of this process has: batched decode graphs are
+    /// keyed by the ids of the states they were captured over.
+    id: u64,
+    /// Batched decode steps led by this state, captured as graphs: ((the
+    /// states' ids, batch-invariant), graph), most recently used last.
+    batch_graphs: Vec<((Vec<u64>, bool), Graph)>,
     /// Each verify row's argmax (i32, LOGIT_ROWS of them).
     ids: DevBuf,
     /// Hidden-state taps of a verify pass on the device, [taps, LOGIT_ROWS, dim].
@@ -228,6 +241,8 @@ impl GpuModel {
             host_x: Vec::new(),
             invariant: false,
             verify_graphs: Vec::new(),
+            id: NEXT_STATE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            batch_graphs: Vec::new(),
             tap_buf: None,
             ids: g.alloc(LOGIT_ROWS * 4, "scratch")?,
         })
@@ -586,22 +601,56 @@ impl GpuModel {
         states[0].invariant = invariant;
         let gemm_min = states[0].gemm_min_tokens;
         states[0].gemm_min_tokens = batch_gemm_min();
+        // The step is captured as a CUDA graph per set of states (their
+        // positions are read from the device, so a graph replays every later
+        // step of the same batch); launching ~2,000 small kernels one by one
+        // otherwise costs more than they run.
+        let key = (states.iter().map(|s| s.id).collect::<Vec<u64>>(), invariant);
+        let graphed = states[0].use_graph && !self.gpu.profiling();
+        let cached = states[0].batch_graphs.iter().position(|(k, _)| *k == key);
         let run = {
             let views: Vec<&GpuState> = states.iter().map(|s| &**s).collect();
             let lead = views[0];
-            (|| -> Result<Vec<f32>> {
+            let step = || -> Result<()> {
                 for li in 0..self.layers.len() {
                     self.layer_of(lead, li, n, Some(&views))?;
                 }
-                self.head(lead, 0, n)?;
+                self.head(lead, 0, n)
+            };
+            (|| -> Result<(Vec<f32>, Option<Graph>)> {
+                let mut captured = None;
+                match (graphed, cached) {
+                    (true, Some(i)) => self.gpu.replay(&lead.batch_graphs[i].1)?,
+                    (true, None) => {
+                        self.gpu.begin_capture()?;
+                        let recorded = step();
+                        let graph = self.gpu.end_capture();
+                        recorded?;
+                        let graph = graph?;
+                        self.gpu.replay(&graph)?;
+                        captured = Some(graph);
+                    }
+                    (false, _) => step()?,
+                }
                 let mut out = vec![0.0f32; n * c.vocab_size];
                 self.gpu.download(&mut out, lead.s.logits.ptr)?;
-                Ok(out)
+                Ok((out, captured))
             })()
         };
         states[0].invariant = false;
         states[0].gemm_min_tokens = gemm_min;
-        let logits = run?;
+        let (logits, captured) = run?;
+        let graphs = &mut states[0].batch_graphs;
+        if let Some(i) = cached {
+            let used = graphs.remove(i);
+            graphs.push(used);
+        }
+        if let Some(graph) = captured {
+            if graphs.len() >= BATCH_GRAPHS {
+                graphs.remove(0);
+            }
+            graphs.push((key, graph));
+        }
         for st in states.iter_mut() {
             let end = st.pos + 1;
             for k in st.caches.iter_mut().filter(|k| k.window > 0) {

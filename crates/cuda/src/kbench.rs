@@ -125,8 +125,9 @@ pub fn run(g: &Gpu) -> Result<String> {
     let y = g.alloc(512 * 152064 * 4, "kernel bench")?;
     let xh = g.alloc(512 * kmax * 2, "kernel bench")?;
     out += "GEMV, one token (weights read once; GB/s = weight bytes / time):\n";
-    let cases: [(WeightKind, usize, usize); 7] = [
+    let cases: [(WeightKind, usize, usize); 8] = [
         (WeightKind::Q4K, 27648, 5120),
+        (WeightKind::Q6K, 5120, 27648),
         (WeightKind::Q4K, 6144, 5120),
         (WeightKind::Q4K, 55296, 5120),
         (WeightKind::Q4K, 5120, 27648),
@@ -177,8 +178,14 @@ pub fn run(g: &Gpu) -> Result<String> {
             out += &gemv_line(&label, &m, ms);
         }
         for nt in [2usize, 4, 8, 16] {
-            let ms = g.median_ms(reps, || ops::gemv(g, &m, a8, nt, y.ptr, rows, 0, 0))?;
+            let ms = g.median_ms(reps, || ops::gemv_warps(g, &m, a8, nt, y.ptr, rows, 0, 0))?;
             out += &gemv_line(&format!("{nt} tokens      "), &m, ms);
+            if nt >= ops::MMA_MIN_TOKENS && matches!(kind, WeightKind::Q4K | WeightKind::Q6K) {
+                let ms = g.median_ms(reps, || {
+                    ops::gemv_tensor_cores(g, &m, a8, nt, y.ptr, rows, 0, 0)
+                })?;
+                out += &gemv_line(&format!("{nt} tokens mma  "), &m, ms);
+            }
             if let Some(&first) = xv.iter().find(|v| v.blocks == 0) {
                 let mut mx = m;
                 mx.tune = first;

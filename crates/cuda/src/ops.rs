@@ -38,6 +38,10 @@ pub const KERNEL_NAMES: &[&str] = &[
     "argmax_rows",
     "gemv_q8_0_1_r2_t8",
     "gemv_q6_k_1_r4_t8",
+    "gemv_q4_k_mma1",
+    "gemv_q4_k_mma2",
+    "gemv_q6_k_mma1",
+    "gemv_q6_k_mma2",
     "vit_layer_norm",
     "vit_gelu",
     "vit_heads",
@@ -271,6 +275,26 @@ pub fn gemv(
         }];
         return gemv_segments(g, w, x, n_tokens, &seg, flags);
     }
+    if n_tokens >= MMA_MIN_TOKENS && mma_enabled() {
+        if let Some(names) = gemv_mma_names(w.kind) {
+            return gemv_mma(g, w, names, x, n_tokens, y, y_stride, bias, flags);
+        }
+    }
+    gemv_warps(g, w, x, n_tokens, y, y_stride, bias, flags)
+}
+
+/// [`gemv`] on the warp kernels only (one warp per row, up to 8 tokens per launch).
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_warps(
+    g: &Gpu,
+    w: &GpuMatrix,
+    x: Q8,
+    n_tokens: usize,
+    y: u64,
+    y_stride: usize,
+    bias: u64,
+    flags: i32,
+) -> Result<()> {
     let mut t0 = 0;
     while t0 < n_tokens {
         let nt = match n_tokens - t0 {
@@ -300,6 +324,86 @@ pub fn gemv(
                 Arg::I32(y_stride as i32),
                 Arg::Ptr(bias),
                 Arg::I32(flags),
+            ],
+        )?;
+        t0 += nt;
+    }
+    Ok(())
+}
+
+/// From this many tokens [`gemv`] takes the tensor-core kernels where the
+/// weight type has them (the warp kernels re-read every token's activations
+/// per row; BENCHMARKS.md "small token blocks").
+pub const MMA_MIN_TOKENS: usize = 3;
+
+/// `HEARTH_CUDA_MMV=0` keeps small token blocks on the warp kernels (for A/B runs).
+fn mma_enabled() -> bool {
+    use std::sync::OnceLock;
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("HEARTH_CUDA_MMV").map_or(true, |v| v != "0"))
+}
+
+/// The int8 tensor-core kernels of a weight type (1 and 2 tiles of 8 tokens), gemv.cu `gemv_mma`.
+fn gemv_mma_names(kind: WeightKind) -> Option<[&'static str; 2]> {
+    match kind {
+        WeightKind::Q4K => Some(["gemv_q4_k_mma1", "gemv_q4_k_mma2"]),
+        WeightKind::Q6K => Some(["gemv_q6_k_mma1", "gemv_q6_k_mma2"]),
+        _ => None,
+    }
+}
+
+/// [`gemv`] on the tensor cores, where `w`'s type has the kernels: launches
+/// of up to 16 tokens, 16 rows per block.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_tensor_cores(
+    g: &Gpu,
+    w: &GpuMatrix,
+    x: Q8,
+    n_tokens: usize,
+    y: u64,
+    y_stride: usize,
+    bias: u64,
+    flags: i32,
+) -> Result<()> {
+    let names = gemv_mma_names(w.kind).ok_or_else(|| {
+        CudaError::Unsupported(format!("tensor-core GEMV of {:?} weights", w.kind))
+    })?;
+    gemv_mma(g, w, names, x, n_tokens, y, y_stride, bias, flags)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemv_mma(
+    g: &Gpu,
+    w: &GpuMatrix,
+    names: [&'static str; 2],
+    x: Q8,
+    n_tokens: usize,
+    y: u64,
+    y_stride: usize,
+    bias: u64,
+    flags: i32,
+) -> Result<()> {
+    let mut t0 = 0;
+    while t0 < n_tokens {
+        let nt = (n_tokens - t0).min(16);
+        let xa = x.offset(t0, w.cols);
+        g.launch(
+            names[usize::from(nt > 8)],
+            (w.rows.div_ceil(16) as u32, 1, 1),
+            128,
+            &[
+                Arg::Ptr(w.body),
+                Arg::Ptr(w.scales),
+                Arg::I32(w.rows as i32),
+                Arg::I32(w.cols as i32),
+                Arg::Ptr(xa.q),
+                Arg::Ptr(xa.d),
+                Arg::Ptr(xa.s),
+                Arg::Ptr(y + (t0 * y_stride * 4) as u64),
+                Arg::I32(y_stride as i32),
+                Arg::Ptr(bias),
+                Arg::I32(flags),
+                Arg::I32(nt as i32),
             ],
         )?;
         t0 += nt;

@@ -53,6 +53,8 @@ pub struct Job {
     /// Already clamped to the context room.
     pub max_tokens: usize,
     pub stop: Vec<String>,
+    /// Keep generating through end-of-generation tokens (to `max_tokens`).
+    pub ignore_eos: bool,
     /// Structured output: the grammar the tokens must follow.
     pub constraint: Option<Box<dyn TokenConstraint>>,
     /// Report each token's logprob and this many alternatives.
@@ -448,7 +450,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                     let params = TurnParams {
                         max_tokens: job.max_tokens,
                         stop: job.stop,
-                        ignore_eos: false,
+                        ignore_eos: job.ignore_eos,
                         n_draft: self.drafters.as_ref().map_or(0, |d| d.n_draft()),
                         // Special tokens are rendered: tool-call and channel markers (Qwen's
                         // `<tool_call>`, Harmony's `<|channel|>`) are control tokens the

@@ -44,6 +44,7 @@ fn job(session: Option<&str>, prompt: Vec<u32>, max_tokens: usize) -> (Job, mpsc
         sampling: SamplerConfig::greedy(),
         max_tokens,
         stop: Vec::new(),
+        ignore_eos: false,
         constraint: None,
         logprobs: None,
         cache_salt: None,

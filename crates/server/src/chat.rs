@@ -302,6 +302,7 @@ async fn submit(
         sampling: common.sampling,
         max_tokens,
         stop: common.stop.clone(),
+        ignore_eos: common.ignore_eos,
         constraint,
         logprobs: common.logprobs,
         cache_salt: common.cache_salt.clone(),

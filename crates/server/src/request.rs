@@ -22,6 +22,9 @@ pub struct Common {
     /// `cache_salt` (vLLM's field): sessions share prompt prefixes only with
     /// sessions of the same salt.
     pub cache_salt: Option<String>,
+    /// `ignore_eos` (llama-server's and vLLM's field): generate through
+    /// end-of-generation tokens, to `max_tokens` (benchmarks).
+    pub ignore_eos: bool,
 }
 
 /// What the output must follow (`tool_choice`, `response_format`, strict tools).
@@ -406,6 +409,13 @@ impl Common {
             session_id,
             logprobs,
             cache_salt: cache_salt(body)?,
+            ignore_eos: match body.get("ignore_eos") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(ApiError::invalid_request("'ignore_eos' must be a boolean."))
+                }
+            },
         })
     }
 }
