@@ -17,11 +17,9 @@ Prompt rendering: llama-mtmd-cli always applies a chat template; it runs with --
 the GGUF's own template (the synthetic model carries smollm2-135m's), as `hearth run` does (without
 --jinja llama.cpp 11434 falls back to its built-in chatml, which drops the template's default
 system message). Both put the media marker before the prompt ("<__media__>Describe the image.").
-The mmproj is F32 so that llama.cpp's rows are close to hearth's; the tower follows llama.cpp's
-rules (hearth run --image-rules llama-cpp; the images' grids have no ties). Each image runs twice:
-with llama.cpp's defaults (flash attention on for the CPU tower: K/V rounded to f16, ~6e-4 relative
-in the rows) and with `-fa off` (the tower's attention in f32, as hearth computes it):
-<image>.fa-off.embd.f32 and the "fa_off" record.
+The mmproj is F32 so that llama.cpp's rows are close to hearth's (its tower still rounds attention
+to f16: ~6e-4 relative); the tower follows llama.cpp's rules (hearth run --image-rules llama-cpp;
+the images' grids have no ties).
 
 Needs the reference build (scripts/build-llamacpp.sh), the mtmd_vision_dump binary
 (scripts/make_vision_fixtures.py compiles it), target/release/hearth, Pillow and numpy.
@@ -81,36 +79,25 @@ def main() -> None:
     for k, (name, w, h) in enumerate(IMAGES):
         img = OUT / f"{name}.png"
         make_image(img, w, h, k)
-        def cli_and_rows(fa_off: bool, tag: str) -> tuple[str, str, int, dict, list[str]]:
-            fa = ["-fa", "off"] if fa_off else []
-            cli_args = ["-p", PROMPT, "--temp", "0", "-n", str(N_PREDICT), "-t", "2", "--jinja", *fa]
-            cmd = [str(bin_dir / "llama-mtmd-cli"), "-m", str(text), "--mmproj", str(mmproj),
-                   "--image", str(img), *cli_args]
-            out = mpf.run(cmd, env=env).stdout
-            # llama-mtmd-cli prints a newline before the reply and after it.
-            reply = out.decode("utf-8", errors="surrogateescape")
-            mpf.check(reply.startswith("\n"), f"{name}: reply framing {reply[:20]!r}")
-            reply = reply[1:].rstrip("\n")
-            rows_dir = work / f"{name}{tag}"
-            rows_dir.mkdir(exist_ok=True)
-            head, rec = [json.loads(line) for line in
-                         mpf.run([str(dump), str(text), str(mmproj), str(rows_dir), "-t", "2",
-                                  *(["--fa", "off"] if fa_off else []), str(img)], env=env, text=True).stdout.splitlines()]
-            rows = f"{name}{tag}.embd.f32"
-            (OUT / rows).write_bytes((rows_dir / "0.embd.f32").read_bytes())
-            return reply, rows, rec["n_tokens"], head, cli_args
-
-        reply, rows, n_tokens, head, cli_args = cli_and_rows(False, "")
-        # Flash attention off: the tower's attention in f32 (llama.cpp's default on the CPU
-        # rounds K/V to f16 and accumulates V in f16 inside ggml_flash_attn_ext).
-        reply_off, rows_off, n_off, _, cli_off = cli_and_rows(True, ".fa-off")
-        mpf.check(n_off == n_tokens, f"{name}: token count with -fa off")
-        records.append({"image": img.name, "width": w, "height": h, "n_tokens": n_tokens,
-                        "llama_rows": rows, "llama_mtmd_cli_text": reply,
-                        "llama_mtmd_cli_args": cli_args,
-                        "fa_off": {"llama_rows": rows_off, "llama_mtmd_cli_text": reply_off,
-                                   "llama_mtmd_cli_args": cli_off}})
-        print(f"{name}: {n_tokens} tokens: {reply!r}; -fa off: {reply_off!r}", file=sys.stderr)
+        cmd = [str(bin_dir / "llama-mtmd-cli"), "-m", str(text), "--mmproj", str(mmproj),
+               "--image", str(img), "-p", PROMPT, "--temp", "0", "-n", str(N_PREDICT), "-t", "2",
+               "--jinja"]
+        out = mpf.run(cmd, env=env).stdout
+        # llama-mtmd-cli prints a newline before the reply and after it.
+        reply = out.decode("utf-8", errors="surrogateescape")
+        mpf.check(reply.startswith("\n"), f"{name}: reply framing {reply[:20]!r}")
+        reply = reply[1:].rstrip("\n")
+        rows_dir = work / name
+        rows_dir.mkdir(exist_ok=True)
+        head, rec = [json.loads(line) for line in
+                     mpf.run([str(dump), str(text), str(mmproj), str(rows_dir), "-t", "2", str(img)],
+                             env=env, text=True).stdout.splitlines()]
+        (OUT / f"{name}.embd.f32").write_bytes((rows_dir / "0.embd.f32").read_bytes())
+        records.append({"image": img.name, "width": w, "height": h, "n_tokens": rec["n_tokens"],
+                        "llama_rows": f"{name}.embd.f32", "llama_mtmd_cli_text": reply,
+                        "llama_mtmd_cli_args": ["-p", PROMPT, "--temp", "0", "-n", str(N_PREDICT),
+                                                "-t", "2", "--jinja"]})
+        print(f"{name}: {rec['n_tokens']} tokens: {reply!r}", file=sys.stderr)
     (OUT / "e2e.json").write_text(json.dumps({
         "about": "llama-mtmd-cli (llama.cpp 11434, native CPU build) greedy replies on synthetic "
                  "files; written by scripts/make_vision_e2e_fixtures.py.",

@@ -1,7 +1,7 @@
 // mtmd_vision_dump: what llama.cpp 11434's libmtmd makes of images, for hearth's vision
 // fixtures (scripts/make_vision_fixtures.py) and the encode benchmark.
 //
-//   mtmd_vision_dump TEXT.gguf MMPROJ.gguf OUT_DIR [-t THREADS] [--no-encode] [--fa off] INPUT...
+//   mtmd_vision_dump TEXT.gguf MMPROJ.gguf OUT_DIR [-t THREADS] [--no-encode] INPUT...
 //
 // INPUT is an image file (decoded by mtmd's stb_image helper) or `pattern:WxH`, the spec's
 // synthetic image (vision.md §12.2: R = (37x + 11y) mod 256, G = 255 in the top-left
@@ -18,8 +18,6 @@
 // against it is skipped; the rows' width is the projector's).
 // Context parameters are mtmd's defaults (as llama-mtmd-cli's): the warmup encode runs,
 // and it is what turns flash attention on for the CPU backend (CLIP_FLASH_ATTN_TYPE_AUTO).
-// `--fa off` disables it (as llama-mtmd-cli's `-fa off`): the tower's attention is then
-// f32 matrix products and a softmax instead of ggml_flash_attn_ext over f16 K/V.
 //
 // Built by make_vision_fixtures.py against the static libs of the reference build (it uses
 // the internal mtmd-image.h / clip-impl.h); the binary lives in the cache dir.
@@ -71,21 +69,18 @@ static void quiet_log(ggml_log_level level, const char * text, void *) {
 
 int main(int argc, char ** argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: %s TEXT.gguf MMPROJ.gguf OUT_DIR [-t THREADS] [--no-encode] [--fa off] INPUT...\n", argv[0]);
+        fprintf(stderr, "usage: %s TEXT.gguf MMPROJ.gguf OUT_DIR [-t THREADS] [--no-encode] INPUT...\n", argv[0]);
         return 2;
     }
     const std::string text_path = argv[1], mmproj_path = argv[2], out_dir = argv[3];
     int n_threads = 2;
     bool encode = true;
-    bool fa_off = false;
     std::vector<std::string> inputs;
     for (int i = 4; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) {
             n_threads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--no-encode")) {
             encode = false;
-        } else if (!strcmp(argv[i], "--fa") && i + 1 < argc) {
-            fa_off = !strcmp(argv[++i], "off");
         } else {
             inputs.push_back(argv[i]);
         }
@@ -106,7 +101,6 @@ int main(int argc, char ** argv) {
     cp.use_gpu = false;
     cp.n_threads = n_threads;
     cp.print_timings = false;
-    if (fa_off) cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     mtmd_context * ctx = mtmd_init_from_file(mmproj_path.c_str(), model, cp);
     if (!ctx) {
         fprintf(stderr, "cannot load %s\n", mmproj_path.c_str());
