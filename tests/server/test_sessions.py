@@ -6,6 +6,8 @@
   its prompt reused from the file); a damaged file, one saved with another
   model, a missing one, and a server without --session-dir are refused with
   errors that say so;
+- interval checkpoints (serve --checkpoint-every): a session sharing only
+  part of another's long prompt starts from the donor's checkpoint inside it;
 - checkpoints (gemma3-270m, sliding window 512, no ring slack): a second turn
   that diverges from the first at the assistant's reply cannot roll the rings
   back that far, but the checkpoint taken after the first prompt restores the
@@ -40,9 +42,9 @@ def teardown():
         shutil.rmtree(DIR, ignore_errors=True)
 
 
-def chat(server, session, messages, max_tokens=16):
+def chat(server, session, messages, max_tokens=16, **extra):
     r = server.client().chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=max_tokens,
-                                                temperature=0, extra_body={"session_id": session})
+                                                temperature=0, extra_body={"session_id": session, **extra})
     return r.choices[0].message.content, r.usage
 
 
@@ -269,6 +271,45 @@ def test_ring_slack_lets_sliding_window_sessions_share_a_prefix():
             chat(gemma, "ref", task_a, max_tokens=8)
             ref, ur = chat(gemma, "ref", task_b, max_tokens=8)
             assert ur.prompt_tokens_details.cached_tokens == shared, (ur, ub)
+            assert b == ref, (b, ref)
+        finally:
+            assert gemma.stop() == 0
+
+
+def test_interval_checkpoints_let_a_session_share_part_of_a_long_prompt():
+    """gemma3-270m (window 512, no ring slack): two sessions share a ~700-token
+    system prompt and part after it. Without interval checkpoints the second
+    shares nothing (the donor's only checkpoint is at its prompt's end, past
+    the common prefix, and its rings cannot roll back); with
+    --checkpoint-every 256 the donor also kept its rings at the end of its
+    first 512-token prefill chunk, and the second session starts there. Its
+    reply equals that of a session that computed the prefix itself and rolled
+    back to its own checkpoint at the same position."""
+    system = {"role": "system", "content": "You answer in one short sentence. " + " ".join(
+        f"Rule {i}: the colour of box {i} is shade {i * 7 % 11}." for i in range(45))}
+    task_a = [system, {"role": "user", "content": "What colour is box 3?"}]
+    task_b = [system, {"role": "user", "content": "What colour is box 9?"}]
+    for every, shares in (("0", False), ("256", True)):
+        gemma = Server("--checkpoint-every", every, ctx=2048, model=model_path("gemma3-270m"))
+        try:
+            _, ua = chat(gemma, "a", task_a, max_tokens=8)
+            assert ua.prompt_tokens > 600, ua  # the first prefill chunk (512) ends inside the system prompt
+            b, ub = chat(gemma, "b", task_b, max_tokens=8)
+            shared = ub.prompt_tokens_details.cached_tokens
+            if not shares:
+                assert shared == 0, ub
+                continue
+            assert shared == 512, ub
+            assert re.search(r"llm_turn_stats session_id=b reason=shared_prefix ", gemma.logs())
+            # The reference has a salt of its own, so it takes nothing from a
+            # or b: it prefills task A itself (512 + the rest), then rolls
+            # back to its own checkpoint for task B.
+            _, ur1 = chat(gemma, "ref", task_a, max_tokens=8, cache_salt="ref")
+            assert ur1.prompt_tokens_details.cached_tokens == 0, ur1
+            ref, ur = chat(gemma, "ref", task_b, max_tokens=8, cache_salt="ref")
+            assert ur.prompt_tokens_details.cached_tokens == 512, ur
+            reasons = re.findall(r"llm_turn_stats session_id=ref reason=(\w+)", gemma.logs())
+            assert reasons == ["new", "checkpoint"], reasons
             assert b == ref, (b, ref)
         finally:
             assert gemma.stop() == 0

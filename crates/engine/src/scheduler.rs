@@ -644,7 +644,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
     }
 
     /// A step's bookkeeping: the session's ids, a checkpoint after the
-    /// prefill, the logprobs; true when the turn has ended.
+    /// prefill (and interval ones), the logprobs; true when the turn has ended.
     fn after_step(&self, a: &mut Active<'a, B::State>, out: StepOut, was_prefilling: bool) -> bool {
         let session = &mut a.lease.session;
         session.push_fed(&out.fed);
@@ -652,6 +652,10 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             // Where the next prompt most likely diverges (sliding-window rings).
             session.checkpoint();
         }
+        // And every so many positions (serve --checkpoint-every): a later
+        // prompt or another session's that parts anywhere in a long context
+        // restores a checkpoint near it.
+        session.interval_checkpoint();
         let logprobs = &a.turn.stats().logprobs;
         if logprobs.len() > a.logprobs_sent {
             a.events

@@ -108,11 +108,36 @@ pub struct Session<S> {
     /// The `cache_salt` of the session's last request: prefixes are shared
     /// only between sessions of the same salt.
     pub cache_salt: Option<String>,
+    /// When and how many ring checkpoints this session takes.
+    pub checkpoint_policy: CheckpointPolicy,
     last_used: u64,
 }
 
-/// Ring checkpoints kept per session (the last prompts' ends).
+/// Ring checkpoints kept per session by default (the last prompts' ends).
 pub const MAX_CHECKPOINTS: usize = 3;
+
+/// When a session snapshots its sliding-window rings, and how many
+/// snapshots it keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointPolicy {
+    /// Also snapshot after any step (prefill chunk or decode token) that ends
+    /// `every` or more positions past the newest checkpoint; 0: only at the
+    /// end of each prompt's prefill.
+    pub every: usize,
+    /// Most checkpoints kept (at least 1). Past it the one whose removal
+    /// leaves the smallest gap between neighbours goes (never the newest),
+    /// so the kept ones stay spread over the context.
+    pub max: usize,
+}
+
+impl Default for CheckpointPolicy {
+    fn default() -> Self {
+        CheckpointPolicy {
+            every: 0,
+            max: MAX_CHECKPOINTS,
+        }
+    }
+}
 
 impl<S: BackendState> Session<S> {
     pub fn new(state: S) -> Session<S> {
@@ -125,7 +150,35 @@ impl<S: BackendState> Session<S> {
             images: Vec::new(),
             checkpoints: Vec::new(),
             cache_salt: None,
+            checkpoint_policy: CheckpointPolicy::default(),
             last_used: 0,
+        }
+    }
+
+    /// An interval checkpoint ([`CheckpointPolicy::every`]) if one is due.
+    pub fn interval_checkpoint(&mut self) {
+        let every = self.checkpoint_policy.every;
+        if every == 0 {
+            return;
+        }
+        let newest = self.checkpoints.iter().map(|(p, _)| *p).max().unwrap_or(0);
+        if self.state.pos() >= newest + every {
+            self.checkpoint();
+        }
+    }
+
+    /// Drops checkpoints past the policy's maximum: each time the one (not
+    /// the newest) whose removal leaves the smallest gap between its
+    /// neighbours (position 0 before the first; the older one on a tie), so
+    /// the kept ones stay spread from the start of the context to its end.
+    fn thin_checkpoints(&mut self) {
+        let max = self.checkpoint_policy.max.max(1);
+        while self.checkpoints.len() > max {
+            let n = self.checkpoints.len();
+            let pos = |i: usize| self.checkpoints[i].0;
+            let gap = |i: usize| pos(i + 1) - if i == 0 { 0 } else { pos(i - 1) };
+            let victim = (0..n - 1).min_by_key(|&i| (gap(i), i)).unwrap_or(0);
+            self.checkpoints.remove(victim);
         }
     }
 
@@ -138,10 +191,11 @@ impl<S: BackendState> Session<S> {
             return;
         }
         if let Some(cp) = self.state.checkpoint() {
-            self.checkpoints.push((pos, cp));
-            if self.checkpoints.len() > MAX_CHECKPOINTS {
-                self.checkpoints.remove(0);
-            }
+            // Positions ascend: a later prompt that parted earlier dropped
+            // the checkpoints past its divergence.
+            let at = self.checkpoints.partition_point(|(p, _)| *p < pos);
+            self.checkpoints.insert(at, (pos, cp));
+            self.thin_checkpoints();
         }
     }
 
@@ -238,7 +292,9 @@ impl<S: BackendState> Session<S> {
             }
             last = c.pos;
         }
-        let skip = checkpoints.len().saturating_sub(MAX_CHECKPOINTS);
+        let skip = checkpoints
+            .len()
+            .saturating_sub(self.checkpoint_policy.max.max(1));
         for c in &checkpoints[skip..] {
             match self.state.load_checkpoint(c.pos, &c.state) {
                 Ok(cp) => self.checkpoints.push((c.pos, cp)),
@@ -452,6 +508,8 @@ pub struct SessionStore<S> {
     ring_slack: usize,
     /// Named sessions may start from another named session's prefix.
     pub prefix_sharing: bool,
+    /// Every session's ring checkpoint policy.
+    pub checkpoint_policy: CheckpointPolicy,
     /// Evicted named sessions are kept here and come back on their next
     /// request (`None`: eviction forgets them).
     spill: Option<Box<dyn SessionSpill>>,
@@ -484,6 +542,7 @@ impl<S: BackendState> SessionStore<S> {
             evictions: 0,
             ring_slack: 0,
             prefix_sharing: true,
+            checkpoint_policy: CheckpointPolicy::default(),
             spill: None,
             spilled: 0,
             unspilled: 0,
@@ -756,7 +815,9 @@ impl<S: BackendState> SessionStore<S> {
                 .new_state(self.max_ctx, self.ring_slack)
                 .map_err(|e: ModelError| SessionError::Allocation(e.to_string()))?;
             self.live += 1;
-            return Ok(Session::new(state));
+            let mut s = Session::new(state);
+            s.checkpoint_policy = self.checkpoint_policy;
+            return Ok(s);
         }
         let victim = self
             .idle
@@ -790,6 +851,7 @@ impl<S: BackendState> SessionStore<S> {
                 );
                 // The state and the drafter are reused, both emptied.
                 let mut fresh = Session::new(s.state);
+                fresh.checkpoint_policy = self.checkpoint_policy;
                 fresh.drafter = s.drafter;
                 if let Some(d) = fresh.drafter.as_mut() {
                     d.reset();

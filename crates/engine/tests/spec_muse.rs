@@ -467,3 +467,67 @@ fn shared_prefix_from_a_donor_checkpoint() {
     assert_eq!(store.share_prefix(&mut other.session, &p2, None), None);
     assert_eq!(other.session.state.pos(), 0);
 }
+
+/// Interval checkpoints (serve --checkpoint-every) on a ring model: one every
+/// 8 positions fed, at most 3 kept, spread by dropping the one whose removal
+/// leaves the smallest gap (never the newest); a rollback into the middle of the
+/// context restores the nearest one at or before the divergence and
+/// continues as a state that was never rolled back.
+#[test]
+fn interval_checkpoints_are_spread_and_restore_mid_context() {
+    use hearth_engine::session::{CheckpointPolicy, ResumeReason, Session};
+    use hearth_models::{Backend, Logits};
+
+    let target = Arc::new(Model::load(gguf("muse-a")).unwrap());
+    let new_session = || {
+        let mut s = Session::new(Backend::new_state(target.as_ref(), CTX, 0).unwrap());
+        s.checkpoint_policy = CheckpointPolicy { every: 8, max: 3 };
+        s
+    };
+    let feed = |s: &mut Session<State>, t: &[u32]| -> Vec<f32> {
+        let logits = Backend::forward(target.as_ref(), &mut s.state, t, Logits::Last).unwrap();
+        s.push_fed(t);
+        s.interval_checkpoint();
+        logits
+    };
+    let ids: Vec<u32> = (0..48).map(|i| 50 + i * 5).collect();
+    let mut live = new_session();
+    live.prepare(&ids);
+    for chunk in ids.chunks(4) {
+        feed(&mut live, chunk);
+    }
+    // Due at 8, 16, ..., 48; three kept, spread over the context rather
+    // than the last three (a prefix near the start stays restorable).
+    assert_eq!(live.checkpoint_positions(), vec![16, 32, 48]);
+    let mut uneven = new_session();
+    uneven.prepare(&ids);
+    feed(&mut uneven, &ids[..9]); // 9: a checkpoint
+    feed(&mut uneven, &ids[9..12]); // 12: none (3 past 9)
+    feed(&mut uneven, &ids[12..20]); // 20
+    feed(&mut uneven, &ids[20..21]); // 21: none
+    feed(&mut uneven, &ids[21..28]); // 28
+                                     // 36: four; without 28 the gap 20..36 is the smallest (16), so 28 goes.
+    feed(&mut uneven, &ids[28..36]);
+    assert_eq!(uneven.checkpoint_positions(), vec![9, 20, 36]);
+
+    // Part at 30: the checkpoint at 20 is restored and 20.. fed again, which
+    // gives what a state fed the same pieces without a rollback gives.
+    let mut next: Vec<u32> = ids[..30].to_vec();
+    next.extend_from_slice(&[7, 8, 9]);
+    let resume = uneven.prepare(&next);
+    assert_eq!(
+        (resume.reason, resume.reused),
+        (ResumeReason::Checkpoint, 20)
+    );
+    let got = feed(&mut uneven, &next[20..]);
+    let mut cold = new_session();
+    cold.prepare(&next);
+    for piece in [&ids[..9], &ids[9..12], &ids[12..20]] {
+        feed(&mut cold, piece);
+    }
+    let want = feed(&mut cold, &next[20..]);
+    assert_eq!(
+        got, want,
+        "mid-context restore vs the state never rolled back"
+    );
+}

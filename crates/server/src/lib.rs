@@ -71,6 +71,10 @@ pub struct ServerOptions {
     pub no_prefix_sharing: bool,
     /// `--ring-slack`: extra slots per sliding-window ring (rollback without a checkpoint).
     pub ring_slack: usize,
+    /// Ring checkpoints also every N positions (0: only at prompt ends).
+    pub checkpoint_every: usize,
+    /// Ring checkpoints kept per session.
+    pub max_checkpoints: usize,
     /// `--batch-invariant`: outputs independent of what else runs.
     pub batch_invariant: bool,
     /// The model's multimodal projector (`--mmproj`): image parts accepted.
@@ -204,6 +208,10 @@ pub fn run_on<B: Backend + 'static>(
     let mut store = store;
     store.prefix_sharing = !opts.no_prefix_sharing;
     store.set_ring_slack(slack);
+    store.checkpoint_policy = hearth_engine::session::CheckpointPolicy {
+        every: opts.checkpoint_every,
+        max: opts.max_checkpoints.max(1),
+    };
     let metrics = Arc::new(Metrics::default());
     if let Some(d) = &drafters {
         let (kind, n_draft, adaptive) = (d.kind().as_str(), d.n_draft(), d.adaptive());

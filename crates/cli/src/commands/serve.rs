@@ -104,6 +104,21 @@ pub struct Args {
     /// always keep 512.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub ring_slack: usize,
+    /// Besides the one at the end of each prompt's prefill, snapshot a
+    /// session's sliding-window rings every N positions (at the end of the
+    /// first prefill chunk or decode step N or more past the newest
+    /// snapshot), so a prompt that parts from the resident tokens anywhere,
+    /// or another session sharing only part of a long prompt, restores a
+    /// snapshot near it instead of prefilling from the start. 0 (default):
+    /// only at prompt ends. Each snapshot costs the rings' size
+    /// (gemma3-270m: ~7 MB).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub checkpoint_every: usize,
+    /// Ring snapshots kept per session; past it the one whose removal leaves
+    /// the smallest gap goes (never the newest).
+    #[arg(long, value_name = "N", default_value_t = hearth_engine::session::MAX_CHECKPOINTS as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_checkpoints: u64,
     /// Batch-invariant numerics: every request's output is exactly what it
     /// would be if it ran alone, however many run at once. Concurrent
     /// requests are batched either way (one forward pass per step carries
@@ -186,6 +201,8 @@ pub fn run(mut args: Args) -> Result<()> {
         session_dir: args.session_dir.clone(),
         no_prefix_sharing: args.no_prefix_sharing,
         ring_slack: args.ring_slack,
+        checkpoint_every: args.checkpoint_every,
+        max_checkpoints: args.max_checkpoints as usize,
         batch_invariant: args.batch_invariant,
         mmproj: args.mmproj.clone(),
         image_rules: args.image_rules.rules(),
