@@ -6,7 +6,7 @@
 #   .gpu/hearth.gz, .gpu/gpu_tests.gz (stripped, gzipped), .gpu/vision_encode,
 #   .gpu/tok.gguf (SmolLM2's tokenizer keys only: the synthetic models' vocabulary).
 #
-#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server ...
+#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server|ttft-prefix ...
 #
 # Everything it writes goes to $OUT (logs) and /dev/shm/h (binaries, models),
 # which survives between calls while the machine stays warm.
@@ -197,6 +197,21 @@ PY
       python3 bench/cuda/scripts/batching_gpu.py 18184 q32 ${NS:-1,8} 128 2>&1 | tee -a "$OUT/llama-server.log"
       kill $pid; wait $pid 2>/dev/null || true
       grep -E "build:|system_info|CUDA0" "$H/llama-server.log" | head -5 | tee -a "$OUT/llama-server.log" ;;
+    ttft-prefix)
+      # Issue 18's TTFT goals on CUDA (prefix_ttft.py: a new session sharing all
+      # but ~50 tokens of a ~1,400-token prompt, vs cold; a short request during
+      # a ~3,000-token prefill), then 32 concurrent streams, on the Qwen2.5-32B shape.
+      [[ -f "$H/q32.gguf" ]] || "$H/hearth" synth --preset qwen2.5-32b --row-pool 64 \
+        --tokenizer-from "$H/tok.gguf" -o "$H/q32.gguf" >&2
+      "$H/hearth" serve --device cuda -m "$H/q32.gguf" --model-id q32 --port 18185 -c 4096 --max-sessions 48 \
+        >"$H/serve-t.log" 2>&1 &
+      pid=$!
+      for _ in $(seq 600); do curl -sf http://127.0.0.1:18185/health >/dev/null 2>&1 && break; sleep 0.5; done
+      python3 bench/cuda/scripts/prefix_ttft.py 18185 q32 2>&1 | tee -a "$OUT/prefix-ttft.log"
+      python3 bench/cuda/scripts/batching_gpu.py 18185 q32 ${NS:-32} 128 2>&1 | tee -a "$OUT/prefix-ttft.log"
+      curl -s http://127.0.0.1:18185/metrics | grep -E "^hearth_(forward_pass|shared_prefix)" | tee -a "$OUT/prefix-ttft.log"
+      grep -E "llm_turn_stats" "$H/serve-t.log" | head -12 | cut -c1-300 | tee -a "$OUT/prefix-ttft.log"
+      kill $pid; wait $pid 2>/dev/null || true ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done
