@@ -258,6 +258,14 @@ mod tests {
                             && (in_macro("GEMV_X_KERNELS32") || in_macro("GEMV_X_KERNELS")));
                 }
             }
+            // gemv_<type>_mma<N> from GEMV_MMA_KERNEL(<type>, WT, N) lines.
+            if let Some((ty, n)) = rest.rsplit_once("_mma") {
+                return SOURCE.contains("gemv_##tname##_mma##NTILE(")
+                    && SOURCE.lines().any(|l| {
+                        l.starts_with(&format!("GEMV_MMA_KERNEL({ty}, "))
+                            && l.ends_with(&format!(", {n})"))
+                    });
+            }
             // gemv_<type>_1_r<R>_t8 from GEMV_ROWS_T_KERNELS(<type>, ...), which
             // defines the r2 and r4 forms.
             if let Some(head) = rest.strip_suffix("_t8") {
