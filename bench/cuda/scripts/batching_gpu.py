@@ -13,8 +13,8 @@ Usage: batching_gpu.py PORT MODEL_ID N[,N...] [MAX_TOKENS]
 import json
 import sys
 import threading
-import time
-import urllib.request
+
+from sse import stream_chat
 
 PORT, MODEL = int(sys.argv[1]), sys.argv[2]
 NS = [int(n) for n in sys.argv[3].split(",")]
@@ -26,22 +26,8 @@ def stream(i, tag, out):
     body = {"model": MODEL, "stream": True, "temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True,
             "session_id": f"{tag}-{i}", "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": f"Stream {i}: tell a long story about the number {i * 7 + 3}."}]}
-    req = urllib.request.Request(URL, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
-    t0 = time.perf_counter()
-    first, chunks, end, usage = None, 0, None, None
-    with urllib.request.urlopen(req, timeout=600) as r:
-        for line in r:
-            line = line.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            d = json.loads(line[6:])
-            if d.get("usage"):
-                usage = d["usage"]["completion_tokens"]
-            if d.get("choices") and d["choices"][0].get("delta", {}).get("content"):
-                chunks += 1
-                if first is None:
-                    first = time.perf_counter()
-    end = time.perf_counter()
+    t0, first, end, usage, chunks = stream_chat(URL, body)
+    usage = usage["completion_tokens"] if usage else None
     out[i] = (t0, first or end, end, usage if usage is not None else chunks)
 
 

@@ -18,7 +18,8 @@ import json
 import sys
 import threading
 import time
-import urllib.request
+
+from sse import stream_chat
 
 PORT, MODEL = int(sys.argv[1]), sys.argv[2]
 URL = f"http://127.0.0.1:{PORT}/v1/chat/completions"
@@ -30,19 +31,8 @@ def ttft(messages, session=None, max_tokens=4):
             "stream_options": {"include_usage": True}, "messages": messages}
     if session:
         body["session_id"] = session
-    req = urllib.request.Request(URL, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
-    t0 = time.perf_counter()
-    first, usage = None, None
-    with urllib.request.urlopen(req, timeout=600) as r:
-        for line in r:
-            line = line.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            d = json.loads(line[6:])
-            if d.get("usage"):
-                usage = d["usage"]
-            if first is None and d.get("choices") and d["choices"][0].get("delta", {}).get("content"):
-                first = time.perf_counter() - t0
+    t0, first, _, usage, _ = stream_chat(URL, body)
+    first = None if first is None else first - t0
     return first, usage
 
 

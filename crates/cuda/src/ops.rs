@@ -138,6 +138,32 @@ impl Q8 {
     }
 }
 
+/// The arguments every GEMV kernel starts with: the weights, their shape and
+/// the 8-bit activations (gemv.cu's `w, wd, rows, K, xq, xd, xs`).
+fn gemv_head_args(w: &GpuMatrix, x: Q8) -> Vec<Arg> {
+    vec![
+        Arg::Ptr(w.body),
+        Arg::Ptr(w.scales),
+        Arg::I32(w.rows as i32),
+        Arg::I32(w.cols as i32),
+        Arg::Ptr(x.q),
+        Arg::Ptr(x.d),
+        Arg::Ptr(x.s),
+    ]
+}
+
+/// [`gemv_head_args`] then one dense output (`y, y_stride, bias, flags`).
+fn gemv_args(w: &GpuMatrix, x: Q8, y: u64, y_stride: usize, bias: u64, flags: i32) -> Vec<Arg> {
+    let mut a = gemv_head_args(w, x);
+    a.extend([
+        Arg::Ptr(y),
+        Arg::I32(y_stride as i32),
+        Arg::Ptr(bias),
+        Arg::I32(flags),
+    ]);
+    a
+}
+
 fn grid1(n: usize, per_block: usize) -> (u32, u32, u32) {
     (n.div_ceil(per_block) as u32, 1, 1)
 }
@@ -235,19 +261,7 @@ pub fn gemv_single(
         gemv_name(w.kind, 1, tune.u, tune.r),
         gemv_grid(w.rows, tune),
         256,
-        &[
-            Arg::Ptr(w.body),
-            Arg::Ptr(w.scales),
-            Arg::I32(w.rows as i32),
-            Arg::I32(w.cols as i32),
-            Arg::Ptr(x.q),
-            Arg::Ptr(x.d),
-            Arg::Ptr(x.s),
-            Arg::Ptr(y),
-            Arg::I32(y_stride as i32),
-            Arg::Ptr(bias),
-            Arg::I32(flags),
-        ],
+        &gemv_args(w, x, y, y_stride, bias, flags),
     )
 }
 
@@ -264,9 +278,10 @@ pub fn gemv(
     bias: u64,
     flags: i32,
 ) -> Result<()> {
-    // The register kernels win at one and two tokens; from four the warp
-    // kernels' multi-token variants measured faster (27648 x 5120 Q4_K at 4
-    // tokens: 98 against 114 us, BENCHMARKS.md).
+    // The register kernels win at one and two tokens; from three the
+    // tensor-core kernels (Q4_K, Q6_K; 27648 x 5120 Q4_K at 4 tokens 44 us
+    // against the warp kernels' 113, BENCHMARKS.md), the warp kernels'
+    // multi-token variants for the other types.
     if w.tune.x && y_stride == w.rows && n_tokens <= 2 {
         let seg = [Segment {
             y,
@@ -312,19 +327,7 @@ pub fn gemv_warps(
                 grid1(w.rows, 8)
             },
             256,
-            &[
-                Arg::Ptr(w.body),
-                Arg::Ptr(w.scales),
-                Arg::I32(w.rows as i32),
-                Arg::I32(w.cols as i32),
-                Arg::Ptr(xa.q),
-                Arg::Ptr(xa.d),
-                Arg::Ptr(xa.s),
-                Arg::Ptr(y + (t0 * y_stride * 4) as u64),
-                Arg::I32(y_stride as i32),
-                Arg::Ptr(bias),
-                Arg::I32(flags),
-            ],
+            &gemv_args(w, xa, y + (t0 * y_stride * 4) as u64, y_stride, bias, flags),
         )?;
         t0 += nt;
     }
@@ -392,19 +395,10 @@ fn gemv_mma(
             (w.rows.div_ceil(16) as u32, 1, 1),
             128,
             &[
-                Arg::Ptr(w.body),
-                Arg::Ptr(w.scales),
-                Arg::I32(w.rows as i32),
-                Arg::I32(w.cols as i32),
-                Arg::Ptr(xa.q),
-                Arg::Ptr(xa.d),
-                Arg::Ptr(xa.s),
-                Arg::Ptr(y + (t0 * y_stride * 4) as u64),
-                Arg::I32(y_stride as i32),
-                Arg::Ptr(bias),
-                Arg::I32(flags),
-                Arg::I32(nt as i32),
-            ],
+                gemv_args(w, xa, y + (t0 * y_stride * 4) as u64, y_stride, bias, flags),
+                vec![Arg::I32(nt as i32)],
+            ]
+            .concat(),
         )?;
         t0 += nt;
     }
@@ -439,19 +433,7 @@ pub fn gemv_tokens(
         Some(name) => (name, n_tokens.div_ceil(8)),
         None => (gemv_name(w.kind, 1, w.tune.u, w.tune.r), n_tokens),
     };
-    let mut args = vec![
-        Arg::Ptr(w.body),
-        Arg::Ptr(w.scales),
-        Arg::I32(w.rows as i32),
-        Arg::I32(w.cols as i32),
-        Arg::Ptr(x.q),
-        Arg::Ptr(x.d),
-        Arg::Ptr(x.s),
-        Arg::Ptr(seg.y),
-        Arg::I32(seg.rows as i32),
-        Arg::Ptr(seg.bias),
-        Arg::I32(flags),
-    ];
+    let mut args = gemv_args(w, x, seg.y, seg.rows, seg.bias, flags);
     if rows_t.is_some() {
         args.push(Arg::I32(n_tokens as i32));
     }
@@ -995,14 +977,8 @@ fn gemv_x_grid(
     } else {
         tiles
     };
-    let args = [
-        Arg::Ptr(w.body),
-        Arg::Ptr(w.scales),
-        Arg::I32(w.rows as i32),
-        Arg::I32(w.cols as i32),
-        Arg::Ptr(x.q),
-        Arg::Ptr(x.d),
-        Arg::Ptr(x.s),
+    let mut args = gemv_head_args(w, x);
+    args.extend([
         Arg::I32(flags),
         Arg::I32(bounds[0]),
         Arg::I32(bounds[1]),
@@ -1015,7 +991,7 @@ fn gemv_x_grid(
         Arg::Ptr(seg(1).bias),
         Arg::Ptr(seg(2).bias),
         Arg::Ptr(seg(3).bias),
-    ];
+    ]);
     g.launch(name, (blocks, groups as u32, 1), threads, &args)
 }
 
