@@ -113,7 +113,10 @@ def main():
     models = os.path.join(os.environ.get("HEARTH_HOME") or os.path.expanduser("~/.cache/hearth"), "models")
     os.symlink(models, os.path.join(home, "models"))
     os.environ["HEARTH_HOME"] = home
-    term = Terminal(["run", "-m", MODEL, "--temp", "0", "-n", "48", "-t", "2", "-c", "2048"])
+    # -n 256: the story turn below must still be running 0.3 s after its
+    # first word when Ctrl-C arrives (48 tokens took 0.27 s at 175 tok/s on
+    # an idle AVX-512 machine); the other turns end at the model's stop.
+    term = Terminal(["run", "-m", MODEL, "--temp", "0", "-n", "256", "-t", "2", "-c", "2048"])
     try:
         term.read_until(r"chatting with .*\n", 120)
         term.read_until(r">>> ", 60)
