@@ -126,15 +126,7 @@ pub fn parse_chat(
     };
     let strict = strict_flags(tools.as_ref());
     let structured = structured(body, tools.as_ref(), &strict)?;
-    let parallel_tool_calls = match body.get("parallel_tool_calls") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ApiError::invalid_request(
-                "'parallel_tool_calls' must be a boolean.",
-            ))
-        }
-    };
+    let parallel_tool_calls = bool_field(body, "parallel_tool_calls", true)?;
     let mut kwargs = match body.get("chat_template_kwargs") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(k)) => k.clone(),
@@ -297,11 +289,7 @@ fn cache_salt(body: &Map<String, Value>) -> Result<Option<String>, ApiError> {
 
 /// Chat `logprobs` (bool) and `top_logprobs` (0..=20).
 fn chat_logprobs(body: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
-    let on = match body.get("logprobs") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(ApiError::invalid_request("'logprobs' must be a boolean.")),
-    };
+    let on = bool_field(body, "logprobs", false)?;
     let top = match integer(body, "top_logprobs")? {
         None => None,
         Some(n) if (0..=20).contains(&n) => Some(n as usize),
@@ -401,7 +389,7 @@ impl Common {
         logprobs: Option<usize>,
     ) -> Result<Common, ApiError> {
         Ok(Common {
-            stream: stream(body)?,
+            stream: bool_field(body, "stream", false)?,
             include_usage: include_usage(body)?,
             sampling,
             max_tokens,
@@ -409,13 +397,7 @@ impl Common {
             session_id,
             logprobs,
             cache_salt: cache_salt(body)?,
-            ignore_eos: match body.get("ignore_eos") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
-                    return Err(ApiError::invalid_request("'ignore_eos' must be a boolean."))
-                }
-            },
+            ignore_eos: bool_field(body, "ignore_eos", false)?,
         })
     }
 }
@@ -648,11 +630,14 @@ pub fn validate_session_id(id: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn stream(body: &Map<String, Value>) -> Result<bool, ApiError> {
-    match body.get("stream") {
-        None | Some(Value::Null) => Ok(false),
+/// A top-level boolean field (`default` when absent or null).
+fn bool_field(body: &Map<String, Value>, name: &str, default: bool) -> Result<bool, ApiError> {
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::invalid_request("'stream' must be a boolean.")),
+        Some(_) => Err(ApiError::invalid_request(format!(
+            "'{name}' must be a boolean."
+        ))),
     }
 }
 
