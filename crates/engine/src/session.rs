@@ -130,6 +130,13 @@ pub struct CheckpointPolicy {
     pub max: usize,
 }
 
+impl CheckpointPolicy {
+    /// How many checkpoints are kept: `max`, at least 1.
+    pub fn kept(&self) -> usize {
+        self.max.max(1)
+    }
+}
+
 impl Default for CheckpointPolicy {
     fn default() -> Self {
         CheckpointPolicy {
@@ -161,7 +168,8 @@ impl<S: BackendState> Session<S> {
         if every == 0 {
             return;
         }
-        let newest = self.checkpoints.iter().map(|(p, _)| *p).max().unwrap_or(0);
+        // Checkpoints are kept in position order: the last is the newest.
+        let newest = self.checkpoints.last().map_or(0, |(p, _)| *p);
         if self.state.pos() >= newest + every {
             self.checkpoint();
         }
@@ -172,8 +180,7 @@ impl<S: BackendState> Session<S> {
     /// neighbours (position 0 before the first; the older one on a tie), so
     /// the kept ones stay spread from the start of the context to its end.
     fn thin_checkpoints(&mut self) {
-        let max = self.checkpoint_policy.max.max(1);
-        while self.checkpoints.len() > max {
+        while self.checkpoints.len() > self.checkpoint_policy.kept() {
             let n = self.checkpoints.len();
             let pos = |i: usize| self.checkpoints[i].0;
             let gap = |i: usize| pos(i + 1) - if i == 0 { 0 } else { pos(i - 1) };
@@ -294,7 +301,7 @@ impl<S: BackendState> Session<S> {
         }
         let skip = checkpoints
             .len()
-            .saturating_sub(self.checkpoint_policy.max.max(1));
+            .saturating_sub(self.checkpoint_policy.kept());
         for c in &checkpoints[skip..] {
             match self.state.load_checkpoint(c.pos, &c.state) {
                 Ok(cp) => self.checkpoints.push((c.pos, cp)),

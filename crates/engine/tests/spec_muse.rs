@@ -506,8 +506,7 @@ fn interval_checkpoints_are_spread_and_restore_mid_context() {
     feed(&mut uneven, &ids[12..20]); // 20
     feed(&mut uneven, &ids[20..21]); // 21: none
     feed(&mut uneven, &ids[21..28]); // 28
-                                     // 36: four; without 28 the gap 20..36 is the smallest (16), so 28 goes.
-    feed(&mut uneven, &ids[28..36]);
+    feed(&mut uneven, &ids[28..36]); // 36: four; without 28 the gap 20..36 (16) is the smallest, so 28 goes
     assert_eq!(uneven.checkpoint_positions(), vec![9, 20, 36]);
 
     // Part at 30: the checkpoint at 20 is restored and 20.. fed again, which

@@ -210,7 +210,7 @@ pub fn run_on<B: Backend + 'static>(
     store.set_ring_slack(slack);
     store.checkpoint_policy = hearth_engine::session::CheckpointPolicy {
         every: opts.checkpoint_every,
-        max: opts.max_checkpoints.max(1),
+        max: opts.max_checkpoints,
     };
     let metrics = Arc::new(Metrics::default());
     if let Some(d) = &drafters {
