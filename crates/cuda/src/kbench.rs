@@ -180,7 +180,7 @@ pub fn run(g: &Gpu) -> Result<String> {
         for nt in [2usize, 4, 8, 16] {
             let ms = g.median_ms(reps, || ops::gemv_warps(g, &m, a8, nt, y.ptr, rows, 0, 0))?;
             out += &gemv_line(&format!("{nt} tokens      "), &m, ms);
-            if nt >= ops::MMA_MIN_TOKENS && matches!(kind, WeightKind::Q4K | WeightKind::Q6K) {
+            if nt >= ops::MMA_MIN_TOKENS && ops::has_tensor_core_gemv(kind) {
                 let ms = g.median_ms(reps, || {
                     ops::gemv_tensor_cores(g, &m, a8, nt, y.ptr, rows, 0, 0)
                 })?;

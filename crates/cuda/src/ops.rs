@@ -290,10 +290,8 @@ pub fn gemv(
         }];
         return gemv_segments(g, w, x, n_tokens, &seg, flags);
     }
-    if n_tokens >= MMA_MIN_TOKENS && mma_enabled() {
-        if let Some(names) = gemv_mma_names(w.kind) {
-            return gemv_mma(g, w, names, x, n_tokens, y, y_stride, bias, flags);
-        }
+    if n_tokens >= MMA_MIN_TOKENS && mma_enabled() && has_tensor_core_gemv(w.kind) {
+        return gemv_tensor_cores(g, w, x, n_tokens, y, y_stride, bias, flags);
     }
     gemv_warps(g, w, x, n_tokens, y, y_stride, bias, flags)
 }
@@ -346,6 +344,11 @@ fn mma_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("HEARTH_CUDA_MMV").map_or(true, |v| v != "0"))
 }
 
+/// Whether weights of this type have the tensor-core GEMV ([`gemv_tensor_cores`]).
+pub fn has_tensor_core_gemv(kind: WeightKind) -> bool {
+    gemv_mma_names(kind).is_some()
+}
+
 /// The int8 tensor-core kernels of a weight type (1 and 2 tiles of 8 tokens), gemv.cu `gemv_mma`.
 fn gemv_mma_names(kind: WeightKind) -> Option<[&'static str; 2]> {
     match kind {
@@ -371,21 +374,6 @@ pub fn gemv_tensor_cores(
     let names = gemv_mma_names(w.kind).ok_or_else(|| {
         CudaError::Unsupported(format!("tensor-core GEMV of {:?} weights", w.kind))
     })?;
-    gemv_mma(g, w, names, x, n_tokens, y, y_stride, bias, flags)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn gemv_mma(
-    g: &Gpu,
-    w: &GpuMatrix,
-    names: [&'static str; 2],
-    x: Q8,
-    n_tokens: usize,
-    y: u64,
-    y_stride: usize,
-    bias: u64,
-    flags: i32,
-) -> Result<()> {
     let mut t0 = 0;
     while t0 < n_tokens {
         let nt = (n_tokens - t0).min(16);
