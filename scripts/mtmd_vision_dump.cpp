@@ -1,7 +1,7 @@
 // mtmd_vision_dump: what llama.cpp 11434's libmtmd makes of images, for hearth's vision
 // fixtures (scripts/make_vision_fixtures.py) and the encode benchmark.
 //
-//   mtmd_vision_dump TEXT.gguf MMPROJ.gguf OUT_DIR [-t THREADS] [--no-encode] INPUT...
+//   mtmd_vision_dump TEXT.gguf MMPROJ.gguf OUT_DIR [-t THREADS] [--no-encode] [--tensors DIR] INPUT...
 //
 // INPUT is an image file (decoded by mtmd's stb_image helper) or `pattern:WxH`, the spec's
 // synthetic image (vision.md §12.2: R = (37x + 11y) mod 256, G = 255 in the top-left
@@ -12,6 +12,10 @@
 //   - encoding (unless --no-encode): mtmd_tokenize on the default marker, then
 //     mtmd_encode_chunk + mtmd_get_output_embd of the image chunk, written as f32 to
 //     OUT_DIR/<i>.embd.f32 ([n_tokens, n_embd], row-major), timed around mtmd_encode_chunk.
+// --tensors DIR: every graph node the clip graph computes (the eval callback) written to
+// DIR/<node index>.<name>.f32 as f32 in ggml's element order (ne0 fastest), with its shape in
+// DIR/index.tsv (index, name, op, type, ne0..ne3); a later encode overwrites an earlier one
+// (so the last input's last encode is what stays).
 // On stdout: a first JSON line with llama.cpp's build and system info, then one JSON line per
 // input: input, width, height, pre_w, pre_h, n_tokens, n_embd, encode_ms. The text model only provides the vocabulary (for the <|image_start|> /
 // <|image_end|> text around the image); it is loaded vocab-only (so mtmd's width check
@@ -61,6 +65,57 @@ static std::vector<unsigned char> pattern(int w, int h) {
     return px;
 }
 
+struct TensorDump {
+    std::string dir;
+    int index = 0;
+    FILE * tsv = nullptr;
+};
+
+static bool dump_tensor(struct ggml_tensor * t, bool ask, void * user_data) {
+    if (ask) {
+        return true;
+    }
+    auto * d = (TensorDump *) user_data;
+    if (t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_I32) {
+        return true;
+    }
+    const auto * data = (const uint8_t *) t->data;
+    std::vector<float> out;
+    out.reserve(ggml_nelements(t));
+    for (int64_t i3 = 0; i3 < t->ne[3]; i3++) {
+        for (int64_t i2 = 0; i2 < t->ne[2]; i2++) {
+            for (int64_t i1 = 0; i1 < t->ne[1]; i1++) {
+                for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
+                    const uint8_t * p = data + i3 * t->nb[3] + i2 * t->nb[2] + i1 * t->nb[1] + i0 * t->nb[0];
+                    float v = 0.0f;
+                    if (t->type == GGML_TYPE_F32) {
+                        memcpy(&v, p, 4);
+                    } else if (t->type == GGML_TYPE_F16) {
+                        v = ggml_fp16_to_fp32(*(const ggml_fp16_t *) p);
+                    } else {
+                        v = (float) *(const int32_t *) p;
+                    }
+                    out.push_back(v);
+                }
+            }
+        }
+    }
+    if (d->index == 0 || !d->tsv) {
+        d->tsv = fopen((d->dir + "/index.tsv").c_str(), "w");
+    }
+    std::string name = t->name;
+    std::replace(name.begin(), name.end(), '/', '_');
+    std::replace(name.begin(), name.end(), ' ', '_');
+    const std::string path = d->dir + "/" + std::to_string(d->index) + "." + name + ".f32";
+    write_file(path, out.data(), out.size() * sizeof(float));
+    fprintf(d->tsv, "%d\t%s\t%s\t%s\t%lld\t%lld\t%lld\t%lld\n", d->index, name.c_str(), ggml_op_desc(t),
+            ggml_type_name(t->type), (long long) t->ne[0], (long long) t->ne[1], (long long) t->ne[2],
+            (long long) t->ne[3]);
+    fflush(d->tsv);
+    d->index++;
+    return true;
+}
+
 static void quiet_log(ggml_log_level level, const char * text, void *) {
     if (level >= GGML_LOG_LEVEL_WARN) {
         fputs(text, stderr);
@@ -76,9 +131,12 @@ int main(int argc, char ** argv) {
     int n_threads = 2;
     bool encode = true;
     std::vector<std::string> inputs;
+    TensorDump tensors;
     for (int i = 4; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) {
             n_threads = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--tensors") && i + 1 < argc) {
+            tensors.dir = argv[++i];
         } else if (!strcmp(argv[i], "--no-encode")) {
             encode = false;
         } else {
@@ -101,6 +159,10 @@ int main(int argc, char ** argv) {
     cp.use_gpu = false;
     cp.n_threads = n_threads;
     cp.print_timings = false;
+    if (!tensors.dir.empty()) {
+        cp.cb_eval = dump_tensor;
+        cp.cb_eval_user_data = &tensors;
+    }
     mtmd_context * ctx = mtmd_init_from_file(mmproj_path.c_str(), model, cp);
     if (!ctx) {
         fprintf(stderr, "cannot load %s\n", mmproj_path.c_str());
@@ -181,6 +243,11 @@ int main(int argc, char ** argv) {
             }
             n_tokens = (long) mtmd_input_chunk_get_n_tokens(img_chunk);
             n_embd = clip_n_mmproj_embd(cr.ctx_v);  // the vocab-only text model has no widths
+            if (tensors.tsv) {
+                fclose(tensors.tsv);
+                tensors.tsv = nullptr;
+            }
+            tensors.index = 0;
             const auto t0 = std::chrono::steady_clock::now();
             if (mtmd_encode_chunk(ctx, img_chunk) != 0) {
                 fprintf(stderr, "%s: mtmd_encode_chunk failed\n", in.c_str());

@@ -1,7 +1,10 @@
 //! Encodes one image with an mmproj and prints the timing (and optionally
 //! writes the rows): the hearth side of the encode benchmark in BENCHMARKS.md.
 //!
-//! cargo run --release -p hearth-vision --example encode -- MMPROJ IMAGE|WxH [--threads N] [--reps N] [--llama-rules] [--out FILE.f32] [--prep]
+//! cargo run --release -p hearth-vision --example encode -- MMPROJ IMAGE|WxH [--threads N] [--reps N] [--llama-rules [--isa avx2|avx512]] [--out FILE.f32] [--prep]
+//!
+//! `--llama-rules`: llama.cpp's grid, position and arithmetic rules, in the
+//! order of the native build of this machine or of `--isa`.
 //!
 //! `WxH` encodes the spec's synthetic test pattern of that size.
 
@@ -12,8 +15,9 @@ mod pattern;
 
 use pattern::pattern;
 
+use hearth_kernels::cpu::ggml_order::activations::RefIsa;
 use hearth_kernels::pool::ThreadPool;
-use hearth_vision::{ImageLimits, MmProj, RgbImage, Rules};
+use hearth_vision::{ImageLimits, MmProj, Numerics, RgbImage, Rules};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -26,7 +30,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let threads: usize = flag("--threads").map_or(2, |s| s.parse().unwrap());
     let reps: usize = flag("--reps").map_or(1, |s| s.parse().unwrap());
     let rules = if args.iter().any(|a| a == "--llama-rules") {
-        Rules::LLAMA_CPP
+        let isa = flag("--isa").map(|s| match s.as_str() {
+            "avx2" => RefIsa::Avx2,
+            "avx512" => RefIsa::Avx512,
+            other => panic!("--isa {other}: avx2 or avx512"),
+        });
+        Rules {
+            numerics: Numerics::LlamaCpp(isa),
+            ..Rules::LLAMA_CPP
+        }
     } else {
         Rules::REFERENCE
     };

@@ -13,11 +13,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use hearth_kernels::cpu::gemm::{gemm, gemm_single, BMatrix, GemmScratch, Kernel};
 use hearth_kernels::pool::{SendPtr, ThreadPool};
 
-use crate::layout::PosRule;
+use hearth_kernels::cpu::ggml_order::activations::RefIsa;
+
 use crate::mmproj::{Block, Linear, MmProj, Weight};
 use crate::ops::{
     add_bias, bias_gelu, layer_norm, layer_norm_into, rope, softmax_rows_unnormalized,
 };
+use crate::{Numerics, Rules};
 
 /// Rows of the MLP computed at a time (bounds the `[rows, n_ff]` buffer).
 const MLP_CHUNK: usize = 4096;
@@ -58,21 +60,31 @@ impl MmProj {
     /// The tower on a patch grid: `patches` `[grid_h·grid_w, 3·patch²]`
     /// (row-major tokens, see [`crate::preprocess::patchify`]) → projector
     /// output rows `[n_tokens, projection_dim]`, in pixel-shuffle group
-    /// order, before any RMSNorm.
+    /// order, before any RMSNorm. `rules.pos` picks the position table,
+    /// `rules.numerics` the arithmetic.
     pub fn encode_patches(
         &self,
         pool: &ThreadPool,
         patches: &[f32],
         grid_h: usize,
         grid_w: usize,
-        pos_rule: PosRule,
+        rules: Rules,
     ) -> Vec<f32> {
         let c = &self.config;
         let d = c.n_embd;
         let folded = 3 * c.patch_size * c.patch_size;
         // Patches and positions in the windowed order (row-wise steps up to
         // the pixel shuffle commute with it), RoPE angles, windows, shuffle.
-        let inp = self.tower_inputs(patches, grid_h, grid_w, pos_rule);
+        let inp = self.tower_inputs(patches, grid_h, grid_w, rules.pos);
+        if let Numerics::LlamaCpp(isa) = rules.numerics {
+            return self.encode_ggml(
+                pool,
+                &inp,
+                grid_h,
+                grid_w,
+                isa.unwrap_or_else(RefIsa::native),
+            );
+        }
         let n_patch = inp.n_patches;
 
         // 1. Patch embedding (the folded kernel, or both temporal halves).
@@ -106,20 +118,10 @@ impl MmProj {
         // 7. LN_post (row-wise, in the windowed order).
         layer_norm(pool, &mut x, d, &self.post_ln.w, &self.post_ln.b, c.eps);
 
-        // 8. Pixel shuffle, channel-major: u_g[m²·ch + k] = x[member_k][ch].
-        let mm = c.merge * c.merge;
-        let n_out = n_patch / mm;
-        let mut u = vec![0f32; n_out * mm * d];
-        for (g, members) in inp.shuffle.chunks_exact(mm).enumerate() {
-            let dst = &mut u[g * mm * d..(g + 1) * mm * d];
-            for (k, &t) in members.iter().enumerate() {
-                let t = t as usize;
-                for (ch, &v) in x[t * d..(t + 1) * d].iter().enumerate() {
-                    dst[ch * mm + k] = v;
-                }
-            }
-        }
+        // 8. Pixel shuffle.
+        let u = pixel_shuffle(&x, &inp.shuffle, d, c.merge * c.merge);
         drop(x);
+        let n_out = n_patch / (c.merge * c.merge);
 
         // 9. The projector: GELU(mm.0) → GELU(mm.1) → mm.2 (no biases).
         let [w0, w1, w2] = &self.projector;
@@ -181,6 +183,22 @@ impl MmProj {
             add_bias(pool, xr, b.down.b.as_deref().expect("loaded with a bias"));
         }
     }
+}
+
+/// The pixel shuffle, channel-major: `u_g[m²·ch + k] = x[member_k][ch]` for
+/// the `mm` members of each group (`shuffle`, in group order).
+pub(crate) fn pixel_shuffle(x: &[f32], shuffle: &[u32], d: usize, mm: usize) -> Vec<f32> {
+    let mut u = vec![0f32; shuffle.len() * d];
+    for (g, members) in shuffle.chunks_exact(mm).enumerate() {
+        let dst = &mut u[g * mm * d..(g + 1) * mm * d];
+        for (k, &t) in members.iter().enumerate() {
+            let t = t as usize;
+            for (ch, &v) in x[t * d..(t + 1) * d].iter().enumerate() {
+                dst[ch * mm + k] = v;
+            }
+        }
+    }
+    u
 }
 
 /// Per-encode activation buffers shared by all blocks.

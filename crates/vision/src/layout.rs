@@ -173,11 +173,13 @@ pub fn position_embeddings_of(
                 let (y0, y1, dy) = axis(y, sf_y);
                 let (x0, x1, dx) = axis(x, sf_x);
                 let (a, b, c, d) = (row(y0, x0), row(y0, x1), row(y1, x0), row(y1, x1));
+                // `a·(1−dx)·(1−dy) + b·dx·(1−dy) + c·(1−dx)·dy + d·dx·dy` as GCC
+                // contracts it (-O3, fp-contract=fast): the first two products
+                // into one fma, each later one fused onto the running sum
+                // (bit-exact against llama.cpp's UPSCALE output).
                 for e in 0..dim {
-                    dst[e] = a[e] * (1.0 - dx) * (1.0 - dy)
-                        + b[e] * dx * (1.0 - dy)
-                        + c[e] * (1.0 - dx) * dy
-                        + d[e] * dx * dy;
+                    let ab = (a[e] * (1.0 - dx)).mul_add(1.0 - dy, b[e] * dx * (1.0 - dy));
+                    dst[e] = (d[e] * dx).mul_add(dy, (c[e] * (1.0 - dx)).mul_add(dy, ab));
                 }
             }
         }

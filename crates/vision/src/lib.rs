@@ -28,6 +28,7 @@
 
 pub mod encoder;
 pub mod error;
+mod ggml;
 pub mod image;
 pub mod layout;
 pub mod mmproj;
@@ -40,6 +41,7 @@ pub mod tower;
 use hearth_kernels::pool::{self, ThreadPool};
 
 pub use error::{ImageError, VisionError};
+pub use hearth_kernels::cpu::ggml_order::activations::RefIsa;
 pub use image::{decode_base64, ImageLimits, RgbImage};
 pub use layout::PosRule;
 pub use mmproj::{MmProj, VisionConfig, PROJECTOR_MUSE_GLIMMER};
@@ -51,6 +53,26 @@ pub use tower::{Tower, TowerInputs, TowerWeights};
 pub struct Rules {
     pub grid: GridRule,
     pub pos: PosRule,
+    pub numerics: Numerics,
+}
+
+/// How the tower rounds (every step not named here is f32 either way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Numerics {
+    /// f32 throughout (closest to the exact math; the default).
+    #[default]
+    F32,
+    /// llama.cpp 11434's CPU graph: the patch embedding is `ggml_conv_2d`,
+    /// whose im2col is f16, so the normalized pixels and (unless it is BF16)
+    /// the patch kernel are rounded to f16 before an f32-accumulated product;
+    /// attention is its flash attention (mtmd's default on the CPU): K and V
+    /// cast to f16 and, for fewer than 64 patches, q rounded to f16 and Σ p·v
+    /// kept in f16. Every other step is in its CPU kernels' arithmetic order
+    /// too (llamafile's tinyBLAS matmuls, `ggml_norm`, ggml's RoPE, glibc's
+    /// `erff`), as the given x86 build computes it (`None`: the build a native
+    /// compile on this machine makes), so for F32 and F16 weights the rows
+    /// are llama.cpp's to the bit (up to libm). The CPU tower only.
+    LlamaCpp(Option<RefIsa>),
 }
 
 impl Rules {
@@ -58,12 +80,22 @@ impl Rules {
     pub const REFERENCE: Rules = Rules {
         grid: GridRule::Reference,
         pos: PosRule::Reference,
+        numerics: Numerics::F32,
     };
-    /// llama.cpp 11434.
+    /// llama.cpp 11434, its CPU rounding included.
     pub const LLAMA_CPP: Rules = Rules {
         grid: GridRule::LlamaCpp,
         pos: PosRule::LlamaCpp,
+        numerics: Numerics::LlamaCpp(None),
     };
+
+    /// These rules with f32 numerics (what a GPU tower computes).
+    pub const fn f32_numerics(self) -> Rules {
+        Rules {
+            numerics: Numerics::F32,
+            ..self
+        }
+    }
 }
 
 /// An image ready for the tower.
@@ -139,7 +171,7 @@ impl MmProj {
         let c = &self.config;
         let p = self.preprocess(img, rules);
         let (gh, gw) = (p.grid.nph * c.merge, p.grid.npw * c.merge);
-        let rows = self.encode_patches(pool, &p.patches, gh, gw, rules.pos);
+        let rows = self.encode_patches(pool, &p.patches, gh, gw, rules);
         Embeddings {
             rows,
             n_tokens: p.grid.n_tokens(),

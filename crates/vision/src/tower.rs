@@ -182,7 +182,9 @@ impl MmProj {
         }
     }
 
-    /// [`MmProj::encode`] on `tower` (the CPU when `None`).
+    /// [`MmProj::encode`] on `tower` (the CPU when `None`). A device tower
+    /// follows `rules.grid` and `rules.pos` but computes in its own
+    /// arithmetic (`rules.numerics` is the CPU tower's).
     pub fn encode_on(
         &self,
         tower: Option<&dyn Tower>,

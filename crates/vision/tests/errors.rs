@@ -280,7 +280,11 @@ fn extreme_images_encode() {
     for (w, h) in [(1, 1), (27, 27), (1, 3000), (3000, 1), (300, 17)] {
         let img = RgbImage::from_raw(w, h, (0..w * h * 3).map(|i| (i * 31 % 251) as u8).collect())
             .unwrap();
-        for rules in [Rules::REFERENCE, Rules::LLAMA_CPP] {
+        for rules in [
+            Rules::REFERENCE,
+            Rules::LLAMA_CPP,
+            Rules::LLAMA_CPP.f32_numerics(),
+        ] {
             let e = mm.encode(&img, rules);
             assert_eq!(e.n_tokens, e.grid.n_tokens(), "{w}x{h}");
             assert_eq!(e.rows.len(), e.n_tokens * 576);

@@ -52,7 +52,7 @@ fn reference_rules_match_the_numpy_spec_reference() {
         assert!(err <= TOLERANCE, "{inp}: {err:.3e} > {TOLERANCE:.0e}");
         // The test can tell the rules apart: llama.cpp's (other grid, or other
         // position table) is far off on these images.
-        let l = mm.encode_in(&pool, &img, Rules::LLAMA_CPP);
+        let l = mm.encode_in(&pool, &img, Rules::LLAMA_CPP.f32_numerics());
         if l.rows.len() == want.len() {
             let err = max_row_error(&l.rows, &want, e.dim);
             assert!(

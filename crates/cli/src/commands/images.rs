@@ -21,7 +21,8 @@ use serde_json::{json, Value};
 pub enum ImageRules {
     /// The model's reference (what the weights were trained with).
     Reference,
-    /// llama.cpp 11434's libmtmd.
+    /// llama.cpp 11434's libmtmd: its grid and position rules and, on the
+    /// CPU, its arithmetic (the rows of a native llama.cpp build, bit for bit).
     #[value(name = "llama-cpp")]
     LlamaCpp,
 }

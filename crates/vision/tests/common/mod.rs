@@ -72,3 +72,22 @@ pub fn row_errors(h: &[f32], r: &[f32], dim: usize) -> Vec<f64> {
 pub fn max_row_error(h: &[f32], r: &[f32], dim: usize) -> f64 {
     row_errors(h, r, dim).into_iter().fold(0.0, f64::max)
 }
+
+/// The llama.cpp build a fixture was made with (its `system_info`): the
+/// AVX-512 one where it reports `AVX512 = 1`, else the AVX2 one.
+pub fn fixture_isa(fx: &Value) -> hearth_vision::RefIsa {
+    let info = fx["system_info"].as_str().expect("system_info");
+    if info.contains("AVX512 = 1") {
+        hearth_vision::RefIsa::Avx512
+    } else {
+        hearth_vision::RefIsa::Avx2
+    }
+}
+
+/// llama.cpp's rules in the arithmetic of the fixture's build.
+pub fn llama_rules_of(fx: &Value) -> hearth_vision::Rules {
+    hearth_vision::Rules {
+        numerics: hearth_vision::Numerics::LlamaCpp(Some(fixture_isa(fx))),
+        ..hearth_vision::Rules::LLAMA_CPP
+    }
+}

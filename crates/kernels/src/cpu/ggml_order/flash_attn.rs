@@ -364,8 +364,53 @@ pub(crate) fn tiled_rows(
     scale: f32,
     isa: RefIsa,
 ) -> Vec<f32> {
-    let hd = src.hd();
-    let n_kv = cells.n_kv(last);
+    let kv = CacheCells { src, cells, last };
+    tiled_rows_in(rows, &kv, scale, isa)
+}
+
+/// What the tiled path walks: KV cells in order, each holding a position
+/// (or nothing), whose key and value rows it loads.
+trait TileCells {
+    fn head_dim(&self) -> usize;
+    /// Cells attended over (`nek1`).
+    fn n_kv(&self) -> usize;
+    /// The position cell `c` holds.
+    fn pos(&self, c: usize) -> Option<usize>;
+    /// The key (`key`) or value row of position `pos`, as f32.
+    fn load(&self, pos: usize, key: bool, out: &mut [f32]);
+}
+
+/// An f16 KV cache after positions `..=last` were written.
+struct CacheCells<'a, 'b> {
+    src: &'a KvSource<'b>,
+    cells: Cells,
+    last: usize,
+}
+
+impl TileCells for CacheCells<'_, '_> {
+    fn head_dim(&self) -> usize {
+        self.src.hd()
+    }
+    fn n_kv(&self) -> usize {
+        self.cells.n_kv(self.last)
+    }
+    fn pos(&self, c: usize) -> Option<usize> {
+        self.cells.pos(c, self.last)
+    }
+    fn load(&self, pos: usize, key: bool, out: &mut [f32]) {
+        self.src.load(pos, key, out)
+    }
+}
+
+/// [`tiled_rows`] over any [`TileCells`].
+fn tiled_rows_in(
+    rows: &[(&[f32], usize, usize)],
+    src: &impl TileCells,
+    scale: f32,
+    isa: RefIsa,
+) -> Vec<f32> {
+    let hd = src.head_dim();
+    let n_kv = src.n_kv();
     let mut vkq = vec![0.0f32; rows.len() * hd];
     let mut ms = vec![(f32::NEG_INFINITY, 0.0f32); rows.len()];
     let mut kt = vec![0.0f32; hd * KV_TILE];
@@ -377,9 +422,10 @@ pub(crate) fn tiled_rows(
     for c0 in (0..n_kv).step_by(KV_TILE) {
         let mut any = false;
         for (i, tp) in tile_pos.iter_mut().enumerate() {
-            *tp = cells
-                .pos(c0 + i, last)
-                .filter(|&p| c0 + i < n_kv && p >= min_lo && p <= max_qpos);
+            *tp = (c0 + i < n_kv)
+                .then(|| src.pos(c0 + i))
+                .flatten()
+                .filter(|&p| p >= min_lo && p <= max_qpos);
             if let Some(p) = *tp {
                 any = true;
                 src.load(p, true, &mut kbuf);
@@ -477,6 +523,119 @@ pub(crate) fn tiled_rows(
         out.iter_mut().for_each(|a| *a *= inv);
     }
     vkq
+}
+
+/// One KV head of a batch's own f16-valued K and V (`[n, n_head·head_dim]`):
+/// cell `c` holds position `c`.
+struct BatchHead<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    n: usize,
+    width: usize,
+    head: usize,
+    hd: usize,
+}
+
+impl TileCells for BatchHead<'_> {
+    fn head_dim(&self) -> usize {
+        self.hd
+    }
+    fn n_kv(&self) -> usize {
+        self.n
+    }
+    fn pos(&self, c: usize) -> Option<usize> {
+        Some(c)
+    }
+    fn load(&self, pos: usize, key: bool, out: &mut [f32]) {
+        let src = if key { self.k } else { self.v };
+        let off = pos * self.width + self.head * self.hd;
+        out.copy_from_slice(&src[off..off + self.hd]);
+    }
+}
+
+/// Query rows per task of [`attend_segments`].
+const SEGMENT_TASK_ROWS: usize = 64;
+
+/// llama.cpp's CPU `ggml_flash_attn_ext` as its vision towers call it
+/// (clip.cpp `build_attn` with flash attention on, mtmd's default on the
+/// CPU): one batch of `n` tokens and no cache, q/k/v `[n, n_head·head_dim]`
+/// f32, K and V cast to f16, and an f16 block-diagonal mask that lets a
+/// token see the keys of its own segment (`segments` partition `0..n` in
+/// order; one segment of everything for global attention). Fewer than 64
+/// tokens take the one-key-at-a-time f16 path ([`f16_attend_row`]: q rounded
+/// to f16, Σ p·v kept in f16), 64 or more the tiled f32 path. Keys are
+/// visited in order, masked ones skipped. `out`: `[n, n_head·head_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_segments(
+    pool: &crate::pool::ThreadPool,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    n_head: usize,
+    head_dim: usize,
+    segments: &[std::ops::Range<usize>],
+    scale: f32,
+    isa: RefIsa,
+    out: &mut [f32],
+) {
+    let width = n_head * head_dim;
+    assert!(q.len() == n * width && k.len() == n * width && v.len() == n * width);
+    assert_eq!(out.len(), n * width);
+    let (k16, v16) = (round_f16(k), round_f16(v));
+    // segment of each token
+    let mut seg_of = vec![0..0; n];
+    for seg in segments {
+        for t in seg.clone() {
+            seg_of[t] = seg.clone();
+        }
+    }
+    assert!(seg_of.iter().all(|s| !s.is_empty()), "segments cover 0..n");
+    let tasks: Vec<(usize, usize)> = (0..n_head)
+        .flat_map(|h| (0..n).step_by(SEGMENT_TASK_ROWS).map(move |r| (h, r)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let outp = crate::pool::SendPtr(out.as_mut_ptr());
+    pool.run(|_, _| loop {
+        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(&(h, r0)) = tasks.get(i) else {
+            break;
+        };
+        let rows = r0..(r0 + SEGMENT_TASK_ROWS).min(n);
+        let head = |t: usize| t * width + h * head_dim..t * width + (h + 1) * head_dim;
+        let results: Vec<Vec<f32>> = if n >= TILED_MIN_ROWS {
+            let src = BatchHead {
+                k: &k16,
+                v: &v16,
+                n,
+                width,
+                head: h,
+                hd: head_dim,
+            };
+            let qs: Vec<(&[f32], usize, usize)> = rows
+                .clone()
+                .map(|t| (&q[head(t)], seg_of[t].end - 1, seg_of[t].start))
+                .collect();
+            tiled_rows_in(&qs, &src, scale, isa)
+                .chunks_exact(head_dim)
+                .map(<[f32]>::to_vec)
+                .collect()
+        } else {
+            rows.clone()
+                .map(|t| {
+                    let kv = seg_of[t].clone().map(|j| (&k16[head(j)], &v16[head(j)]));
+                    f16_attend_row(&q[head(t)], kv, scale, None, isa)
+                })
+                .collect()
+        };
+        for (t, row) in rows.zip(results) {
+            // SAFETY: tasks write disjoint (token, head) slices of `out`.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(outp.get().add(t * width + h * head_dim), head_dim)
+            };
+            dst.copy_from_slice(&row);
+        }
+    });
 }
 
 /// Where one KV head's rows come from in a cache that stores GGML row bytes

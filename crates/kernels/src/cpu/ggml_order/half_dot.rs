@@ -74,7 +74,7 @@ fn dot_f16_lanes<const L: usize>(a: &[f32], b: &[f32], reduce: impl Fn([f32; L])
 }
 
 /// `ggml_vec_dot_f16`'s order of the given llama.cpp x86 build.
-pub(crate) fn dot_f16_isa(a: &[f32], b: &[f32], isa: RefIsa) -> f32 {
+pub fn dot_f16_isa(a: &[f32], b: &[f32], isa: RefIsa) -> f32 {
     match isa {
         RefIsa::Avx512 => dot_f16_ggml(a, b),
         RefIsa::Avx2 => dot_f16_ggml_avx2(a, b),
@@ -195,6 +195,62 @@ pub fn dot_f32_tinyblas(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     reduce_add_16(lanes)
+}
+
+/// llamafile's `hsum` of one accumulator vector of the given build: the
+/// AVX-512 halving tree, or for AVX2 the 128-bit halves added, then
+/// `movehl` and `movehdup` steps: `(w0 + w2) + (w1 + w3)`, `w_i = v_{i+4} + v_i`.
+pub fn hsum_isa(v: &[f32], isa: RefIsa) -> f32 {
+    match isa {
+        RefIsa::Avx512 => reduce_add_16(v.try_into().expect("16 lanes")),
+        RefIsa::Avx2 => {
+            let w: [f32; 4] = std::array::from_fn(|i| v[i + 4] + v[i]);
+            (w[0] + w[2]) + (w[1] + w[3])
+        }
+    }
+}
+
+/// One output of llamafile's `tinyBLAS` on the given x86 build for f32
+/// operands (f16 or bf16 ones enter converted, which is exact): one fma chain
+/// per lane over chunks of the build's width (16 or 8; the last chunk
+/// zero-padded, `load_partial`), then [`hsum_isa`]. On x86 every `k` takes
+/// this path.
+pub fn dot_tinyblas_isa(a: &[f32], b: &[f32], isa: RefIsa) -> f32 {
+    let width = isa.lanes();
+    let mut lanes = [0.0f32; 16];
+    for (ac, bc) in a.chunks(width).zip(b.chunks(width)) {
+        for (l, (&x, &y)) in ac.iter().zip(bc).enumerate() {
+            lanes[l] = x.mul_add(y, lanes[l]);
+        }
+    }
+    hsum_isa(&lanes[..width], isa)
+}
+
+/// `ggml_vec_dot_f32` of the given x86 build (one activation row): on
+/// AVX-512 [`vec_dot_f32_ggml`]; on AVX2 4 accumulators of 8 lanes over
+/// steps of 32, folded (0+2, 1+3), (0+1), then `GGML_F32x8_REDUCE`'s
+/// 128-bit halves added and two `hadd`s, then the tail added product by
+/// product (as the AVX-512 one).
+pub fn vec_dot_f32_isa(a: &[f32], b: &[f32], isa: RefIsa) -> f32 {
+    if isa == RefIsa::Avx512 {
+        return vec_dot_f32_ggml(a, b);
+    }
+    let np = a.len() & !31;
+    let mut acc = [[0.0f32; 8]; 4];
+    for (ac, bc) in a[..np].chunks_exact(32).zip(b[..np].chunks_exact(32)) {
+        for (j, lanes) in acc.iter_mut().enumerate() {
+            for l in 0..8 {
+                lanes[l] = ac[8 * j + l].mul_add(bc[8 * j + l], lanes[l]);
+            }
+        }
+    }
+    let v: [f32; 8] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let t: [f32; 4] = std::array::from_fn(|i| v[i] + v[i + 4]);
+    let mut sum = (t[0] + t[1]) + (t[2] + t[3]);
+    for (x, y) in a[np..].iter().zip(&b[np..]) {
+        sum += x * y;
+    }
+    sum
 }
 
 /// `ggml_vec_dot_f32` on AVX-512 (one activation row): 4 accumulators of 16
