@@ -17,9 +17,9 @@ Prompt rendering: llama-mtmd-cli always applies a chat template; it runs with --
 the GGUF's own template (the synthetic model carries smollm2-135m's), as `hearth run` does (without
 --jinja llama.cpp 11434 falls back to its built-in chatml, which drops the template's default
 system message). Both put the media marker before the prompt ("<__media__>Describe the image.").
-The mmproj is F32 so that llama.cpp's rows are close to hearth's (its tower still rounds attention
-to f16: ~6e-4 relative); the tower follows llama.cpp's rules (hearth run --image-rules llama-cpp;
-the images' grids have no ties).
+The mmproj is F32; hearth reproduces llama.cpp's rows bit for bit with its rules and arithmetic
+(hearth run --image-rules llama-cpp-exact; the images' grids have no ties; the test reads the
+build's ISA from system_info).
 
 Needs the reference build (scripts/build-llamacpp.sh), the mtmd_vision_dump binary
 (scripts/make_vision_fixtures.py compiles it), target/release/hearth, Pillow and numpy.

@@ -64,7 +64,7 @@ def main():
         synth(text, fx["text_synth_flags"], fx["text_sha256"])
         synth(mmproj, fx["mmproj_synth_flags"], fx["mmproj_sha256"])
         os.environ["HEARTH_TEST_MODEL"] = str(text)
-        server = ts.Server("--api-key", ts.API_KEY, "--mmproj", str(mmproj), "--image-rules", "llama-cpp",
+        server = ts.Server("--api-key", ts.API_KEY, "--mmproj", str(mmproj), "--image-rules", "llama-cpp-exact",
                            "--max-sessions", "2", model=str(text), api_key=ts.API_KEY)
         try:
             client = server.client()

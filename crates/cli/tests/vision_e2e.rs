@@ -13,7 +13,7 @@
 //!    image rows and the chunking are llama.cpp's. The smallest top-2 gap along
 //!    each path must exceed 1e-4 (hearth's and llama.cpp's text arithmetic
 //!    differ in summation orders only, an estimated ~1e-6..1e-5 here).
-//! 3. `hearth run --image --image-rules llama-cpp` (the CLI, whose tower takes
+//! 3. `hearth run --image --image-rules llama-cpp-exact` (the CLI, whose tower takes
 //!    the order of this machine's native build) prints llama-mtmd-cli's reply.
 //!    (On a machine whose native build differs from the fixture's the rows
 //!    differ by llama.cpp's own AVX2/AVX-512 difference, ~1e-4; the replies
@@ -188,7 +188,14 @@ fn hearth_run_image_matches_llama_mtmd_cli() {
             .arg(&text)
             .arg("--mmproj")
             .arg(&mmproj)
-            .args(["--image", &path, "--image-rules", "llama-cpp", "-p", prompt])
+            .args([
+                "--image",
+                &path,
+                "--image-rules",
+                "llama-cpp-exact",
+                "-p",
+                prompt,
+            ])
             .args(["--temp", "0", "-n", &n.to_string(), "-t", "2"])
             .output()
             .unwrap();

@@ -22,7 +22,7 @@ use hearth_engine::prompt::{ImageRows, Prompt};
 use hearth_tokenizer::Tokenizer;
 use sha2::{Digest, Sha256};
 
-use crate::{GridRule, MmProj, PosRule, RgbImage, Rules, Tower};
+use crate::{GridRule, MmProj, Numerics, PosRule, RefIsa, RgbImage, Rules, Tower};
 
 /// llama.cpp's media marker (`mtmd_default_marker()`).
 pub const MEDIA_MARKER: &str = "<__media__>";
@@ -48,6 +48,14 @@ pub fn image_digest(img: &RgbImage, rules: Rules) -> [u8; 32] {
         PosRule::LlamaCpp => 1,
     };
     h.update([grid, pos]);
+    // llama.cpp's arithmetic gives other rows (f32 keeps the earlier digests).
+    if let Numerics::LlamaCpp(isa) = rules.numerics {
+        let isa = match isa.unwrap_or_else(RefIsa::native) {
+            RefIsa::Avx512 => 0u8,
+            RefIsa::Avx2 => 1,
+        };
+        h.update([b'n', isa]);
+    }
     h.update(&img.data);
     h.finalize().into()
 }

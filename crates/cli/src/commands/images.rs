@@ -21,17 +21,23 @@ use serde_json::{json, Value};
 pub enum ImageRules {
     /// The model's reference (what the weights were trained with).
     Reference,
-    /// llama.cpp 11434's libmtmd: its grid and position rules and, on the
-    /// CPU, its arithmetic (the rows of a native llama.cpp build, bit for bit).
+    /// llama.cpp 11434's libmtmd grid and position rules, in hearth's f32
+    /// arithmetic (within ~1e-3 of llama.cpp's rows).
     #[value(name = "llama-cpp")]
     LlamaCpp,
+    /// llama.cpp's rules and, on the CPU tower, its arithmetic too: the rows
+    /// of a native llama.cpp build, bit for bit (for F32/F16/Q8_0 towers);
+    /// a slower encode.
+    #[value(name = "llama-cpp-exact")]
+    LlamaCppExact,
 }
 
 impl ImageRules {
     pub fn rules(self) -> Rules {
         match self {
             ImageRules::Reference => Rules::REFERENCE,
-            ImageRules::LlamaCpp => Rules::LLAMA_CPP,
+            ImageRules::LlamaCpp => Rules::LLAMA_CPP.f32_numerics(),
+            ImageRules::LlamaCppExact => Rules::LLAMA_CPP,
         }
     }
 }

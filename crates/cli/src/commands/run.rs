@@ -131,9 +131,10 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub image: Vec<PathBuf>,
     /// The vision tower's rules where the model's reference and llama.cpp
-    /// differ (grid ties, position-table resampling). `llama-cpp` also takes
-    /// llama.cpp's CPU arithmetic (f16 im2col and attention, its kernels'
-    /// orders): llama-mtmd-cli's image rows to the bit, on the CPU tower.
+    /// differ (grid ties, position-table resampling). `llama-cpp-exact` also
+    /// takes llama.cpp's CPU arithmetic (f16 im2col and attention, its
+    /// kernels' orders): llama-mtmd-cli's image rows to the bit, on the CPU
+    /// tower, at a slower encode.
     #[arg(long, value_enum, default_value_t = ImageRules::Reference)]
     pub image_rules: ImageRules,
     /// Constrain the answer to JSON valid under this JSON Schema (file);

@@ -149,9 +149,10 @@ pub struct Args {
     #[arg(long)]
     pub allow_image_urls: bool,
     /// The vision tower's rules where the model's reference and llama.cpp
-    /// differ (grid ties, position-table resampling). `llama-cpp` also takes
-    /// llama.cpp's CPU arithmetic (f16 im2col and attention, its kernels'
-    /// orders): llama-mtmd-cli's image rows to the bit, on the CPU tower.
+    /// differ (grid ties, position-table resampling). `llama-cpp-exact` also
+    /// takes llama.cpp's CPU arithmetic (f16 im2col and attention, its
+    /// kernels' orders): llama-mtmd-cli's image rows to the bit, on the CPU
+    /// tower, at a slower encode.
     #[arg(long, value_enum, default_value_t = super::images::ImageRules::Reference)]
     pub image_rules: super::images::ImageRules,
     #[command(flatten)]
