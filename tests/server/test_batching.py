@@ -8,19 +8,28 @@
 - in the default mode (smollm2-135m), requests sent at once complete with the replies'
   lengths they were asked for, share passes, and a short request that
   arrives during another's long prefill gets its answer before that prefill
-  ends (its rows ride in the long prompt's chunk passes).
+  ends (its rows ride in the long prompt's chunk passes);
+- speculating sessions (`--spec ngram`, `--spec dflash` with a synthetic
+  drafter that reads the target's hidden states) verify their drafts in the
+  same batched passes, and with `--batch-invariant` each reply equals the
+  plain server's reply to that request run alone.
 
 Run: python3 tests/server/test_batching.py
 """
+import os
+import re
+import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from common import MODEL_ID, Server, model_path, run_tests
+from common import BIN, MODEL_ID, Server, http, model_path, run_tests
 
 INVARIANT = None
 DEFAULT = None
+ALONE = {}  # request index -> its reply on INVARIANT, run alone
 
 TOPICS = ["binary search", "a linked list", "quicksort", "a stack", "FizzBuzz", "a queue", "merge sort",
           "a hash map", "Fibonacci numbers", "string reversal", "a binary tree", "bubble sort",
@@ -77,10 +86,47 @@ def test_batch_invariant_replies_equal_the_requests_run_alone():
     passes1, seqs1 = batch_counters(INVARIANT)
     mean = (seqs1 - seqs0) / (passes1 - passes0)
     assert mean > 2.0, f"mean sessions per pass {mean:.2f}: the requests were not batched"
-    alone = [complete(INVARIANT, i) for i in range(16)]
-    for i, (a, b) in enumerate(zip(together, alone)):
+    replies = [alone(i) for i in range(16)]
+    for i, (a, b) in enumerate(zip(together, replies)):
         assert a == b, (i, a, b)
-    assert len({a[0] for a in alone}) > 8, "the requests should differ"
+    assert len({a[0] for a in replies}) > 8, "the requests should differ"
+
+
+def alone(i):
+    if i not in ALONE:
+        ALONE[i] = complete(INVARIANT, i)
+    return ALONE[i]
+
+
+def metric(text, name):
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert m, (name, text)
+    return float(m.group(1))
+
+
+def test_speculating_sessions_verify_in_shared_passes():
+    draft = Path(os.environ.get("TMPDIR", "/tmp")) / f"hearth-dflash-batch-{os.getpid()}.gguf"
+    subprocess.run([BIN, "synth", "--arch", "dflash", "--target", model_path(), "--block-size", "4",
+                    "-o", str(draft)], check=True, capture_output=True)
+    try:
+        for extra, n in ((["--spec", "ngram", "--n-draft", "4"], 8),
+                         (["--spec", "dflash", "--draft-model", str(draft), "--block-length", "4"], 6)):
+            spec = Server("--batch-invariant", "--max-sessions", "20", *extra, ctx=1024)
+            try:
+                together = at_once(spec, n)
+                _, text = http(spec, "GET", "/metrics")
+                passes = metric(text, "hearth_forward_passes_total")
+                seqs = metric(text, "hearth_forward_pass_sequences_total")
+                assert seqs / passes > 2.0, (extra, seqs, passes)
+                assert metric(text, "hearth_spec_target_forwards_total") > 0, text
+                if extra[1] == "ngram":
+                    assert metric(text, "hearth_spec_accepted_tokens_total") > 0, text
+                for i, got in enumerate(together):
+                    assert got == alone(i), (extra, i, got, alone(i))
+            finally:
+                assert spec.stop() == 0
+    finally:
+        draft.unlink(missing_ok=True)
 
 
 def test_default_mode_batches_requests_sent_at_once():

@@ -291,11 +291,7 @@ fn batched_decode(
             let mut items: Vec<BatchItem<'_, GpuState>> = states
                 .iter_mut()
                 .zip(&toks)
-                .map(|(st, t)| BatchItem {
-                    state: st,
-                    input: Input::Tokens(&t[step..step + 1]),
-                    want: Logits::Last,
-                })
+                .map(|(st, t)| BatchItem::new(st, Input::Tokens(&t[step..step + 1]), Logits::Last))
                 .collect();
             for r in Backend::forward_batch(gm, &mut items, false) {
                 r?;

@@ -183,6 +183,7 @@ impl Backend for GpuModel {
             .filter(|&i| {
                 matches!(items[i].input, Input::Tokens(t) if t.len() == 1)
                     && items[i].want == Logits::Last
+                    && items[i].taps.is_empty()
             })
             .collect();
         if decode.len() >= 2 {
@@ -220,7 +221,7 @@ impl Backend for GpuModel {
             .zip(out)
             .map(|(it, done)| {
                 done.unwrap_or_else(|| {
-                    GpuModel::forward_input(self, it.state, it.input, it.want, &[], &mut Vec::new())
+                    GpuModel::forward_input(self, it.state, it.input, it.want, it.taps, &mut it.hidden)
                         .map_err(model_error)
                 })
             })

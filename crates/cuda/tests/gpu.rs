@@ -1950,11 +1950,7 @@ fn batched_decode_equals_one_by_one() {
                 let mut items: Vec<BatchItem<'_, _>> = batched
                     .iter_mut()
                     .zip(&toks)
-                    .map(|(st, t)| BatchItem {
-                        state: st,
-                        input: Input::Tokens(std::slice::from_ref(t)),
-                        want: Logits::Last,
-                    })
+                    .map(|(st, t)| BatchItem::new(st, Input::Tokens(std::slice::from_ref(t)), Logits::Last))
                     .collect();
                 let got: Vec<Vec<f32>> = Backend::forward_batch(&gm, &mut items, invariant)
                     .into_iter()
@@ -2009,21 +2005,9 @@ fn batched_decode_equals_one_by_one() {
         Backend::forward(&gm, &mut b, &prompts[1], Logits::Last).unwrap();
         let mut c2 = Backend::new_state(&gm, 1024, 0).unwrap();
         let mut items = vec![
-            BatchItem {
-                state: &mut a,
-                input: Input::Tokens(&[5]),
-                want: Logits::Last,
-            },
-            BatchItem {
-                state: &mut c2,
-                input: Input::Tokens(&prompts[2]),
-                want: Logits::Last,
-            },
-            BatchItem {
-                state: &mut b,
-                input: Input::Tokens(&[6]),
-                want: Logits::Last,
-            },
+            BatchItem::new(&mut a, Input::Tokens(&[5]), Logits::Last),
+            BatchItem::new(&mut c2, Input::Tokens(&prompts[2]), Logits::Last),
+            BatchItem::new(&mut b, Input::Tokens(&[6]), Logits::Last),
         ];
         let out = Backend::forward_batch(&gm, &mut items, true);
         assert_eq!(out[1].as_ref().unwrap(), &want_c);

@@ -22,10 +22,10 @@ use crate::prompt::Prompt;
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::session::{Acquire, Lease, SessionError, SessionStore, StoreError};
 use crate::spec::factory::MakeDrafter;
-use crate::spec::SpecStats;
+use crate::spec::{Drafter, SpecStats};
 use crate::turn::{
-    Begin, Feed, FinishReason, Flow, StepOut, TokenConstraint, TokenLogprob, Turn, TurnParams,
-    TurnStats,
+    Begin, Feed, FinishReason, Flow, Scored, StepOut, TokenConstraint, TokenLogprob, Turn,
+    TurnParams, TurnStats,
 };
 
 /// Prompt tokens prefilled per step while other requests are active (bounds
@@ -512,11 +512,12 @@ impl<'a, B: Backend> Scheduler<'a, B> {
     }
 
     /// One step of every active turn; per turn, `Ok(true)` when it has
-    /// ended. Turns that speculate step on their own; the others' forward
-    /// passes are gathered into batched passes ([`Backend::forward_batch`]):
-    /// all of them in passes of up to [`hearth_models::MAX_CHUNK`] rows, or
-    /// with batch-invariant numerics, the decode tokens in one pass and
-    /// each prefill chunk in its own.
+    /// ended. The turns' forward passes — prefill chunks, decode tokens and,
+    /// on a backend that batches them ([`Backend::batches_verify`]),
+    /// speculative verify blocks — are gathered into batched passes
+    /// ([`Backend::forward_batch`]); on other backends a speculating turn
+    /// steps on its own. See [`Scheduler::batches`] for which rows share a
+    /// pass.
     fn round(
         &self,
         active: &mut [Active<'a, B::State>],
@@ -524,21 +525,25 @@ impl<'a, B: Backend> Scheduler<'a, B> {
     ) -> Vec<Result<bool, String>> {
         let mut outcomes: Vec<Result<bool, String>> = Vec::with_capacity(active.len());
         let mut feeds: Vec<Option<Feed>> = Vec::with_capacity(active.len());
+        let verify_batched = self.model.batches_verify();
         for a in active.iter_mut() {
             let mut feed = None;
             let outcome = if a.events.is_closed() {
                 a.turn.cancel();
                 Ok(true)
-            } else if a.lease.session.drafter.is_some() {
+            } else if a.lease.session.drafter.is_some() && !verify_batched {
                 self.solo_step(a, slice)
             } else {
-                let state = &a.lease.session.state;
-                let begun = a.turn.begin_step(
-                    state.pos(),
-                    state.max_ctx(),
-                    slice,
-                    &mut text_sink(&*a.events),
-                );
+                let Active {
+                    turn,
+                    lease,
+                    events,
+                    ..
+                } = &mut *a;
+                let session = &mut lease.session;
+                let (pos, max_ctx) = (session.state.pos(), session.state.max_ctx());
+                let drafter = session.drafter.as_deref_mut().map(|d| d as &mut dyn Drafter);
+                let begun = turn.begin_step(pos, max_ctx, slice, drafter, &mut text_sink(&**events));
                 match begun {
                     Ok(Begin::Feed(f)) => {
                         feed = Some(f);
@@ -551,23 +556,29 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             outcomes.push(outcome);
             feeds.push(feed);
         }
-        for batch in self.batches(&feeds) {
-            let dim = self.model.config().dim;
-            let mut members: Vec<usize> = Vec::with_capacity(batch.len());
-            let mut items: Vec<BatchItem<'_, B::State>> = Vec::with_capacity(batch.len());
-            for (i, a) in active.iter_mut().enumerate() {
-                if let Some(feed) = feeds[i].as_ref().filter(|_| batch.contains(&i)) {
-                    let Active { turn, lease, .. } = a;
-                    items.push(BatchItem {
-                        state: &mut lease.session.state,
-                        input: turn.feed_input(feed, dim),
-                        want: feed.want,
-                    });
-                    members.push(i);
-                }
+        let dim = self.model.config().dim;
+        for (batch, invariant) in self.batches(&feeds) {
+            // In index order; each member's taps copied out (its drafter is
+            // borrowed again after the pass).
+            let members: Vec<usize> = (0..active.len()).filter(|i| batch.contains(i)).collect();
+            let taps: Vec<Vec<usize>> = members
+                .iter()
+                .map(|&i| {
+                    let drafter = active[i].lease.session.drafter.as_ref();
+                    drafter.map(|d| d.taps().to_vec()).unwrap_or_default()
+                })
+                .collect();
+            let mut items: Vec<BatchItem<'_, B::State>> = Vec::with_capacity(members.len());
+            let fed = active.iter_mut().enumerate().filter(|(i, _)| batch.contains(i));
+            for ((i, a), taps) in fed.zip(&taps) {
+                let feed = feeds[i].as_ref().expect("a fed member");
+                let Active { turn, lease, .. } = a;
+                let input = turn.feed_input(feed, dim);
+                items.push(BatchItem::new(&mut lease.session.state, input, feed.want).tapped(taps));
             }
             let rows: usize = items.iter().map(|it| it.input.len(dim)).sum();
-            let results = self.model.forward_batch(&mut items, self.batch_invariant);
+            let results = self.model.forward_batch(&mut items, invariant);
+            let hidden: Vec<Vec<f32>> = items.iter_mut().map(|it| std::mem::take(&mut it.hidden)).collect();
             drop(items);
             let m = &self.stats;
             m.forward_passes.fetch_add(1, Ordering::Relaxed);
@@ -575,14 +586,32 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 .fetch_add(members.len() as u64, Ordering::Relaxed);
             m.forward_pass_rows
                 .fetch_add(rows as u64, Ordering::Relaxed);
-            for (i, result) in members.into_iter().zip(results) {
+            for ((i, result), hidden) in members.into_iter().zip(results).zip(hidden) {
                 let feed = feeds[i].take().expect("a fed member");
                 let a = &mut active[i];
                 outcomes[i] = match result {
                     Ok(logits) => {
                         let was_prefilling = a.turn.prefilling();
-                        let out = a.turn.end_step(feed, logits, &mut text_sink(&*a.events));
-                        Ok(self.after_step(a, out, was_prefilling))
+                        let Active {
+                            turn,
+                            lease,
+                            events,
+                            ..
+                        } = &mut *a;
+                        let session = &mut lease.session;
+                        let drafter = session.drafter.as_deref_mut().map(|d| d as &mut dyn Drafter);
+                        let ended = turn.end_step(
+                            feed,
+                            Scored::Logits(logits),
+                            &hidden,
+                            &mut session.state,
+                            drafter,
+                            &mut text_sink(&**events),
+                        );
+                        match ended {
+                            Ok(out) => Ok(self.after_step(a, out, was_prefilling)),
+                            Err(e) => Err(e.to_string()),
+                        }
                     }
                     Err(e) => Err(e.to_string()),
                 };
@@ -591,40 +620,52 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         outcomes
     }
 
-    /// The passes a round's feeds go in (indices into `feeds`).
-    fn batches(&self, feeds: &[Option<Feed>]) -> Vec<Vec<usize>> {
+    /// The passes a round's feeds go in (indices into `feeds`), each with
+    /// whether it runs batch-invariant:
+    /// - decode tokens and verify blocks share passes; those passes are
+    ///   invariant with `--batch-invariant` or when a verify block is among
+    ///   them (speculation's output is the target's own: every verify row
+    ///   as a one-token step computes it);
+    /// - prefill chunks: with `--batch-invariant` each in its own invariant
+    ///   pass; otherwise packed with the decode tokens (no verify blocks
+    ///   in the round) or among themselves, in ordinary passes.
+    ///
+    /// A pass holds at most [`hearth_models::MAX_CHUNK`] rows (a single
+    /// feed may hold more).
+    fn batches(&self, feeds: &[Option<Feed>]) -> Vec<(Vec<usize>, bool)> {
         let fed = || {
             feeds
                 .iter()
                 .enumerate()
                 .filter_map(|(i, f)| Some((i, f.as_ref()?)))
         };
-        let mut batches: Vec<Vec<usize>> = Vec::new();
-        if self.batch_invariant {
-            let decode: Vec<usize> = fed()
-                .filter(|(_, f)| !f.is_prefill())
-                .map(|(i, _)| i)
-                .collect();
-            if !decode.is_empty() {
-                batches.push(decode);
-            }
-            batches.extend(fed().filter(|(_, f)| f.is_prefill()).map(|(i, _)| vec![i]));
-            return batches;
-        }
-        // Decode tokens first, then prefill chunks, packed into passes of at
-        // most MAX_CHUNK rows.
-        let mut order: Vec<(usize, &Feed)> = fed().collect();
-        order.sort_by_key(|(_, f)| f.is_prefill());
-        let mut rows = 0;
-        for (i, f) in order {
-            match batches.last_mut() {
-                Some(b) if rows + f.rows() <= hearth_models::MAX_CHUNK => b.push(i),
-                _ => {
-                    batches.push(vec![i]);
-                    rows = 0;
+        let pack = |feeds: &mut dyn Iterator<Item = (usize, &Feed)>, invariant: bool| {
+            let mut batches: Vec<(Vec<usize>, bool)> = Vec::new();
+            let mut rows = 0;
+            for (i, f) in feeds {
+                match batches.last_mut() {
+                    Some((b, _)) if rows + f.rows() <= hearth_models::MAX_CHUNK => b.push(i),
+                    _ => {
+                        batches.push((vec![i], invariant));
+                        rows = 0;
+                    }
                 }
+                rows += f.rows();
             }
-            rows += f.rows();
+            batches
+        };
+        let verifying = fed().any(|(_, f)| f.verify_block().is_some());
+        if !self.batch_invariant && !verifying {
+            // Decode tokens first, then prefill chunks.
+            let mut order: Vec<(usize, &Feed)> = fed().collect();
+            order.sort_by_key(|(_, f)| f.is_prefill());
+            return pack(&mut order.into_iter(), false);
+        }
+        let mut batches = pack(&mut fed().filter(|(_, f)| !f.is_prefill()), true);
+        if self.batch_invariant {
+            batches.extend(fed().filter(|(_, f)| f.is_prefill()).map(|(i, _)| (vec![i], true)));
+        } else {
+            batches.extend(pack(&mut fed().filter(|(_, f)| f.is_prefill()), false));
         }
         batches
     }

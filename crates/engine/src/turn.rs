@@ -24,7 +24,7 @@ use hearth_tokenizer::{StreamDecoder, Tokenizer};
 use crate::prompt::Prompt;
 use crate::sampler::Sampler;
 use crate::spec::verify::{verify_block, verify_greedy_ids};
-use crate::spec::{Drafter, SpecError, SpecStats};
+use crate::spec::{Draft, Drafter, SpecError, SpecStats};
 
 /// Why a turn ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,21 +240,49 @@ enum Fed {
     Prompt(usize, usize),
     /// The token just sampled.
     Token(u32),
+    /// A speculative verify block `[pending, d_1..d_K]`, fed at `at..`.
+    Verify {
+        block: Vec<u32>,
+        draft: Draft,
+        at: usize,
+        draft_secs: f64,
+        verify_began: Instant,
+    },
 }
 
 impl Feed {
-    /// Whether this is a prefill chunk (not a decode token).
+    /// Whether this is a prefill chunk (not a decode token or verify block).
     pub fn is_prefill(&self) -> bool {
         matches!(self.what, Fed::Prompt(..))
     }
 
-    /// Positions (rows of the pass) it takes.
-    pub fn rows(&self) -> usize {
-        match self.what {
-            Fed::Prompt(start, end) => end - start,
-            Fed::Token(_) => 1,
+    /// The tokens of a speculative verify block (all of its logits rows are
+    /// wanted, each as a one-token step would compute it where the backend
+    /// can), or `None` for a prefill chunk or a decode token.
+    pub fn verify_block(&self) -> Option<&[u32]> {
+        match &self.what {
+            Fed::Verify { block, .. } => Some(block),
+            _ => None,
         }
     }
+
+    /// Positions (rows of the pass) it takes.
+    pub fn rows(&self) -> usize {
+        match &self.what {
+            Fed::Prompt(start, end) => end - start,
+            Fed::Token(_) => 1,
+            Fed::Verify { block, .. } => block.len(),
+        }
+    }
+}
+
+/// What a step's forward pass gave back ([`Turn::end_step`]).
+pub enum Scored {
+    /// The logits rows [`Feed::want`] asked for.
+    Logits(Vec<f32>),
+    /// Each row's argmax only (a verify block of a greedy turn without
+    /// penalties: [`Turn::wants_argmax_only`]).
+    Argmax(Vec<u32>),
 }
 
 /// How [`Turn::begin_step`] left a step.
@@ -369,24 +397,13 @@ impl<'t> Turn<'t> {
         &mut self,
         model: &B,
         state: &mut B::State,
-        drafter: Option<&mut dyn Drafter>,
+        mut drafter: Option<&mut dyn Drafter>,
         prefill_chunk: usize,
         sink: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<StepOut, TurnError> {
-        assert!(self.stats.finish.is_none(), "step of a finished turn");
-        let drafter = match drafter {
-            Some(d) if self.logits.is_some() && self.speculates() => {
-                let t = Instant::now();
-                let out = self.spec_cycle(model, state, d, sink)?;
-                self.stats.decode_time += t.elapsed();
-                return Ok(self.conclude(out, sink));
-            }
-            // A drafter that does not draft this turn (a constrained turn,
-            // logprobs) still sees every fed token, so it stays in step
-            // with the session for the turns after.
-            d => d,
-        };
-        let feed = match self.begin_step(state.pos(), state.max_ctx(), prefill_chunk, sink)? {
+        let (pos, max_ctx) = (state.pos(), state.max_ctx());
+        let d = drafter.as_mut().map(|d| &mut **d as &mut dyn Drafter);
+        let feed = match self.begin_step(pos, max_ctx, prefill_chunk, d, sink)? {
             Begin::Feed(f) => f,
             Begin::Done(out) => return Ok(out),
         };
@@ -395,26 +412,46 @@ impl<'t> Turn<'t> {
             .map(|d| d.taps().to_vec())
             .unwrap_or_default();
         let mut hidden = Vec::new();
-        let input = self.feed_input(&feed, model.config().dim);
-        let logits = model.forward_input(state, input, feed.want, &taps, &mut hidden)?;
-        if let Some(d) = drafter {
-            d.commit(self.feed_ids(&feed), &hidden)?;
-        }
-        Ok(self.end_step(feed, logits, sink))
+        let scored = match feed.verify_block() {
+            Some(block) if self.wants_argmax_only() => {
+                Scored::Argmax(model.verify_argmax(state, block, &taps, &mut hidden)?)
+            }
+            Some(block) => Scored::Logits(model.forward_verify(
+                state,
+                block,
+                Logits::All,
+                &taps,
+                &mut hidden,
+            )?),
+            None => {
+                let input = self.feed_input(&feed, model.config().dim);
+                Scored::Logits(model.forward_input(state, input, feed.want, &taps, &mut hidden)?)
+            }
+        };
+        self.end_step(feed, scored, &hidden, state, drafter, sink)
     }
 
-    /// The first half of a step that is one forward pass (a prefill chunk or
-    /// one decode token; not a speculative cycle), for a driver that runs
-    /// the passes of several turns together: samples and emits the next
-    /// token (a decode step) and says what to feed, or how the step ended
-    /// without a pass. The driver runs [`Turn::feed_input`] at the state's
-    /// position (`pos`, of a context of `max_ctx`) with [`Feed::want`] and
-    /// hands the logits to [`Turn::end_step`].
+    /// Whether a verify block of this turn needs only each row's argmax
+    /// (greedy, no penalties), which a backend may find where the logits are.
+    pub fn wants_argmax_only(&self) -> bool {
+        self.sampler.is_greedy() && !self.sampler.has_penalties()
+    }
+
+    /// The first half of a step, for a driver that runs the passes of several
+    /// turns together: samples and emits the next token (a decode step), or
+    /// with `drafter` (when the turn speculates) emits the pending token and
+    /// drafts after it, and says what to feed, or how the step ended without
+    /// a pass. The driver runs [`Turn::feed_input`] at the state's position
+    /// (`pos`, of a context of `max_ctx`) with [`Feed::want`] — a verify
+    /// block ([`Feed::verify_block`]) with every row as a one-token step
+    /// computes it, tapping the drafter's layers — and hands the result to
+    /// [`Turn::end_step`].
     pub fn begin_step(
         &mut self,
         pos: usize,
         max_ctx: usize,
         prefill_chunk: usize,
+        drafter: Option<&mut dyn Drafter>,
         sink: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<Begin, TurnError> {
         assert!(self.stats.finish.is_none(), "step of a finished turn");
@@ -434,6 +471,12 @@ impl<'t> Turn<'t> {
                 began,
             }));
         }
+        // A drafter that does not draft this turn (a constrained turn,
+        // logprobs) still sees every fed token, so it stays in step with
+        // the session for the turns after.
+        if let Some(d) = drafter.filter(|_| self.speculates()) {
+            return self.begin_spec(pos, max_ctx, d, began, sink);
+        }
         let next = self.sample_next()?;
         let finished = match self.emit(next, sink) {
             Some(f) => Some(f),
@@ -441,11 +484,7 @@ impl<'t> Turn<'t> {
         };
         if let Some(f) = finished {
             self.stats.decode_time += began.elapsed();
-            let out = StepOut {
-                fed: vec![],
-                finished: Some(f),
-            };
-            return Ok(Begin::Done(self.conclude(out, sink)));
+            return Ok(self.done(f, vec![], sink));
         }
         Ok(Begin::Feed(Feed {
             what: Fed::Token(next),
@@ -459,24 +498,46 @@ impl<'t> Turn<'t> {
         match &feed.what {
             Fed::Prompt(start, end) => self.prompt.input(*start, *end, dim).0,
             Fed::Token(t) => Input::Tokens(std::slice::from_ref(t)),
+            Fed::Verify { block, .. } => Input::Tokens(block),
         }
     }
 
-    /// The ids `feed` puts in the state.
+    /// The ids `feed` puts in the state (a verify block: all of them, before
+    /// the rejected ones are rolled back).
     pub fn feed_ids<'s>(&'s self, feed: &'s Feed) -> &'s [u32] {
         match &feed.what {
             Fed::Prompt(start, end) => &self.prompt.ids[*start..*end],
             Fed::Token(t) => std::slice::from_ref(t),
+            Fed::Verify { block, .. } => block,
         }
     }
 
-    /// The second half of a step ([`Turn::begin_step`]): the pass's logits.
-    pub fn end_step(
+    /// The second half of a step ([`Turn::begin_step`]): what the pass
+    /// scored, and `hidden`, the drafter's tapped rows of the fed positions
+    /// ([rows, taps.len() * dim]; empty without taps). A verify block rolls
+    /// `state` back to what was kept and commits that to `drafter`; the other
+    /// steps commit what they fed.
+    pub fn end_step<S: BackendState + ?Sized>(
         &mut self,
         feed: Feed,
-        logits: Vec<f32>,
+        scored: Scored,
+        hidden: &[f32],
+        state: &mut S,
+        drafter: Option<&mut dyn Drafter>,
         sink: &mut dyn FnMut(&str) -> Flow,
-    ) -> StepOut {
+    ) -> Result<StepOut, TurnError> {
+        let logits = match scored {
+            Scored::Logits(l) => l,
+            Scored::Argmax(ids) => {
+                return self.end_spec(feed, Scored::Argmax(ids), hidden, state, drafter, sink)
+            }
+        };
+        if feed.verify_block().is_some() {
+            return self.end_spec(feed, Scored::Logits(logits), hidden, state, drafter, sink);
+        }
+        if let Some(d) = drafter {
+            d.commit(self.feed_ids(&feed), hidden)?;
+        }
         let fed = self.feed_ids(&feed).to_vec();
         let mut finished = None;
         match feed.what {
@@ -494,8 +555,18 @@ impl<'t> Turn<'t> {
                 self.logits = Some(logits);
                 self.stats.decode_time += feed.began.elapsed();
             }
+            Fed::Verify { .. } => unreachable!("verify blocks end in end_spec"),
         }
-        self.conclude(StepOut { fed, finished }, sink)
+        Ok(self.conclude(StepOut { fed, finished }, sink))
+    }
+
+    /// A step that ended without a pass.
+    fn done(&mut self, f: FinishReason, fed: Vec<u32>, sink: &mut dyn FnMut(&str) -> Flow) -> Begin {
+        let out = StepOut {
+            fed,
+            finished: Some(f),
+        };
+        Begin::Done(self.conclude(out, sink))
     }
 
     /// Records how a step ended; a turn that ends other than by a stop
@@ -562,26 +633,21 @@ impl<'t> Turn<'t> {
         Ok(next)
     }
 
-    /// One speculative cycle:
-    /// 1. the drafter proposes `d_1..d_K` after the pending token `a`
-    ///    (sampled by the target, emitted, not yet fed; it goes at position
-    ///    F = `state.pos()`);
-    /// 2. the target runs `[a, d_1..d_K]` at F..F+K in one pass, all logits
-    ///    rows (a verify pass: each row as a one-token step would compute it,
-    ///    where the backend can);
-    /// 3. [`verify_block`] accepts a prefix `d_1..d_k` and picks the next
-    ///    pending token (correction or bonus);
-    /// 4. the state rolls back to F+k+1: the K−k rejected positions are stale
-    ///    and overwritten by the next pass (flat caches hide them behind the
-    ///    causal mask; rings keep `slack ≥ K` extra slots so nothing still
-    ///    inside the window was overwritten, see `Backend::new_state`).
-    fn spec_cycle<B: Backend>(
+    /// The first half of a speculative cycle:
+    /// 1. the pending token `a` (sampled by the target, not yet fed; it goes
+    ///    at position F = `pos`) is emitted;
+    /// 2. the drafter proposes `d_1..d_K` after it;
+    /// 3. the target is to run `[a, d_1..d_K]` at F..F+K in one pass, all
+    ///    logits rows (a verify pass: each row as a one-token step would
+    ///    compute it, where the backend can) — the feed this returns.
+    fn begin_spec(
         &mut self,
-        model: &B,
-        state: &mut B::State,
+        pos: usize,
+        max_ctx: usize,
         drafter: &mut dyn Drafter,
+        began: Instant,
         sink: &mut dyn FnMut(&str) -> Flow,
-    ) -> Result<StepOut, TurnError> {
+    ) -> Result<Begin, TurnError> {
         let pending = match self.pending.take() {
             Some(t) => t,
             None => {
@@ -591,18 +657,13 @@ impl<'t> Turn<'t> {
                 t
             }
         };
-        if let Some(f) = self.emit(pending, sink) {
-            return Ok(StepOut {
-                fed: vec![],
-                finished: Some(f),
-            });
-        }
-        let (pos, max_ctx) = (state.pos(), state.max_ctx());
-        if pos >= max_ctx {
-            return Ok(StepOut {
-                fed: vec![],
-                finished: Some(FinishReason::Length),
-            });
+        let finished = match self.emit(pending, sink) {
+            Some(f) => Some(f),
+            None => (pos >= max_ctx).then_some(FinishReason::Length),
+        };
+        if let Some(f) = finished {
+            self.stats.decode_time += began.elapsed();
+            return Ok(self.done(f, vec![], sink));
         }
         // A cycle commits up to K+1 tokens and writes K+1 positions.
         let remaining = self.params.max_tokens - self.stats.sampled;
@@ -611,7 +672,6 @@ impl<'t> Turn<'t> {
             .n_draft
             .min(remaining.saturating_sub(1))
             .min(max_ctx - pos - 1);
-        let td = Instant::now();
         let draft = if k > 0 {
             let mut context = self.prompt.ids.clone();
             context.extend_from_slice(&self.stats.tokens);
@@ -619,48 +679,82 @@ impl<'t> Turn<'t> {
             d.tokens.truncate(k);
             d
         } else {
-            Default::default()
+            Draft::default()
         };
-        let draft_secs = td.elapsed().as_secs_f64();
-
-        let tv = Instant::now();
-        let taps = drafter.taps().to_vec();
-        let width = taps.len() * model.config().dim;
+        let draft_secs = began.elapsed().as_secs_f64();
         let mut block = Vec::with_capacity(draft.tokens.len() + 1);
         block.push(pending);
         block.extend_from_slice(&draft.tokens);
-        let mut hidden = Vec::new();
-        let out = if self.sampler.is_greedy() && !self.sampler.has_penalties() {
-            // Only each row's argmax matters (the backend may find it where
-            // the logits are).
-            let ids = model.verify_argmax(state, &block, &taps, &mut hidden)?;
-            verify_greedy_ids(&mut self.sampler, &ids, &draft.tokens)
-        } else {
-            let rows = model.forward_verify(state, &block, Logits::All, &taps, &mut hidden)?;
-            let vocab = model.config().vocab_size;
-            verify_block(
+        Ok(Begin::Feed(Feed {
+            what: Fed::Verify {
+                block,
+                draft,
+                at: pos,
+                draft_secs,
+                verify_began: Instant::now(),
+            },
+            want: Logits::All,
+            began,
+        }))
+    }
+
+    /// The second half of a speculative cycle:
+    /// 4. [`verify_block`] accepts a prefix `d_1..d_k` and picks the next
+    ///    pending token (correction or bonus);
+    /// 5. the state rolls back to F+k+1: the K−k rejected positions are stale
+    ///    and overwritten by the next pass (flat caches hide them behind the
+    ///    causal mask; rings keep `slack ≥ K` extra slots so nothing still
+    ///    inside the window was overwritten, see `Backend::new_state`);
+    /// 6. the accepted drafts are emitted.
+    fn end_spec<S: BackendState + ?Sized>(
+        &mut self,
+        feed: Feed,
+        scored: Scored,
+        hidden: &[f32],
+        state: &mut S,
+        drafter: Option<&mut dyn Drafter>,
+        sink: &mut dyn FnMut(&str) -> Flow,
+    ) -> Result<StepOut, TurnError> {
+        let Fed::Verify {
+            block,
+            draft,
+            at,
+            draft_secs,
+            verify_began,
+        } = feed.what
+        else {
+            unreachable!("end_spec of a verify block")
+        };
+        let out = match scored {
+            Scored::Argmax(ids) => verify_greedy_ids(&mut self.sampler, &ids, &draft.tokens),
+            Scored::Logits(rows) => verify_block(
                 &mut self.sampler,
                 &rows,
-                vocab,
+                rows.len() / block.len(),
                 &draft.tokens,
                 draft.probs.as_deref(),
-            )
+            ),
         };
         let kept = out.accepted + 1;
-        state.rollback(pos + kept)?;
-        drafter.commit(&block[..kept], &hidden[..kept * width])?;
+        state.rollback(at + kept)?;
+        if let Some(d) = drafter {
+            let width = hidden.len() / block.len();
+            d.commit(&block[..kept], &hidden[..kept * width])?;
+        }
         let spec = self.stats.spec.get_or_insert_with(SpecStats::default);
         spec.draft_secs += draft_secs;
-        spec.verify_secs += tv.elapsed().as_secs_f64();
+        spec.verify_secs += verify_began.elapsed().as_secs_f64();
         spec.record(draft.tokens.len(), out.accepted);
+        self.stats.decode_time += feed.began.elapsed();
 
         let fed = block[..kept].to_vec();
         for &d in &draft.tokens[..out.accepted] {
             if let Some(f) = self.emit(d, sink) {
-                return Ok(StepOut {
+                let out = StepOut {
                     fed,
                     finished: Some(f),
-                });
+                };
+                return Ok(self.conclude(out, sink));
             }
         }
         self.pending = Some(out.next);

@@ -129,11 +129,11 @@ pub trait Backend: Send + Sync {
     }
 
     /// One step of several sequences ([`Model::forward_batch`]: each item's
-    /// input at its own state's positions, no taps). With `invariant`, each
-    /// row must come out as it would alone (a batch of single-token steps
-    /// equals those steps run one by one). By default the items run one
-    /// after another, which is trivially invariant; a backend that batches
-    /// overrides it.
+    /// input at its own state's positions, its taps into its
+    /// [`BatchItem::hidden`]). With `invariant`, each row must come out as it
+    /// would alone (a batch of single-token steps equals those steps run one
+    /// by one). By default the items run one after another, which is
+    /// trivially invariant; a backend that batches overrides it.
     fn forward_batch(
         &self,
         items: &mut [BatchItem<'_, Self::State>],
@@ -142,8 +142,17 @@ pub trait Backend: Send + Sync {
         let _ = invariant;
         items
             .iter_mut()
-            .map(|it| self.forward_input(it.state, it.input, it.want, &[], &mut Vec::new()))
+            .map(|it| self.forward_input(it.state, it.input, it.want, it.taps, &mut it.hidden))
             .collect()
+    }
+
+    /// Whether [`Backend::forward_batch`] with `invariant` computes a
+    /// speculative verify block (all logits rows, tapped) exactly as
+    /// [`Backend::forward_verify`] does, so a scheduler may put speculating
+    /// sessions' verify blocks in its batched passes. Backends that do not
+    /// (the default) get those sessions' cycles one by one.
+    fn batches_verify(&self) -> bool {
+        false
     }
 
     /// The backend's name in messages ("cpu", "cuda").
@@ -329,6 +338,12 @@ impl Backend for Model {
             RowOrder::Batched
         };
         Model::forward_batch(self, items, order)
+    }
+
+    /// Verify passes run [`RowOrder::Invariant`], which is what a batched
+    /// pass with `invariant` runs too.
+    fn batches_verify(&self) -> bool {
+        true
     }
 
     #[inline]

@@ -95,6 +95,30 @@ pub struct BatchItem<'a, S> {
     pub state: &'a mut S,
     pub input: Input<'a>,
     pub want: Logits,
+    /// Layers whose input hidden states to record (a drafter's taps, as in
+    /// [`Model::forward_tapped`]); `n_layers` is the last layer's output.
+    pub taps: &'a [usize],
+    /// Out: the tapped rows, [rows, taps.len() * dim] (empty without taps).
+    pub hidden: Vec<f32>,
+}
+
+impl<'a, S> BatchItem<'a, S> {
+    /// An item without taps.
+    pub fn new(state: &'a mut S, input: Input<'a>, want: Logits) -> Self {
+        BatchItem {
+            state,
+            input,
+            want,
+            taps: &[],
+            hidden: Vec::new(),
+        }
+    }
+
+    /// Records the input hidden states of layers `taps` into [`BatchItem::hidden`].
+    pub fn tapped(mut self, taps: &'a [usize]) -> Self {
+        self.taps = taps;
+        self
+    }
 }
 
 /// How one forward pass computes, passed down as a value: the row order of
@@ -259,7 +283,8 @@ impl Model {
 
     /// One forward pass over the rows of several sequences (continuous
     /// batching): each item's input runs at its state's positions, as
-    /// [`Model::forward_input_ordered`] would run it (no taps), but the
+    /// [`Model::forward_input_ordered`] would run it (with the item's taps
+    /// into its [`BatchItem::hidden`]), but the
     /// row-wise work of every layer (norms, every matmul) goes over the rows
     /// of all items at once, so the weights are read once per pass rather
     /// than once per sequence; attention stays per sequence, over its own
@@ -280,7 +305,7 @@ impl Model {
         let pass = Pass { order, dump: None };
         let mut results: Vec<Result<Vec<f32>, ModelError>> = items
             .iter()
-            .map(|it| self.check(it.state, it.input, &[]).map(|_| Vec::new()))
+            .map(|it| self.check(it.state, it.input, it.taps).map(|_| Vec::new()))
             .collect();
         let live: Vec<bool> = results.iter().map(Result::is_ok).collect();
         if !live.contains(&true) {
@@ -309,7 +334,25 @@ impl Model {
         }
         let total = x.len() / c.dim;
         let keep_all = keep.len() == total;
+        // An item tapping the last layer's output needs all its rows past
+        // the last layer's attention: then every row goes through, and the
+        // wanted ones are picked for the head after.
+        let tap_last = items.iter().any(|it| it.taps.contains(&c.n_layers));
+        for it in items.iter_mut().zip(&live).filter(|(_, &l)| l).map(|(it, _)| it) {
+            if !it.taps.is_empty() {
+                let rows = it.input.len(c.dim);
+                it.hidden = vec![0.0; rows * it.taps.len() * c.dim];
+            }
+        }
+        let tap = |items: &mut [BatchItem<'_, State>], x: &[f32], li: usize| {
+            let fed = items.iter_mut().zip(&live).filter(|(_, &l)| l);
+            for ((it, _), range) in fed.zip(&ranges) {
+                let rows = &x[range.start * c.dim..range.end * c.dim];
+                tap_into(&mut it.hidden, rows, it.taps, li, c.dim);
+            }
+        };
         for li in 0..c.n_layers {
+            tap(items, &x, li);
             let mut spans: Vec<Span> = items
                 .iter_mut()
                 .zip(&live)
@@ -321,8 +364,18 @@ impl Model {
                     rows: range.clone(),
                 })
                 .collect();
-            let keep = (li + 1 == c.n_layers && !keep_all).then_some(keep.as_slice());
+            let last = li + 1 == c.n_layers;
+            let keep = (last && !keep_all && !tap_last).then_some(keep.as_slice());
             layer::layer(self, &pass, li, &mut x, &mut spans, keep);
+        }
+        if tap_last {
+            tap(items, &x, c.n_layers);
+            if !keep_all {
+                x = keep
+                    .iter()
+                    .flat_map(|&r| x[r * c.dim..(r + 1) * c.dim].iter().copied())
+                    .collect();
+            }
         }
         let logits = if keep.is_empty() {
             Vec::new()

@@ -116,11 +116,7 @@ fn run_batched(model: &Model, b: usize, n: usize, seed: u64) -> Result<f64> {
         let mut items: Vec<BatchItem<'_, _>> = states
             .iter_mut()
             .zip(&toks)
-            .map(|(st, t)| BatchItem {
-                state: st,
-                input: Input::Tokens(&t[step..step + 1]),
-                want: Logits::Last,
-            })
+            .map(|(st, t)| BatchItem::new(st, Input::Tokens(&t[step..step + 1]), Logits::Last))
             .collect();
         for r in Backend::forward_batch(model, &mut items, false) {
             r?;
