@@ -9,17 +9,19 @@
 #     but its last ~50 tokens with an existing session, vs that session's cold one;
 #  4. save + restore of an ~8K-token session (smollm2-135m, --session-dir);
 #  5. the peer in the same run: llama.cpp 11434's llama-server -np 4 -cb
-#     (scripts/build-llamacpp.sh) and hearth, 1 and 4 streams each.
+#     (scripts/build-llamacpp.sh) and hearth, 1 and 4 streams each;
+#  6. speculating sessions (--spec ngram, and --spec auto: the packaged DFlash
+#     drafter), 1 and 4 streams, beside plain decoding in the same run.
 #
 #   bench/batching.sh                 # all
 #   PARTS=1 bench/batching.sh         # some of them (comma-separated)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p hearth
-bin=$PWD/target/release/hearth
+bin=${HEARTH_BIN:-$PWD/target/release/hearth}
 qwen=$(python3 scripts/fetch_models.py qwen2.5-coder-0.5b | tail -n 1)
 smol=$(python3 scripts/fetch_models.py smollm2-135m | tail -n 1)
-parts=${PARTS:-1,2,3,4,5}
+parts=${PARTS:-1,2,3,4,5,6}
 threads=${THREADS:-2}
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
@@ -71,6 +73,17 @@ if [[ $parts == *5* ]]; then
     stop $!
     serve "$qwen" 4096 8607
     run 8607 --streams 1,4 --tokens 64 --label "hearth: "
+    stop $!
+fi
+if [[ $parts == *6* ]]; then
+    serve "$qwen" 4096 8608
+    run 8608 --streams 1,4 --tokens 64 --label "plain: "
+    stop $!
+    serve "$qwen" 4096 8609 --spec ngram
+    run 8609 --streams 1,4 --tokens 64 --label "spec ngram: "
+    stop $!
+    serve "$qwen" 4096 8610 --spec auto
+    run 8610 --streams 1,4 --tokens 64 --label "spec auto (DFlash): "
     stop $!
 fi
 if [[ $parts == *4* ]]; then

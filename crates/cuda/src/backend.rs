@@ -221,8 +221,15 @@ impl Backend for GpuModel {
             .zip(out)
             .map(|(it, done)| {
                 done.unwrap_or_else(|| {
-                    GpuModel::forward_input(self, it.state, it.input, it.want, it.taps, &mut it.hidden)
-                        .map_err(model_error)
+                    GpuModel::forward_input(
+                        self,
+                        it.state,
+                        it.input,
+                        it.want,
+                        it.taps,
+                        &mut it.hidden,
+                    )
+                    .map_err(model_error)
                 })
             })
             .collect()

@@ -1950,7 +1950,9 @@ fn batched_decode_equals_one_by_one() {
                 let mut items: Vec<BatchItem<'_, _>> = batched
                     .iter_mut()
                     .zip(&toks)
-                    .map(|(st, t)| BatchItem::new(st, Input::Tokens(std::slice::from_ref(t)), Logits::Last))
+                    .map(|(st, t)| {
+                        BatchItem::new(st, Input::Tokens(std::slice::from_ref(t)), Logits::Last)
+                    })
                     .collect();
                 let got: Vec<Vec<f32>> = Backend::forward_batch(&gm, &mut items, invariant)
                     .into_iter()

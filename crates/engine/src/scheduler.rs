@@ -542,8 +542,12 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 } = &mut *a;
                 let session = &mut lease.session;
                 let (pos, max_ctx) = (session.state.pos(), session.state.max_ctx());
-                let drafter = session.drafter.as_deref_mut().map(|d| d as &mut dyn Drafter);
-                let begun = turn.begin_step(pos, max_ctx, slice, drafter, &mut text_sink(&**events));
+                let drafter = session
+                    .drafter
+                    .as_deref_mut()
+                    .map(|d| d as &mut dyn Drafter);
+                let begun =
+                    turn.begin_step(pos, max_ctx, slice, drafter, &mut text_sink(&**events));
                 match begun {
                     Ok(Begin::Feed(f)) => {
                         feed = Some(f);
@@ -569,7 +573,10 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 })
                 .collect();
             let mut items: Vec<BatchItem<'_, B::State>> = Vec::with_capacity(members.len());
-            let fed = active.iter_mut().enumerate().filter(|(i, _)| batch.contains(i));
+            let fed = active
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| batch.contains(i));
             for ((i, a), taps) in fed.zip(&taps) {
                 let feed = feeds[i].as_ref().expect("a fed member");
                 let Active { turn, lease, .. } = a;
@@ -578,7 +585,10 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             }
             let rows: usize = items.iter().map(|it| it.input.len(dim)).sum();
             let results = self.model.forward_batch(&mut items, invariant);
-            let hidden: Vec<Vec<f32>> = items.iter_mut().map(|it| std::mem::take(&mut it.hidden)).collect();
+            let hidden: Vec<Vec<f32>> = items
+                .iter_mut()
+                .map(|it| std::mem::take(&mut it.hidden))
+                .collect();
             drop(items);
             let m = &self.stats;
             m.forward_passes.fetch_add(1, Ordering::Relaxed);
@@ -599,7 +609,10 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                             ..
                         } = &mut *a;
                         let session = &mut lease.session;
-                        let drafter = session.drafter.as_deref_mut().map(|d| d as &mut dyn Drafter);
+                        let drafter = session
+                            .drafter
+                            .as_deref_mut()
+                            .map(|d| d as &mut dyn Drafter);
                         let ended = turn.end_step(
                             feed,
                             Scored::Logits(logits),
@@ -663,7 +676,11 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         }
         let mut batches = pack(&mut fed().filter(|(_, f)| !f.is_prefill()), true);
         if self.batch_invariant {
-            batches.extend(fed().filter(|(_, f)| f.is_prefill()).map(|(i, _)| (vec![i], true)));
+            batches.extend(
+                fed()
+                    .filter(|(_, f)| f.is_prefill())
+                    .map(|(i, _)| (vec![i], true)),
+            );
         } else {
             batches.extend(pack(&mut fed().filter(|(_, f)| f.is_prefill()), false));
         }

@@ -561,7 +561,12 @@ impl<'t> Turn<'t> {
     }
 
     /// A step that ended without a pass.
-    fn done(&mut self, f: FinishReason, fed: Vec<u32>, sink: &mut dyn FnMut(&str) -> Flow) -> Begin {
+    fn done(
+        &mut self,
+        f: FinishReason,
+        fed: Vec<u32>,
+        sink: &mut dyn FnMut(&str) -> Flow,
+    ) -> Begin {
         let out = StepOut {
             fed,
             finished: Some(f),

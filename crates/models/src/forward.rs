@@ -338,7 +338,12 @@ impl Model {
         // the last layer's attention: then every row goes through, and the
         // wanted ones are picked for the head after.
         let tap_last = items.iter().any(|it| it.taps.contains(&c.n_layers));
-        for it in items.iter_mut().zip(&live).filter(|(_, &l)| l).map(|(it, _)| it) {
+        for it in items
+            .iter_mut()
+            .zip(&live)
+            .filter(|(_, &l)| l)
+            .map(|(it, _)| it)
+        {
             if !it.taps.is_empty() {
                 let rows = it.input.len(c.dim);
                 it.hidden = vec![0.0; rows * it.taps.len() * c.dim];

@@ -73,7 +73,9 @@ fn check_invariant_decode(file: &str, n_seq: usize) {
             .enumerate()
             .filter(|(i, _)| live.contains(i))
             .zip(&toks)
-            .map(|((_, st), t)| BatchItem::new(st, Input::Tokens(std::slice::from_ref(t)), Logits::Last))
+            .map(|((_, st), t)| {
+                BatchItem::new(st, Input::Tokens(std::slice::from_ref(t)), Logits::Last)
+            })
             .collect();
         let out = m.forward_batch(&mut items, RowOrder::Invariant);
         for ((&i, t), row) in live.iter().zip(toks).zip(out) {
@@ -141,7 +143,11 @@ fn mixed_batches_of_prefill_and_decode_agree_with_solo_passes() {
     let (mut s1, mut s2, mut s3) = (m.new_state(512), m.new_state(512), m.new_state(512));
     let bad = [vocab as u32];
     let mut items = [
-        BatchItem::new(&mut b, Input::Tokens(std::slice::from_ref(&t0)), Logits::Last),
+        BatchItem::new(
+            &mut b,
+            Input::Tokens(std::slice::from_ref(&t0)),
+            Logits::Last,
+        ),
         BatchItem::new(&mut s1, Input::Tokens(&p1), Logits::Last),
         BatchItem::new(&mut s2, Input::Tokens(&p2[..half]), Logits::None),
         BatchItem::new(&mut s3, Input::Tokens(&bad), Logits::Last),
@@ -216,7 +222,10 @@ fn tapped_verify_blocks_in_a_batch_equal_verify_passes_alone() {
     let m = Model::load(model_path("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")).unwrap();
     let (vocab, n_layers) = (m.config.vocab_size, m.config.n_layers);
     let taps = [1, n_layers / 2, n_layers];
-    let prompts: Vec<Vec<u32>> = [2, 5, 9, 13].iter().map(|&i| sequence(i, vocab).0).collect();
+    let prompts: Vec<Vec<u32>> = [2, 5, 9, 13]
+        .iter()
+        .map(|&i| sequence(i, vocab).0)
+        .collect();
     // Blocks of 1, 3 and 5 rows after sequences 0..3's prompts; sequence 3
     // decodes one token; a fifth state prefills a prompt.
     let blocks: Vec<Vec<u32>> = (0..3)
@@ -231,16 +240,23 @@ fn tapped_verify_blocks_in_a_batch_equal_verify_passes_alone() {
     for (p, block) in prompts.iter().zip(&blocks) {
         let mut st = prefilled(p);
         let mut hidden = Vec::new();
-        let rows = Backend::forward_verify(&m, &mut st, block, Logits::All, &taps, &mut hidden).unwrap();
+        let rows =
+            Backend::forward_verify(&m, &mut st, block, Logits::All, &taps, &mut hidden).unwrap();
         want.push((rows, hidden));
     }
     let t3 = [777u32];
-    let want3 = m.forward(&mut prefilled(&prompts[3]), &t3, Logits::Last).unwrap();
+    let want3 = m
+        .forward(&mut prefilled(&prompts[3]), &t3, Logits::Last)
+        .unwrap();
     let p4 = sequence(30, vocab).0;
     let mut st4 = m.new_state(512);
-    let want4 = Backend::forward_batch(&m, &mut [BatchItem::new(&mut st4, Input::Tokens(&p4), Logits::Last)], true)
-        .remove(0)
-        .unwrap();
+    let want4 = Backend::forward_batch(
+        &m,
+        &mut [BatchItem::new(&mut st4, Input::Tokens(&p4), Logits::Last)],
+        true,
+    )
+    .remove(0)
+    .unwrap();
 
     let mut states: Vec<State> = prompts.iter().map(|p| prefilled(p)).collect();
     let mut st4 = m.new_state(512);
@@ -250,17 +266,29 @@ fn tapped_verify_blocks_in_a_batch_equal_verify_passes_alone() {
         .zip(&blocks)
         .map(|(st, b)| BatchItem::new(st, Input::Tokens(b), Logits::All).tapped(&taps))
         .collect();
-    items.push(BatchItem::new(&mut last[0], Input::Tokens(&t3), Logits::Last));
+    items.push(BatchItem::new(
+        &mut last[0],
+        Input::Tokens(&t3),
+        Logits::Last,
+    ));
     items.push(BatchItem::new(&mut st4, Input::Tokens(&p4), Logits::Last));
     assert!(Backend::batches_verify(&m));
     let out = Backend::forward_batch(&m, &mut items, true);
-    let bits = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    let bits = |a: &[f32], b: &[f32]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    };
     for (i, (w, it)) in want.iter().zip(&items).enumerate() {
         let got = out[i].as_ref().unwrap();
         assert_eq!(got.len(), blocks[i].len() * vocab);
-        assert!(bits(got, &w.0), "block {i}: logits rows differ from its verify pass alone");
+        assert!(
+            bits(got, &w.0),
+            "block {i}: logits rows differ from its verify pass alone"
+        );
         assert_eq!(it.hidden.len(), blocks[i].len() * taps.len() * m.config.dim);
-        assert!(bits(&it.hidden, &w.1), "block {i}: tapped rows differ from its verify pass alone");
+        assert!(
+            bits(&it.hidden, &w.1),
+            "block {i}: tapped rows differ from its verify pass alone"
+        );
     }
     assert!(bits(out[3].as_ref().unwrap(), &want3), "the decode token");
     assert!(items[3].hidden.is_empty() && items[4].hidden.is_empty());
