@@ -145,6 +145,36 @@ def test_a_new_session_starts_from_another_sessions_prefix():
     assert salted("tenant-x-2", "tenant-x") > 200
 
 
+def test_the_kv_memory_budget_bounds_the_resident_sessions():
+    """--cache-ram MIB (alias of --kv-budget-mib): sessions are the prefix
+    cache, and the budget bounds how many states stay resident; past it the
+    least recently used idle session is evicted, and its next turn prefills
+    its prompt again while a resident session reuses its own."""
+    smol = model_path("smollm2-135m")
+    probe = Server(ctx=1024, model=smol)
+    try:
+        mib = float(re.search(r"sessions x ([\d.]+) MiB KV", probe.logs()).group(1))
+    finally:
+        assert probe.stop() == 0
+    budget = int(mib * 2.5)  # room for 2 states
+    server = Server("--max-sessions", "8", "--cache-ram", str(budget), ctx=1024, model=smol)
+    try:
+        assert server.metrics()[("hearth_session_capacity", "")] == 2
+        ask = [{"role": "user", "content": "Name three prime numbers. " * 8}]
+        _, first = chat(server, "budget-a", ask, max_tokens=2)
+        assert first.prompt_tokens_details.cached_tokens == 0
+        _, again = chat(server, "budget-a", ask, max_tokens=2)
+        assert again.prompt_tokens_details.cached_tokens > 0, again
+        chat(server, "budget-b", [{"role": "user", "content": "Say hi."}], max_tokens=2)
+        assert server.metrics()[("hearth_session_evictions_total", "")] == 0
+        chat(server, "budget-c", [{"role": "user", "content": "Say bye."}], max_tokens=2)
+        assert server.metrics()[("hearth_session_evictions_total", "")] == 1
+        _, back = chat(server, "budget-a", ask, max_tokens=2)
+        assert back.prompt_tokens_details.cached_tokens == 0, back
+    finally:
+        assert server.stop() == 0
+
+
 def test_evicted_sessions_come_back_from_the_session_dir():
     """With --session-dir, an evicted session is written to DIR/.evicted and
     its next request brings it back: the reply equals the uninterrupted

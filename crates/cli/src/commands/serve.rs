@@ -39,8 +39,10 @@ pub struct Args {
     /// least recently used idle session is evicted beyond this.
     #[arg(long, default_value_t = 8)]
     pub max_sessions: usize,
-    /// Also bound the sessions' total KV cache memory (MiB).
-    #[arg(long, value_name = "MIB")]
+    /// Also bound the sessions' total KV cache memory (MiB): the memory of
+    /// the shared prefix cache, whose entries are the resident sessions (the
+    /// least recently used idle one is evicted, or spilled to --session-dir).
+    #[arg(long, value_name = "MIB", visible_alias = "cache-ram")]
     pub kv_budget_mib: Option<usize>,
     /// Require `Authorization: Bearer KEY` on every endpoint but /health
     /// [default: $HEARTH_API_KEY]. An empty key is an error.
