@@ -119,8 +119,9 @@ def shared_prefix_ttft(client, model, prompt_tokens):
             "shared_cached": warm[2], "ratio": warm[0] / cold[0]}
 
 
-def save_restore(base, model, client, prompt_tokens):
-    """Prefill a ~prompt_tokens session, then time POST save and restore."""
+def save_restore(base, model, client, prompt_tokens, reps=1):
+    """Prefill a ~prompt_tokens session, then time POST save and restore,
+    `reps` times (each save writes the file anew); best and median totals."""
     import urllib.request
     body = "".join(f"line {i}: the quick brown fox jumps over the lazy dog {i % 97}\n" for i in range(prompt_tokens * 16 // 19 // 16))
     r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": body + "Summarize."}],
@@ -133,9 +134,14 @@ def save_restore(base, model, client, prompt_tokens):
         out = json.load(urllib.request.urlopen(req))
         return time.monotonic() - t, out
 
-    save_s, saved = post("/v1/sessions/big/save")
-    restore_s, restored = post("/v1/sessions/big/restore")
-    return {"prompt_tokens": r.usage.prompt_tokens, "save_s": save_s, "restore_s": restore_s,
+    runs = []
+    for _ in range(reps):
+        save_s, saved = post("/v1/sessions/big/save")
+        restore_s, restored = post("/v1/sessions/big/restore")
+        runs.append((save_s, restore_s))
+    totals = sorted(a + b for a, b in runs)
+    return {"prompt_tokens": r.usage.prompt_tokens, "runs": [[round(a, 3), round(b, 3)] for a, b in runs],
+            "best_total_s": round(totals[0], 3), "median_total_s": round(totals[len(totals) // 2], 3),
             "file_bytes": saved.get("bytes"), "restored_tokens": restored.get("tokens")}
 
 
@@ -148,6 +154,7 @@ def main():
     ap.add_argument("--ttft-during-prefill", type=int, default=0, metavar="LINES")
     ap.add_argument("--shared-prefix", type=int, default=0, metavar="TOKENS")
     ap.add_argument("--save-restore", type=int, default=0, metavar="TOKENS")
+    ap.add_argument("--reps", type=int, default=1, help="save/restore repetitions")
     ap.add_argument("--label", default="")
     a = ap.parse_args()
     client = openai.OpenAI(base_url=a.base, api_key="unused", max_retries=0, timeout=3600)
@@ -169,7 +176,7 @@ def main():
     if a.shared_prefix:
         print(f"{a.label}shared_prefix {json.dumps(shared_prefix_ttft(client, a.model, a.shared_prefix))}")
     if a.save_restore:
-        print(f"{a.label}save_restore {json.dumps(save_restore(a.base, a.model, client, a.save_restore))}")
+        print(f"{a.label}save_restore {json.dumps(save_restore(a.base, a.model, client, a.save_restore, a.reps))}")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,6 @@ if [[ $parts == *6* ]]; then
 fi
 if [[ $parts == *4* ]]; then
     serve "$smol" 8448 8605 --session-dir "$tmp/sessions"
-    run 8605 --streams "" --save-restore 8000
+    run 8605 --streams "" --save-restore 8000 --reps 7
     stop $!
 fi
