@@ -438,83 +438,39 @@ fn tiled_rows_in(
         if !any {
             continue;
         }
-        for (ri, &(q, qpos, lo)) in rows.iter().enumerate() {
-            let valid: [bool; KV_TILE] =
-                std::array::from_fn(|i| tile_pos[i].is_some_and(|p| p >= lo && p <= qpos));
-            if !valid.iter().any(|&v| v) {
-                continue;
-            }
-            // 32 keys at a time, so the accumulators stay in registers.
-            let mut kq = [0.0f32; KV_TILE];
-            for (kb, chunk) in kq.chunks_exact_mut(32).enumerate() {
-                let mut a = [0.0f32; 32];
-                for (d, &qd) in q.iter().enumerate() {
-                    let krow: &[f32; 32] = kt[d * KV_TILE + 32 * kb..][..32].try_into().unwrap();
-                    for j in 0..32 {
-                        a[j] = qd.mul_add(krow[j], a[j]);
-                    }
-                }
-                chunk.copy_from_slice(&a);
-            }
-            for (score, &ok) in kq.iter_mut().zip(&valid) {
-                *score = if ok {
-                    *score * scale
-                } else {
-                    f32::NEG_INFINITY
-                };
-            }
-            let (m, s) = &mut ms[ri];
-            let out = &mut vkq[ri * hd..(ri + 1) * hd];
-            let tile_max = kq
-                .iter()
-                .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
-            let mn = m.max(tile_max);
-            if mn > *m {
-                let scale_old = (*m - mn).exp();
-                out.iter_mut().for_each(|v| *v *= scale_old);
-                *s *= scale_old;
-            }
-            *m = mn;
-            // ggml_vec_soft_max_f32: whole vectors of the build's width,
-            // each vector's sum in its own reduction order.
-            let mut tile_sum = 0.0f64;
-            let width = isa.lanes();
-            for group in kq.chunks_exact_mut(width) {
-                for x in group.iter_mut() {
-                    *x = isa.expf_v(*x - *m);
-                }
-                tile_sum += match isa {
-                    RefIsa::Avx512 => reduce_add_16(group.try_into().expect("16 lanes")),
-                    // hi + lo halves, then (w0 + w2) + (w1 + w3).
-                    RefIsa::Avx2 => {
-                        let w: [f32; 4] = std::array::from_fn(|i| group[i + 4] + group[i]);
-                        (w[0] + w[2]) + (w[1] + w[3])
-                    }
-                } as f64;
-            }
-            *s = (*s as f64 + tile_sum) as f32;
-            // Σ p·v, 32 output values at a time over all cells (each value's
-            // chain still runs over the cells in order).
-            let whole = hd - hd % 32;
-            for dc in (0..whole).step_by(32) {
-                let mut a: [f32; 32] = out[dc..dc + 32].try_into().unwrap();
-                for (i, &p) in kq.iter().enumerate() {
-                    if p != 0.0 {
-                        let v: &[f32; 32] = vt[i * hd + dc..][..32].try_into().unwrap();
-                        for j in 0..32 {
-                            a[j] = p.mul_add(v[j], a[j]);
-                        }
-                    }
-                }
-                out[dc..dc + 32].copy_from_slice(&a);
-            }
-            for (i, &p) in kq.iter().enumerate() {
-                if p != 0.0 {
-                    out[whole..]
-                        .iter_mut()
-                        .zip(&vt[i * hd + whole..(i + 1) * hd])
-                        .for_each(|(a, &v)| *a = p.mul_add(v, *a));
-                }
+        // Two query rows at a time: each key (value) row loaded once feeds
+        // both rows' accumulators, which also gives the fma units twice the
+        // independent chains. Every score and output value is still the
+        // same sequential chain as one row at a time.
+        let mut ri = 0;
+        while ri < rows.len() {
+            if ri + 1 < rows.len() {
+                let (o0, o1) = vkq[ri * hd..(ri + 2) * hd].split_at_mut(hd);
+                let (m0, m1) = ms[ri..ri + 2].split_at_mut(1);
+                tile_rows::<2>(
+                    [rows[ri], rows[ri + 1]],
+                    [&mut m0[0], &mut m1[0]],
+                    [o0, o1],
+                    &kt,
+                    &vt,
+                    &tile_pos,
+                    scale,
+                    isa,
+                );
+                ri += 2;
+            } else {
+                let o0 = &mut vkq[ri * hd..(ri + 1) * hd];
+                tile_rows::<1>(
+                    [rows[ri]],
+                    [&mut ms[ri]],
+                    [o0],
+                    &kt,
+                    &vt,
+                    &tile_pos,
+                    scale,
+                    isa,
+                );
+                ri += 1;
             }
         }
     }
@@ -523,6 +479,129 @@ fn tiled_rows_in(
         out.iter_mut().for_each(|a| *a *= inv);
     }
     vkq
+}
+
+/// One tile of [`tiled_rows_in`] for `N` query rows `(q, qpos, lo)`, with
+/// their running (max, sum) and outputs: scores, masking, the online softmax
+/// and Σ p·v, each row exactly as on its own. A row that sees no cell of the
+/// tile is left as it was.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn tile_rows<const N: usize>(
+    rows: [(&[f32], usize, usize); N],
+    ms: [&mut (f32, f32); N],
+    outs: [&mut [f32]; N],
+    kt: &[f32],
+    vt: &[f32],
+    tile_pos: &[Option<usize>; KV_TILE],
+    scale: f32,
+    isa: RefIsa,
+) {
+    let hd = rows[0].0.len();
+    let valid: [[bool; KV_TILE]; N] = std::array::from_fn(|r| {
+        let (_, qpos, lo) = rows[r];
+        std::array::from_fn(|i| tile_pos[i].is_some_and(|p| p >= lo && p <= qpos))
+    });
+    let live: [bool; N] = std::array::from_fn(|r| valid[r].iter().any(|&v| v));
+    if !live.iter().any(|&l| l) {
+        return;
+    }
+    // 32 keys at a time, so the accumulators stay in registers.
+    let mut kq = [[0.0f32; KV_TILE]; N];
+    for kb in 0..KV_TILE / 32 {
+        let mut a = [[0.0f32; 32]; N];
+        for d in 0..hd {
+            let krow: &[f32; 32] = kt[d * KV_TILE + 32 * kb..][..32].try_into().unwrap();
+            for r in 0..N {
+                let qd = rows[r].0[d];
+                for j in 0..32 {
+                    a[r][j] = qd.mul_add(krow[j], a[r][j]);
+                }
+            }
+        }
+        for r in 0..N {
+            kq[r][32 * kb..32 * (kb + 1)].copy_from_slice(&a[r]);
+        }
+    }
+    for r in 0..N {
+        let kq = &mut kq[r];
+        if !live[r] {
+            // No cell of this tile for this row: nothing changes.
+            kq.fill(0.0);
+            continue;
+        }
+        for (score, &ok) in kq.iter_mut().zip(&valid[r]) {
+            *score = if ok {
+                *score * scale
+            } else {
+                f32::NEG_INFINITY
+            };
+        }
+        let (m, s) = &mut *ms[r];
+        let out = &mut *outs[r];
+        let tile_max = kq
+            .iter()
+            .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+        let mn = m.max(tile_max);
+        if mn > *m {
+            let scale_old = (*m - mn).exp();
+            out.iter_mut().for_each(|v| *v *= scale_old);
+            *s *= scale_old;
+        }
+        *m = mn;
+        // ggml_vec_soft_max_f32: whole vectors of the build's width, each
+        // vector's sum in its own reduction order.
+        let mut tile_sum = 0.0f64;
+        let width = isa.lanes();
+        for group in kq.chunks_exact_mut(width) {
+            for x in group.iter_mut() {
+                *x = isa.expf_v(*x - *m);
+            }
+            tile_sum += match isa {
+                RefIsa::Avx512 => reduce_add_16(group.try_into().expect("16 lanes")),
+                // hi + lo halves, then (w0 + w2) + (w1 + w3).
+                RefIsa::Avx2 => {
+                    let w: [f32; 4] = std::array::from_fn(|i| group[i + 4] + group[i]);
+                    (w[0] + w[2]) + (w[1] + w[3])
+                }
+            } as f64;
+        }
+        *s = (*s as f64 + tile_sum) as f32;
+    }
+    // Σ p·v, 32 output values at a time over all cells (each value's chain
+    // still runs over the cells in order; a zero p adds nothing, as in
+    // ggml, so it is skipped).
+    let whole = hd - hd % 32;
+    for dc in (0..whole).step_by(32) {
+        let mut a: [[f32; 32]; N] =
+            std::array::from_fn(|r| outs[r][dc..dc + 32].try_into().unwrap());
+        for i in 0..KV_TILE {
+            let v: &[f32; 32] = vt[i * hd + dc..][..32].try_into().unwrap();
+            for r in 0..N {
+                let p = kq[r][i];
+                if p != 0.0 {
+                    for j in 0..32 {
+                        a[r][j] = p.mul_add(v[j], a[r][j]);
+                    }
+                }
+            }
+        }
+        for r in 0..N {
+            outs[r][dc..dc + 32].copy_from_slice(&a[r]);
+        }
+    }
+    if whole < hd {
+        for r in 0..N {
+            for (i, &p) in kq[r].iter().enumerate() {
+                if p != 0.0 {
+                    outs[r][whole..]
+                        .iter_mut()
+                        .zip(&vt[i * hd + whole..(i + 1) * hd])
+                        .for_each(|(a, &v)| *a = p.mul_add(v, *a));
+                }
+            }
+        }
+    }
 }
 
 /// One KV head of a batch's own f16-valued K and V (`[n, n_head·head_dim]`):
