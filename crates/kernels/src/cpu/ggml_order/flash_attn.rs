@@ -128,32 +128,149 @@ fn f16_chunk(
     // conversions (vector F16C; the same round-to-nearest-even as one value
     // at a time).
     let mut acc = vec![vec![0.0f32; hd]; qvs.len()];
-    let (mut vbuf, mut kbuf) = (vec![0.0f32; hd], vec![0.0f32; hd]);
     let mut sum = vec![0.0f32; qvs.len()];
     let mut max = vec![f32::NEG_INFINITY; qvs.len()];
-    // The hot loop: one key and one value per position.
-    for pos in positions {
-        src.load(pos, true, &mut kbuf);
-        src.load(pos, false, &mut vbuf);
+    // Positions go in blocks: first every row's scores against the block's
+    // keys (independent dot products, which the core overlaps), then the
+    // updates position by position (the rows' updates of one position are
+    // independent of each other) — per row the same sequence of operations
+    // as one position at a time.
+    const BLOCK: usize = 16;
+    // 64-byte aligned rows (a 64-byte vector load that splits cache lines
+    // costs twice).
+    let (mut kbuf, mut vbuf) = (vec![0.0f32; BLOCK * hd + 16], vec![0.0f32; BLOCK * hd + 16]);
+    let (kb, vb) = (aligned_64(&mut kbuf), aligned_64(&mut vbuf));
+    let mut scores = vec![0.0f32; qvs.len() * BLOCK];
+    let mut block = [0usize; BLOCK];
+    let mut positions = positions.peekable();
+    while positions.peek().is_some() {
+        let mut n = 0;
+        for pos in positions.by_ref().take(BLOCK) {
+            block[n] = pos;
+            n += 1;
+        }
+        for (j, &pos) in block[..n].iter().enumerate() {
+            src.load(pos, true, &mut kb[j * hd..(j + 1) * hd]);
+            src.load(pos, false, &mut vb[j * hd..(j + 1) * hd]);
+        }
         for (r, qv) in qvs.iter().enumerate() {
-            let sc = dot_f16_isa(qv, &kbuf, isa) * scale;
-            let (mut ms, mut vs) = (1.0f32, 1.0f32);
-            let acc = &mut acc[r];
-            if sc > max[r] {
-                ms = (max[r] - sc).exp();
-                max[r] = sc;
-                scale_round_f16(acc, ms);
-            } else {
-                vs = (sc - max[r]).exp();
+            for j in 0..n {
+                scores[r * BLOCK + j] = dot_f16_isa(qv, &kb[j * hd..(j + 1) * hd], isa) * scale;
             }
-            fma_round_f16(acc, &vbuf, vs);
-            sum[r] = sum[r].mul_add(ms, vs);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if avx512::usable(hd) {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let sc = &scores[r * BLOCK..r * BLOCK + n];
+                // SAFETY: `usable` checked the CPU and the head dimension.
+                unsafe { avx512::update_row(acc, vb, sc, &mut max[r], &mut sum[r]) };
+            }
+            continue;
+        }
+        for j in 0..n {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let sc = scores[r * BLOCK + j];
+                let (mut ms, mut vs) = (1.0f32, 1.0f32);
+                if sc > max[r] {
+                    ms = (max[r] - sc).exp();
+                    max[r] = sc;
+                    scale_round_f16(acc, ms);
+                } else {
+                    vs = (sc - max[r]).exp();
+                }
+                fma_round_f16(acc, &vb[j * hd..(j + 1) * hd], vs);
+                sum[r] = sum[r].mul_add(ms, vs);
+            }
         }
     }
     acc.into_iter()
         .enumerate()
         .map(|(r, a)| (max[r], sum[r], a))
         .collect()
+}
+
+/// [`f16_chunk`]'s per-row updates with the row's f16 sum held in AVX-512
+/// registers across a block of positions (the same multiplies, fmas and
+/// round-to-nearest-even f16 conversions, element by element, as
+/// [`scale_round_f16`] and [`fma_round_f16`]; only the loads and stores of
+/// the sum between positions are gone).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Whether [`update_row`] runs here for head dimension `hd`.
+    pub(super) fn usable(hd: usize) -> bool {
+        matches!(hd, 64 | 128 | 256) && std::is_x86_feature_detected!("avx512f")
+    }
+
+    /// The updates of one row over the block's positions in order: `sc` its
+    /// scores, `vb` the block's value rows (`sc.len()` rows of `acc.len()`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and `acc.len()` is 64, 128 or 256.
+    pub(super) unsafe fn update_row(
+        acc: &mut [f32],
+        vb: &[f32],
+        sc: &[f32],
+        max: &mut f32,
+        sum: &mut f32,
+    ) {
+        match acc.len() {
+            64 => rows::<4>(acc, vb, sc, max, sum),
+            128 => rows::<8>(acc, vb, sc, max, sum),
+            256 => rows::<16>(acc, vb, sc, max, sum),
+            n => unreachable!("head dimension {n}"),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn round_f16(x: __m512) -> __m512 {
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<
+            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+        >(x))
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows<const C: usize>(
+        acc: &mut [f32],
+        vb: &[f32],
+        sc: &[f32],
+        max: &mut f32,
+        sum: &mut f32,
+    ) {
+        let hd = 16 * C;
+        assert!(acc.len() == hd && vb.len() >= sc.len() * hd);
+        let mut a: [__m512; C] = std::array::from_fn(|c| _mm512_loadu_ps(acc.as_ptr().add(16 * c)));
+        for (j, &s) in sc.iter().enumerate() {
+            let (mut ms, mut vs) = (1.0f32, 1.0f32);
+            if s > *max {
+                ms = (*max - s).exp();
+                *max = s;
+                let m = _mm512_set1_ps(ms);
+                for x in a.iter_mut() {
+                    *x = round_f16(_mm512_mul_ps(*x, m));
+                }
+            } else {
+                vs = (s - *max).exp();
+            }
+            let m = _mm512_set1_ps(vs);
+            let v = vb.as_ptr().add(j * hd);
+            for (c, x) in a.iter_mut().enumerate() {
+                *x = round_f16(_mm512_fmadd_ps(_mm512_loadu_ps(v.add(16 * c)), m, *x));
+            }
+            *sum = sum.mul_add(ms, vs);
+        }
+        for (c, x) in a.iter().enumerate() {
+            _mm512_storeu_ps(acc.as_mut_ptr().add(16 * c), *x);
+        }
+    }
+}
+
+/// `b` less its last 16 values, starting at a 64-byte boundary.
+fn aligned_64(b: &mut [f32]) -> &mut [f32] {
+    let off = b.as_ptr().align_offset(64).min(16);
+    let len = b.len() - 16;
+    &mut b[off..off + len]
 }
 
 /// `acc[i] = f16(acc[i] * s)`: ggml's `ggml_vec_scale_f16` on the f16 sum.
