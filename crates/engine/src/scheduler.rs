@@ -161,6 +161,11 @@ fn text_sink(events: &dyn EventSink) -> impl FnMut(&str) -> Flow + '_ {
     }
 }
 
+/// A session's drafter as the turn machine takes it.
+fn as_drafter(d: &mut Option<Box<dyn Drafter + Send>>) -> Option<&mut dyn Drafter> {
+    d.as_deref_mut().map(|d| d as &mut dyn Drafter)
+}
+
 /// Runs once a reset or close is applied: true when the session existed.
 type Done = Box<dyn FnOnce(bool) + Send>;
 /// A saved session: its resident ids and state bytes.
@@ -542,10 +547,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 } = &mut *a;
                 let session = &mut lease.session;
                 let (pos, max_ctx) = (session.state.pos(), session.state.max_ctx());
-                let drafter = session
-                    .drafter
-                    .as_deref_mut()
-                    .map(|d| d as &mut dyn Drafter);
+                let drafter = as_drafter(&mut session.drafter);
                 let begun =
                     turn.begin_step(pos, max_ctx, slice, drafter, &mut text_sink(&**events));
                 match begun {
@@ -609,10 +611,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                             ..
                         } = &mut *a;
                         let session = &mut lease.session;
-                        let drafter = session
-                            .drafter
-                            .as_deref_mut()
-                            .map(|d| d as &mut dyn Drafter);
+                        let drafter = as_drafter(&mut session.drafter);
                         let ended = turn.end_step(
                             feed,
                             Scored::Logits(logits),
@@ -690,7 +689,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
     /// A whole step of a turn on its own (a speculating session's).
     fn solo_step(&self, a: &mut Active<'a, B::State>, slice: usize) -> Result<bool, String> {
         let session = &mut a.lease.session;
-        let drafter = session.drafter.as_mut().map(|d| &mut **d as _);
+        let drafter = as_drafter(&mut session.drafter);
         let was_prefilling = a.turn.prefilling();
         let mut sink = text_sink(&*a.events);
         let out = a

@@ -526,15 +526,12 @@ impl<'t> Turn<'t> {
         drafter: Option<&mut dyn Drafter>,
         sink: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<StepOut, TurnError> {
-        let logits = match scored {
-            Scored::Logits(l) => l,
-            Scored::Argmax(ids) => {
-                return self.end_spec(feed, Scored::Argmax(ids), hidden, state, drafter, sink)
-            }
-        };
         if feed.verify_block().is_some() {
-            return self.end_spec(feed, Scored::Logits(logits), hidden, state, drafter, sink);
+            return self.end_spec(feed, scored, hidden, state, drafter, sink);
         }
+        let Scored::Logits(logits) = scored else {
+            unreachable!("argmax-only scores are for verify blocks")
+        };
         if let Some(d) = drafter {
             d.commit(self.feed_ids(&feed), hidden)?;
         }
