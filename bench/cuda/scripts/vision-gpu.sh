@@ -6,7 +6,7 @@
 #   .gpu/hearth.gz, .gpu/gpu_tests.gz (stripped, gzipped), .gpu/vision_encode,
 #   .gpu/tok.gguf (SmolLM2's tokenizer keys only: the synthetic models' vocabulary).
 #
-#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server|ttft-prefix ...
+#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server|ttft-prefix|kvq ...
 #
 # Everything it writes goes to $OUT (logs) and /dev/shm/h (binaries, models),
 # which survives between calls while the machine stays warm.
@@ -212,6 +212,25 @@ PY
       curl -s http://127.0.0.1:18185/metrics | grep -E "^hearth_(forward_pass|shared_prefix)" | tee -a "$OUT/prefix-ttft.log"
       grep -E "llm_turn_stats" "$H/serve-t.log" | head -12 | cut -c1-300 | tee -a "$OUT/prefix-ttft.log"
       kill $pid; wait $pid 2>/dev/null || true ;;
+    kvq)
+      # Issue 20's quantized KV cache on CUDA: the Qwen2.5-32B shape decoding
+      # over 32K positions (and prefilling 512 tokens after them) with f16,
+      # q8_0 and q4_0 caches; the Muse-Glimmer-30B shape's KV bytes at 128K
+      # (and its decode there) with f16 and q8_0.
+      q32
+      for ct in f16 q8_0 q4_0; do
+        echo "== q32 --cache-type-k/-v $ct" | tee -a "$OUT/kvq.log"
+        "$H/hearth" bench --device cuda -m "$H/q32.gguf" -p 512 -n 128 -r ${REPS:-2} --depth 32768 \
+          --cache-type-k $ct --cache-type-v $ct 2>&1 | grep -vE "^cuda:   gemv" | tee -a "$OUT/kvq.log"
+      done
+      rm -f "$H/q32.gguf"
+      [[ -f "$H/mg30.gguf" ]] || "$H/hearth" synth --preset muse-glimmer-30b --row-pool 64 \
+        --tokenizer-from "$H/tok.gguf" -o "$H/mg30.gguf" >&2
+      for ct in f16 q8_0; do
+        echo "== mg30 --cache-type-k/-v $ct" | tee -a "$OUT/kvq.log"
+        "$H/hearth" bench --device cuda -m "$H/mg30.gguf" -p 0 -n 64 -r 1 --depth 130000 \
+          --cache-type-k $ct --cache-type-v $ct 2>&1 | grep -vE "^cuda:   gemv" | tee -a "$OUT/kvq.log"
+      done ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done

@@ -71,7 +71,8 @@ pub fn rewrite_llama_flags(args: Vec<OsString>) -> Vec<OsString> {
 pub struct KvCacheArgs {
     /// KV cache type for keys (-ctk): f16, q8_0 or q4_0. q8_0 stores 34
     /// bytes per 32 values (0.53x of f16), q4_0 18 (0.28x), with llama.cpp's
-    /// block formats and its attention arithmetic over them.
+    /// block formats, its rotations and its attention arithmetic over them.
+    /// On --device cuda, K and V take the same type.
     #[arg(long = "cache-type-k", value_name = "TYPE", default_value = "f16",
           value_parser = parse_kv_type)]
     pub cache_type_k: hearth_models::KvDtype,
@@ -92,10 +93,11 @@ impl KvCacheArgs {
     /// The types on `device`, or why they cannot be used there.
     pub fn for_device(&self, device: Device) -> Result<hearth_models::KvTypes> {
         let t = self.types();
-        if device == Device::Cuda && t != hearth_models::KvTypes::same(hearth_models::KvDtype::F16)
-        {
+        if device == Device::Cuda && t.k != t.v {
             bail!(
-                "--cache-type-k/-v {t}: the CUDA backend keeps an f16 KV cache only (quantized KV runs on --device cpu)"
+                "--cache-type-k {} with --cache-type-v {}: the CUDA backend takes one type for both (f16, q8_0 or q4_0); mixed types run on --device cpu",
+                t.k.name(),
+                t.v.name()
             );
         }
         Ok(t)
@@ -355,7 +357,15 @@ mod tests {
         );
         assert!(args.for_device(Device::Cpu).is_ok());
         let e = args.for_device(Device::Cuda).unwrap_err().to_string();
-        assert!(e.contains("CUDA backend keeps an f16 KV cache"), "{e}");
+        assert!(e.contains("one type for both"), "{e}");
+        let same = KvCacheArgs {
+            cache_type_k: KvDtype::Q8_0,
+            cache_type_v: KvDtype::Q8_0,
+        };
+        assert_eq!(
+            same.for_device(Device::Cuda).unwrap(),
+            KvTypes::same(KvDtype::Q8_0)
+        );
     }
 
     #[test]

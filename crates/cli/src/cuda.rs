@@ -125,16 +125,14 @@ fn kv_read_bytes(model: &Model, pos: usize) -> usize {
             LayerKind::Sliding { window, .. } => (pos + 1).min(window),
         })
         .sum::<usize>()
-        * 2
-        * c.n_kv_heads
-        * c.head_dim
-        * 2
+        * model.kv_types.slot_bytes(c.n_kv_heads, c.head_dim)
 }
 
-/// Bytes a full (every layer flat) 16-bit cache of `ctx` positions would take.
+/// Bytes a full (every layer flat) cache of `ctx` positions of the model's
+/// KV types would take.
 fn full_kv_bytes(model: &Model, ctx: usize) -> usize {
     let c = &model.config;
-    c.n_layers * ctx * 2 * c.n_kv_heads * c.head_dim * 2
+    c.n_layers * ctx * model.kv_types.slot_bytes(c.n_kv_heads, c.head_dim)
 }
 
 pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {

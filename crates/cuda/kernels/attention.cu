@@ -48,6 +48,16 @@
 // every ldmatrix phase, and every 8 consecutive cp.async writes, fall in 8
 // distinct 16-byte bank groups, so neither conflicts (no padding needed).
 //
+// Quantized caches (KQ = FA_Q8 / FA_Q4: llama.cpp's q8_0 / q4_0 blocks, K and
+// V of the same type). A layer's buffer holds each key row's block quants
+// first ([n_kv, slots, QB] bytes: QB = hd for q8_0, hd / 2 for q4_0, byte j of
+// a q4_0 block holding values j (low nibble) and j + 16 (high)), then every
+// row's f16 block scales ([n_kv, slots, hd / 32]). cp.async brings a tile's
+// quants and scales into STAGES staging buffers; before the tile is used, the
+// block's threads dequantize it into one f16 K tile and one f16 V tile
+// (value = q * d rounded once to f16, through the 1024 + u f16 bit trick),
+// laid out and swizzled as the 16-bit path's, so the MMA code is the same.
+//
 // Fragment layouts (PTX ISA, mma.m16n8k16 .f16/.bf16; g = lane / 4,
 // c = lane % 4): A regs a0: (row g, cols 2c..2c+1), a1: (g + 8, 2c..),
 // a2: (g, 2c + 8..), a3: (g + 8, 2c + 8..); B regs b0: (k rows 2c..2c+1,
@@ -63,6 +73,38 @@
 #define FA_CAUSAL 0
 #define FA_PER_TOKEN 1
 #define FA_FULL 2
+
+// Cache element types (the kernels' KQ parameter; ops.rs KvKind).
+#define FA_16 0  // f16 or bf16 values
+#define FA_Q8 1  // q8_0 blocks
+#define FA_Q4 2  // q4_0 blocks
+
+// cp.async of N (4, 8 or 16) bytes, zero-filled when `valid` is false.
+template <int N>
+__device__ __forceinline__ void cp_async_nz(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N), "r"(valid ? N : 0));
+}
+
+// Four bytes b0..b3 (each 1024 + u as the f16 bit pattern 0x6400 | u) minus
+// `bias`, times the f16 scale pair d2: two f16x2 words (b0, b1), (b2, b3).
+// u - bias is an exact small integer, so each result is q * d rounded once.
+__device__ __forceinline__ void fa_deq4(u32 w, u32 bias2, u32 d2, u32& lo, u32& hi) {
+    u32 a = __byte_perm(w, 0x64646464u, 0x4140), b = __byte_perm(w, 0x64646464u, 0x4342);
+    asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(a) : "r"(bias2));
+    asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(b) : "r"(bias2));
+    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(a) : "r"(d2));
+    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(b) : "r"(d2));
+    lo = a;
+    hi = b;
+}
+
+// Quant bytes and scale bytes of one key row of a KQ cache of head size HD.
+template <int HD, int KQ>
+struct FaRow {
+    static constexpr int QB = KQ == FA_Q8 ? HD : HD / 2;
+    static constexpr int SB = HD / 32 * 2;
+    static constexpr int STG = 32 * (QB + SB);  // one matrix's staging bytes per tile
+};
 
 // p0, p1 -> hi (rounded) and lo (rounded remainder) packed pairs.
 template <bool BF16>
@@ -91,7 +133,7 @@ __device__ __forceinline__ float fa_exp2(float x) {
 extern __shared__ __align__(128) u16 fa_dyn_smem[];
 
 // One (kv head, split, row block). WR warps of rows x WK warps of keys.
-template <int HD, bool BF16, int WR, int WK, int STAGES, bool DYN>
+template <int HD, bool BF16, int WR, int WK, int STAGES, bool DYN, int KQ>
 __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* __restrict__ kc,
                                         const u16* __restrict__ vc, const int* __restrict__ pos0p, int n_tokens,
                                         int n_heads, int n_kv, int slots, int window, float scale,
@@ -103,10 +145,17 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
     constexpr int DT = HD / 8;          // O column tiles
     constexpr int CH = HD / 8;          // 16-byte chunks per key row
     constexpr int TILE = FA_BK * HD;    // halves per K (or V) tile
+    using QR = FaRow<HD, KQ == FA_16 ? FA_Q8 : KQ>;
+    // Shared memory in halves: 16-bit: STAGES K/V tile pairs; quantized:
+    // STAGES staging pairs, then the one f16 K/V tile pair.
+    constexpr int SMEM = KQ == FA_16 ? STAGES * 2 * TILE : STAGES * QR::STG + 2 * TILE;
     static_assert(KW % 16 == 0, "a warp takes whole 16-key steps");
-    static_assert((WK - 1) * WR * (DT * 4 + 4) * WARP * 4 <= STAGES * 2 * TILE * 2, "merge buffer fits");
-    __shared__ __align__(128) u16 fa_static_smem[DYN ? 8 : STAGES * 2 * TILE];
+    static_assert((WK - 1) * WR * (DT * 4 + 4) * WARP * 4 <= SMEM * 2, "merge buffer fits");
+    static_assert(KQ == FA_16 || !BF16, "quantized caches dequantize to f16");
+    __shared__ __align__(128) u16 fa_static_smem[DYN ? 8 : SMEM];
     u16* const fa_smem = DYN ? fa_dyn_smem : fa_static_smem;
+    // The quantized path's f16 tile pair, after the staging buffers.
+    u16* const fa_tile16 = fa_smem + (KQ == FA_16 ? 0 : STAGES * QR::STG);
 
     const int kvh = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     // FA_PER_TOKEN: block x is token x alone, its G rows placed and masked
@@ -133,7 +182,41 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
 
     const u16* kh = kc + (size_t)kvh * slots * HD;
     const u16* vh = vc + (size_t)kvh * slots * HD;
+    // Quantized: this head's quant rows and scale rows.
+    const u8* kq = (const u8*)kc + (size_t)kvh * slots * QR::QB;
+    const u8* vq = (const u8*)vc + (size_t)kvh * slots * QR::QB;
+    const u8* kd = (const u8*)kc + (size_t)n_kv * slots * QR::QB + (size_t)kvh * slots * QR::SB;
+    const u8* vd = (const u8*)vc + (size_t)n_kv * slots * QR::QB + (size_t)kvh * slots * QR::SB;
     auto issue = [&](int tile) {
+        if (KQ != FA_16) {
+            if (tile < n_tiles) {
+                const int base = start + tile * FA_BK;
+                const u32 ks = smem_addr(fa_smem + (tile % STAGES) * QR::STG);
+                const u32 vs = ks + QR::STG;
+                constexpr int QC = QR::QB / 16;  // 16-byte chunks of quants per row
+                for (int i = tid; i < FA_BK * QC; i += NT) {
+                    const int r = i / QC, c = i % QC;
+                    const int p = base + r;
+                    const bool ok = p < end;
+                    int slot = ok ? p : start;
+                    if (slot >= slots) slot %= slots;
+                    const size_t off = (size_t)slot * QR::QB + c * 16;
+                    cp_async16z(ks + r * QR::QB + c * 16, kq + off, ok);
+                    cp_async16z(vs + r * QR::QB + c * 16, vq + off, ok);
+                }
+                for (int r = tid; r < FA_BK; r += NT) {
+                    const int p = base + r;
+                    const bool ok = p < end;
+                    int slot = ok ? p : start;
+                    if (slot >= slots) slot %= slots;
+                    const u32 so = FA_BK * QR::QB + r * QR::SB;
+                    cp_async_nz<QR::SB>(ks + so, kd + (size_t)slot * QR::SB, ok);
+                    cp_async_nz<QR::SB>(vs + so, vd + (size_t)slot * QR::SB, ok);
+                }
+            }
+            cp_async_commit();
+            return;
+        }
         if (tile < n_tiles) {
             const int base = start + tile * FA_BK;
             const u32 ks = smem_addr(fa_smem + (tile % STAGES) * 2 * TILE);
@@ -203,10 +286,39 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
         cp_async_wait<STAGES - 2>();
         __syncthreads();  // tile j visible to all; everyone is done with tile j - 1's buffer
         issue(j + STAGES - 1);
+        if (KQ != FA_16) {
+            // Dequantize tile j's staging buffers into the f16 tile pair: chunk c
+            // (values 8c..8c+7) of key row r, swizzled as the 16-bit path's.
+            const u8* st = (const u8*)(fa_smem + (j % STAGES) * QR::STG);
+            const u32 bias2 = KQ == FA_Q8 ? 0x64806480u : 0x64086408u;  // f16 1152 (1024 + 128), 1032 (1024 + 8)
+            for (int i = tid; i < 2 * FA_BK * CH; i += NT) {
+                const int mat = i / (FA_BK * CH), r = (i / CH) % FA_BK, c = i % CH;
+                const u8* mb = st + mat * QR::STG;
+                const u16 dbits = *(const u16*)(mb + FA_BK * QR::QB + r * QR::SB + (c / 4) * 2);
+                const u32 d2 = (u32)dbits | ((u32)dbits << 16);
+                uint2 w;
+                if (KQ == FA_Q8) {
+                    w = *(const uint2*)(mb + r * QR::QB + c * 8);
+                    w.x ^= 0x80808080u;
+                    w.y ^= 0x80808080u;
+                } else {
+                    const int e0 = (c % 4) * 8;  // first value within its block
+                    w = *(const uint2*)(mb + r * QR::QB + (c / 4) * 16 + (e0 & 15));
+                    const int sh = e0 >= 16 ? 4 : 0;
+                    w.x = (w.x >> sh) & 0x0f0f0f0fu;
+                    w.y = (w.y >> sh) & 0x0f0f0f0fu;
+                }
+                uint4 h;
+                fa_deq4(w.x, bias2, d2, h.x, h.y);
+                fa_deq4(w.y, bias2, d2, h.z, h.w);
+                *(uint4*)(fa_tile16 + mat * TILE + r * HD + ((c ^ (r & 7)) * 8)) = h;
+            }
+            __syncthreads();
+        }
         const int kb = start + j * FA_BK + kg * KW;  // first key of this warp's slice
         if (kb > a_hi || kb + KW - 1 < a_lo) continue;
         const int kr = kg * KW;  // its first row in the tile
-        const u32 ks = smem_addr(fa_smem + (j % STAGES) * 2 * TILE);
+        const u32 ks = smem_addr(KQ == FA_16 ? fa_smem + (j % STAGES) * 2 * TILE : fa_tile16);
         const u32 vs = ks + TILE * 2;
 
         // S = Q K^T.
@@ -348,26 +460,40 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
 }
 
 // _d: decode (at most 16 rows), 2 key warps. _b: blocks of rows, 4 row warps.
-#define FA_KERNEL(name, HD, BF16, WR, WK, STAGES, DYN)                                                             \
+#define FA_KERNEL(name, HD, BF16, WR, WK, STAGES, DYN, KQ)                                                         \
     extern "C" __global__ void __launch_bounds__(WR * WK * WARP) name(                                             \
         const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                        \
         const int* __restrict__ pos0, int n_tokens, int n_heads, int n_kv, int slots, int window, float scale,      \
         float* __restrict__ part_o, float* __restrict__ part_ml, int mode) {                                        \
-        fa_attn<HD, BF16, WR, WK, STAGES, DYN>(q, kc, vc, pos0, n_tokens, n_heads, n_kv, slots, window, scale,     \
-                                               part_o, part_ml, mode);                                              \
+        fa_attn<HD, BF16, WR, WK, STAGES, DYN, KQ>(q, kc, vc, pos0, n_tokens, n_heads, n_kv, slots, window, scale, \
+                                                   part_o, part_ml, mode);                                          \
     }
 
-FA_KERNEL(fa_attn_64_f16_d, 64, false, 1, 2, 4, false)
-FA_KERNEL(fa_attn_64_bf16_d, 64, true, 1, 2, 4, false)
-FA_KERNEL(fa_attn_128_f16_d, 128, false, 1, 2, 3, false)
-FA_KERNEL(fa_attn_128_bf16_d, 128, true, 1, 2, 3, false)
-FA_KERNEL(fa_attn_64_f16_b, 64, false, 4, 1, 4, false)
-FA_KERNEL(fa_attn_64_bf16_b, 64, true, 4, 1, 4, false)
-FA_KERNEL(fa_attn_128_f16_b, 128, false, 4, 1, 3, false)
-FA_KERNEL(fa_attn_128_bf16_b, 128, true, 4, 1, 3, false)
+FA_KERNEL(fa_attn_64_f16_d, 64, false, 1, 2, 4, false, FA_16)
+FA_KERNEL(fa_attn_64_bf16_d, 64, true, 1, 2, 4, false, FA_16)
+FA_KERNEL(fa_attn_128_f16_d, 128, false, 1, 2, 3, false, FA_16)
+FA_KERNEL(fa_attn_128_bf16_d, 128, true, 1, 2, 3, false, FA_16)
+FA_KERNEL(fa_attn_64_f16_b, 64, false, 4, 1, 4, false, FA_16)
+FA_KERNEL(fa_attn_64_bf16_b, 64, true, 4, 1, 4, false, FA_16)
+FA_KERNEL(fa_attn_128_f16_b, 128, false, 4, 1, 3, false, FA_16)
+FA_KERNEL(fa_attn_128_bf16_b, 128, true, 4, 1, 3, false, FA_16)
 // Head dim 256 (gemma3): two 64 KiB stages of K and V tiles, dynamic shared memory.
-FA_KERNEL(fa_attn_256_f16_d, 256, false, 1, 2, 2, true)
-FA_KERNEL(fa_attn_256_f16_b, 256, false, 4, 1, 2, true)
+FA_KERNEL(fa_attn_256_f16_d, 256, false, 1, 2, 2, true, FA_16)
+FA_KERNEL(fa_attn_256_f16_b, 256, false, 4, 1, 2, true, FA_16)
+// q8_0 / q4_0 caches: static shared memory below head dim 256 (hd 128 q8_0:
+// 3 x 8.5 KiB staging + 16 KiB f16 tiles), dynamic at 256 (ops.rs fa_dyn_smem_bytes).
+FA_KERNEL(fa_attn_64_q8_d, 64, false, 1, 2, 4, false, FA_Q8)
+FA_KERNEL(fa_attn_128_q8_d, 128, false, 1, 2, 3, false, FA_Q8)
+FA_KERNEL(fa_attn_256_q8_d, 256, false, 1, 2, 2, true, FA_Q8)
+FA_KERNEL(fa_attn_64_q8_b, 64, false, 4, 1, 4, false, FA_Q8)
+FA_KERNEL(fa_attn_128_q8_b, 128, false, 4, 1, 3, false, FA_Q8)
+FA_KERNEL(fa_attn_256_q8_b, 256, false, 4, 1, 2, true, FA_Q8)
+FA_KERNEL(fa_attn_64_q4_d, 64, false, 1, 2, 4, false, FA_Q4)
+FA_KERNEL(fa_attn_128_q4_d, 128, false, 1, 2, 4, false, FA_Q4)
+FA_KERNEL(fa_attn_256_q4_d, 256, false, 1, 2, 2, true, FA_Q4)
+FA_KERNEL(fa_attn_64_q4_b, 64, false, 4, 1, 4, false, FA_Q4)
+FA_KERNEL(fa_attn_128_q4_b, 128, false, 4, 1, 4, false, FA_Q4)
+FA_KERNEL(fa_attn_256_q4_b, 256, false, 4, 1, 2, true, FA_Q4)
 
 // Merges the S partial results of each (token, head): out = sum_s e^(m_s - M) o_s
 // / sum_s e^(m_s - M) l_s. One block of hd threads per (head, token): the
@@ -406,6 +532,24 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const 
     }
     for (; s < S; s++) num[0] += wts[s] * part_o[(base + s) * hd + d];
     float v = ((num[0] + num[1]) + (num[2] + num[3])) / den;
+    if (flags & OUT_ROT64) {
+        // Back from llama.cpp's rotated V basis (a quantized V cache): the
+        // Walsh-Hadamard transform in chunks of 64, its own inverse, in the
+        // CPU path's order (scale by 1/8 first, then the butterflies).
+        __shared__ float rot[256];
+        rot[d] = v * 0.125f;
+        __syncthreads();
+        for (int len = 1; len < 64; len *= 2) {
+            if (d < hd / 2) {
+                const int a = (d / len) * 2 * len + d % len;
+                const float x = rot[a], y = rot[a + len];
+                rot[a] = x + y;
+                rot[a + len] = x - y;
+            }
+            __syncthreads();
+        }
+        v = rot[d];
+    }
     if (flags & OUT_BF16) v = round_bf16(v);
     const size_t i = ((size_t)t * n_heads + h) * hd + d;
     out[i] = v;

@@ -87,6 +87,7 @@ __device__ float block_sum(float v) {
 // Flags shared by the kernels that write activations.
 #define OUT_BF16 1   // round the result to bfloat16 (Muse Glimmer's rounding points)
 #define OUT_ADD 2    // add the result into the output instead of overwriting it
+#define OUT_ROT64 4  // attn_combine: rotate the result back (Walsh-Hadamard, chunks of 64)
 
 // ---- Tensor-core building blocks (attention.cu, gemm.cu) ----
 

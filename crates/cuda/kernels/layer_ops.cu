@@ -86,6 +86,10 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, float* __restric
 #define HEAD_NEOX 4     // rotate halves (x[i], x[i + d/2]) instead of adjacent pairs
 #define HEAD_BF16 8     // round to bf16 after the norm and after RoPE
 #define HEAD_KV_BF16 16 // the cache stores bf16 (else f16)
+#define HEAD_ROT_K 32   // rotate q and k (Walsh-Hadamard over the whole head: a quantized K cache)
+#define HEAD_ROT_V 64   // rotate v in chunks of 64 (a quantized V cache)
+#define HEAD_KV_Q8 128  // the cache stores q8_0 blocks (attention.cu's layout)
+#define HEAD_KV_Q4 256  // the cache stores q4_0 blocks
 
 // Prepares the heads of T new tokens: q [T, n_heads, hd] is normed/rotated in
 // place; k and v [T, n_kv, hd] are normed/rotated and written to the cache
@@ -156,18 +160,91 @@ extern "C" __global__ void prepare_heads(float* __restrict__ q, const float* __r
             }
         }
     }
+    // Where x0 and x1 go in the head (values 2i and 2i + 1 once rotated).
+    int wa = a_idx, wb = b_idx;
+    const bool rot = (flags & (is_v ? HEAD_ROT_V : HEAD_ROT_K)) != 0;
+    const bool quant = !is_q && (flags & (HEAD_KV_Q8 | HEAD_KV_Q4)) != 0;
+    if (rot || quant) {
+        // The head in shared memory; thread i then owns values 2i and 2i + 1.
+        __shared__ float row_s[256];
+        row_s[a_idx] = x0;
+        row_s[b_idx] = x1;
+        __syncthreads();
+        if (rot) {
+            // llama.cpp's rotation with a quantized cache (the CPU path's fwht,
+            // same order): chunks of n, scaled by 1/sqrt(n), then butterflies.
+            // K: n = the head size (64, 128 or 256 here); V: n = 64.
+            const int n = is_v ? 64 : hd;
+            const float sc = 1.0f / sqrtf((float)n);
+            row_s[2 * i] *= sc;
+            row_s[2 * i + 1] *= sc;
+            __syncthreads();
+            for (int len = 1; len < n; len *= 2) {
+                const int a = (i / len) * 2 * len + i % len;
+                const float u = row_s[a], w = row_s[a + len];
+                row_s[a] = u + w;
+                row_s[a + len] = u - w;
+                __syncthreads();
+            }
+        }
+        x0 = row_s[2 * i];
+        x1 = row_s[2 * i + 1];
+        wa = 2 * i;
+        wb = 2 * i + 1;
+        if (quant) {
+            // Block b = i / 16 of the row (16 lanes of one warp): llama.cpp's
+            // CPU quantization (q8_0: its x86 rounding; q4_0: the reference).
+            u8* cache = (u8*)(is_k ? k_cache : v_cache);
+            const int slot = pos % slots, l = i % 16, b = i / 16;
+            const size_t row = (size_t)kvh * slots + slot;
+            if (flags & HEAD_KV_Q8) {
+                float amax = fmaxf(fabsf(x0), fabsf(x1));
+#pragma unroll
+                for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+                const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+                const int q0 = __float2int_rn(__fmul_rn(x0, id)), q1 = __float2int_rn(__fmul_rn(x1, id));
+                *(u16*)(cache + row * hd + 2 * i) = (u16)((q0 & 0xff) | ((q1 & 0xff) << 8));
+                if (l == 0)
+                    *(u16*)(cache + (size_t)n_kv * slots * hd + row * (hd / 16) + b * 2) =
+                        f32_to_f16(__fdiv_rn(amax, 127.0f));
+            } else {
+                // The value of largest magnitude, the first of equals.
+                float m = fabsf(x1) > fabsf(x0) ? x1 : x0;
+                int mi = fabsf(x1) > fabsf(x0) ? 2 * i + 1 : 2 * i;
+#pragma unroll
+                for (int o = 8; o > 0; o >>= 1) {
+                    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+                    const int i2 = __shfl_xor_sync(0xffffffffu, mi, o);
+                    if (fabsf(m2) > fabsf(m) || (fabsf(m2) == fabsf(m) && i2 < mi)) {
+                        m = m2;
+                        mi = i2;
+                    }
+                }
+                const float d = __fdiv_rn(m, -8.0f);
+                const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+                auto q4 = [&](float v) {
+                    const float t = __fadd_rn(__fmul_rn(v, id), 8.5f);
+                    return (u32)min(15, (int)t);
+                };
+                const u32 lo = q4(row_s[b * 32 + l]), hi = q4(row_s[b * 32 + l + 16]);
+                cache[row * (hd / 2) + b * 16 + l] = (u8)(lo | (hi << 4));
+                if (l == 0) *(u16*)(cache + (size_t)n_kv * slots * (hd / 2) + row * (hd / 16) + b * 2) = f32_to_f16(d);
+            }
+            return;
+        }
+    }
     if (is_q) {
-        dst_f[a_idx] = x0;
-        dst_f[b_idx] = x1;
+        dst_f[wa] = x0;
+        dst_f[wb] = x1;
     } else {
         u16* cache = is_k ? k_cache : v_cache;
         u16* row = cache + ((size_t)kvh * slots + (pos % slots)) * hd;
         if (flags & HEAD_KV_BF16) {
-            row[a_idx] = f32_to_bf16(x0);
-            row[b_idx] = f32_to_bf16(x1);
+            row[wa] = f32_to_bf16(x0);
+            row[wb] = f32_to_bf16(x1);
         } else {
-            row[a_idx] = f32_to_f16(x0);
-            row[b_idx] = f32_to_f16(x1);
+            row[wa] = f32_to_f16(x0);
+            row[wb] = f32_to_f16(x1);
         }
     }
 }

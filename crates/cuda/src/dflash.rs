@@ -398,7 +398,7 @@ impl GpuRunner {
             slots: self.max_ctx,
             window: 0,
             scale: c.attn_scale,
-            kv_bf16: false,
+            kv: ops::KvKind::F16,
         };
         let s = &self.s;
         for (li, l) in dr.layers.iter().enumerate() {

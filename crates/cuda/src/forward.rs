@@ -37,16 +37,20 @@ pub const DECODE_BATCH: usize = LOGIT_ROWS;
 /// Keys per decode split at least (two 32-key tiles of the attention kernel).
 const ATT_TILE: usize = 64;
 
-/// One layer's K and V caches, [n_kv, slots, head_dim] each, f16.
+/// One layer's K and V caches, [n_kv, slots, head_dim] each: f16 values,
+/// or q8_0 / q4_0 blocks (quants, then scales: [`ops::KvKind`]).
 pub struct GpuKv {
     pub k: DevBuf,
     pub v: DevBuf,
+    /// What K and V store.
+    pub kind: ops::KvKind,
     pub slots: usize,
     /// 0: global (flat); else the sliding window (ring of `slots` >= window + GPU_CHUNK).
     pub window: usize,
     /// Lowest position still intact (a ring overwrites older ones).
     pub(crate) oldest_intact: usize,
     pub(crate) n_kv_heads: usize,
+    pub(crate) head_dim: usize,
     /// Attention splits for a single decode token.
     decode_splits: usize,
 }
@@ -174,14 +178,14 @@ impl GpuModel {
         let c = &self.model.config;
         let g = &*self.gpu;
         g.bind()?;
-        let kvb = 2; // f16 or bf16
+        let kv_kind = ops::KvKind::of(self.model.kv_types)?;
         let mut caches = Vec::with_capacity(c.n_layers);
         for kind in &c.layers {
             let (window, slots) = match *kind {
                 LayerKind::Global { .. } => (0, max_ctx),
                 LayerKind::Sliding { window, .. } => (window, (window + GPU_CHUNK).min(max_ctx)),
             };
-            let bytes = c.n_kv_heads * slots * c.head_dim * kvb;
+            let bytes = kv_kind.buffer_bytes(c.n_kv_heads, slots, c.head_dim);
             let span = if window > 0 {
                 window.min(max_ctx)
             } else {
@@ -190,10 +194,12 @@ impl GpuModel {
             caches.push(GpuKv {
                 k: g.alloc_zeroed(bytes, "the KV cache")?,
                 v: g.alloc_zeroed(bytes, "the KV cache")?,
+                kind: kv_kind,
                 slots,
                 window,
                 oldest_intact: 0,
                 n_kv_heads: c.n_kv_heads,
+                head_dim: c.head_dim,
                 decode_splits: decode_splits(span, c.n_kv_heads),
             });
         }
@@ -855,7 +861,7 @@ impl GpuModel {
             slots: kv.slots,
             window: kv.window,
             scale: self.model.arch.layers[li].attn_scale,
-            kv_bf16: false,
+            kv: kv.kind,
         }
     }
 
@@ -892,6 +898,7 @@ impl GpuModel {
         let q = rows.s.q.ptr + (row * qd * 4) as u64;
         let att = rows.s.att.ptr + (row * qd * 4) as u64;
         let q8 = quantize.then(|| Self::q8(rows).offset(row, qd));
+        let out_flags = out_flags | kv.kind.combine_flags();
         if rows.invariant {
             return ops::attention_mode(
                 &self.gpu,
@@ -979,6 +986,10 @@ impl GpuModel {
             flags,
         };
         let (s, kv) = (&rows.s, &st.caches[li]);
+        let prep = HeadPrep {
+            flags: prep.flags | kv.kind.head_flags(),
+            ..prep
+        };
         let (qd, kvd) = (c.n_heads * c.head_dim * 4, c.n_kv_heads * c.head_dim * 4);
         ops::prepare_heads(
             &self.gpu,

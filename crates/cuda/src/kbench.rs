@@ -77,7 +77,7 @@ fn time_attention(
         slots: ctx,
         window: 0,
         scale: 0.088,
-        kv_bf16: false,
+        kv: ops::KvKind::F16,
     };
     let splits = splits.unwrap_or_else(|| {
         crate::forward::block_splits(ctx, t, nkv * ops::attn_row_blocks(&args, t))

@@ -22,6 +22,18 @@ pub const KERNEL_NAMES: &[&str] = &[
     "fa_attn_128_bf16_b",
     "fa_attn_256_f16_d",
     "fa_attn_256_f16_b",
+    "fa_attn_64_q8_d",
+    "fa_attn_128_q8_d",
+    "fa_attn_256_q8_d",
+    "fa_attn_64_q8_b",
+    "fa_attn_128_q8_b",
+    "fa_attn_256_q8_b",
+    "fa_attn_64_q4_d",
+    "fa_attn_128_q4_d",
+    "fa_attn_256_q4_d",
+    "fa_attn_64_q4_b",
+    "fa_attn_128_q4_b",
+    "fa_attn_256_q4_b",
     "attn_combine",
     "gemv_q4_k_1_u1",
     "gemv_q4_k_1_u4",
@@ -73,6 +85,11 @@ pub const HEAD_QK_RMS: i32 = 1;
 pub const HEAD_ROPE: i32 = 2;
 pub const HEAD_NEOX: i32 = 4;
 pub const HEAD_BF16: i32 = 8;
+pub const HEAD_ROT_K: i32 = 32;
+pub const HEAD_ROT_V: i32 = 64;
+pub const HEAD_KV_Q8: i32 = 128;
+pub const HEAD_KV_Q4: i32 = 256;
+pub const OUT_ROT64: i32 = 4;
 pub const HEAD_KV_BF16: i32 = 16;
 pub const GLU_SWIGLU: i32 = 0;
 pub const GLU_GATE: i32 = 1;
@@ -605,16 +622,107 @@ pub struct AttnArgs {
     /// 0 = global (flat cache).
     pub window: usize,
     pub scale: f32,
-    pub kv_bf16: bool,
+    pub kv: KvKind,
+}
+
+/// What a GPU KV cache stores (attention.cu's FA_16 / FA_Q8 / FA_Q4 and
+/// prepare_heads' HEAD_KV_* flags). A block type's layer buffer holds every
+/// row's quants first ([n_kv, slots, hd] bytes for q8_0, hd / 2 for q4_0),
+/// then every row's f16 block scales ([n_kv, slots, hd / 32]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvKind {
+    F16,
+    Bf16,
+    Q8_0,
+    Q4_0,
+}
+
+impl KvKind {
+    /// The kind of a cache of `types` (K and V of one type on the GPU), or
+    /// why the CUDA kernels cannot hold it.
+    pub fn of(types: hearth_models::KvTypes) -> Result<KvKind> {
+        use hearth_models::KvDtype;
+        if types.k != types.v {
+            return Err(CudaError::Unsupported(format!(
+                "a KV cache of K {} with V {} (the CUDA kernels take one type for both: f16, q8_0 or q4_0)",
+                types.k.name(),
+                types.v.name()
+            )));
+        }
+        match types.k {
+            KvDtype::F16 => Ok(KvKind::F16),
+            KvDtype::Bf16 => Ok(KvKind::Bf16),
+            KvDtype::Q8_0 => Ok(KvKind::Q8_0),
+            KvDtype::Q4_0 => Ok(KvKind::Q4_0),
+            t => Err(CudaError::Unsupported(format!(
+                "a {} KV cache (the CUDA kernels take f16, q8_0 or q4_0)",
+                t.name()
+            ))),
+        }
+    }
+
+    pub fn is_quantized(self) -> bool {
+        matches!(self, KvKind::Q8_0 | KvKind::Q4_0)
+    }
+
+    /// Bytes of one head's row of `head_dim` values: (quants or values, scales).
+    pub fn row_bytes(self, head_dim: usize) -> (usize, usize) {
+        match self {
+            KvKind::F16 | KvKind::Bf16 => (head_dim * 2, 0),
+            KvKind::Q8_0 => (head_dim, head_dim / 16),
+            KvKind::Q4_0 => (head_dim / 2, head_dim / 16),
+        }
+    }
+
+    /// Bytes of a layer's K (or V) buffer.
+    pub fn buffer_bytes(self, n_kv: usize, slots: usize, head_dim: usize) -> usize {
+        let (q, s) = self.row_bytes(head_dim);
+        n_kv * slots * (q + s)
+    }
+
+    /// prepare_heads' flags for writing this cache: its storage and
+    /// llama.cpp's rotations of a quantized cache (every head size the
+    /// kernels take is a multiple of 64, so both K and V rotate).
+    pub fn head_flags(self) -> i32 {
+        match self {
+            KvKind::F16 => 0,
+            KvKind::Bf16 => HEAD_KV_BF16,
+            KvKind::Q8_0 => HEAD_KV_Q8 | HEAD_ROT_K | HEAD_ROT_V,
+            KvKind::Q4_0 => HEAD_KV_Q4 | HEAD_ROT_K | HEAD_ROT_V,
+        }
+    }
+
+    /// attn_combine's flag for reading this cache's attention output:
+    /// rotated back from a quantized V's basis.
+    pub fn combine_flags(self) -> i32 {
+        if self.is_quantized() {
+            OUT_ROT64
+        } else {
+            0
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvKind::F16 => "f16",
+            KvKind::Bf16 => "bf16",
+            KvKind::Q8_0 => "q8_0",
+            KvKind::Q4_0 => "q4_0",
+        }
+    }
 }
 
 /// Dynamic shared memory of the head-dim-256 attention kernels (attention.cu:
 /// 2 stages of a K and a V tile of 32 keys x 256 halves); the others use
 /// static shared memory.
-fn fa_dyn_smem_bytes(head_dim: usize) -> u32 {
+fn fa_dyn_smem_bytes(head_dim: usize, kv: KvKind) -> u32 {
     const FA_BK: usize = 32;
-    match head_dim {
-        256 => (2 * 2 * FA_BK * 256 * 2) as u32,
+    let tiles = 2 * FA_BK * head_dim * 2; // a K and a V tile of 16-bit values
+    let (q, s) = kv.row_bytes(head_dim);
+    match (head_dim, kv.is_quantized()) {
+        (256, false) => (2 * tiles) as u32,
+        // 2 stages of staged quants and scales, then the f16 tile pair.
+        (256, true) => (2 * 2 * FA_BK * (q + s) + tiles) as u32,
         _ => 0,
     }
 }
@@ -727,21 +835,33 @@ pub fn attention_mode(
         AttnMode::PerToken => n_tokens,
         _ => attn_row_blocks(a, n_tokens),
     };
-    let name = match (a.head_dim, a.kv_bf16, decode) {
-        (64, false, true) => "fa_attn_64_f16_d",
-        (64, true, true) => "fa_attn_64_bf16_d",
-        (128, false, true) => "fa_attn_128_f16_d",
-        (128, true, true) => "fa_attn_128_bf16_d",
-        (256, false, true) => "fa_attn_256_f16_d",
-        (64, false, false) => "fa_attn_64_f16_b",
-        (64, true, false) => "fa_attn_64_bf16_b",
-        (128, false, false) => "fa_attn_128_f16_b",
-        (128, true, false) => "fa_attn_128_bf16_b",
-        (256, false, false) => "fa_attn_256_f16_b",
-        (hd, bf16, _) => {
+    let name = match (a.head_dim, a.kv, decode) {
+        (64, KvKind::F16, true) => "fa_attn_64_f16_d",
+        (64, KvKind::Bf16, true) => "fa_attn_64_bf16_d",
+        (128, KvKind::F16, true) => "fa_attn_128_f16_d",
+        (128, KvKind::Bf16, true) => "fa_attn_128_bf16_d",
+        (256, KvKind::F16, true) => "fa_attn_256_f16_d",
+        (64, KvKind::F16, false) => "fa_attn_64_f16_b",
+        (64, KvKind::Bf16, false) => "fa_attn_64_bf16_b",
+        (128, KvKind::F16, false) => "fa_attn_128_f16_b",
+        (128, KvKind::Bf16, false) => "fa_attn_128_bf16_b",
+        (256, KvKind::F16, false) => "fa_attn_256_f16_b",
+        (64, KvKind::Q8_0, true) => "fa_attn_64_q8_d",
+        (128, KvKind::Q8_0, true) => "fa_attn_128_q8_d",
+        (256, KvKind::Q8_0, true) => "fa_attn_256_q8_d",
+        (64, KvKind::Q8_0, false) => "fa_attn_64_q8_b",
+        (128, KvKind::Q8_0, false) => "fa_attn_128_q8_b",
+        (256, KvKind::Q8_0, false) => "fa_attn_256_q8_b",
+        (64, KvKind::Q4_0, true) => "fa_attn_64_q4_d",
+        (128, KvKind::Q4_0, true) => "fa_attn_128_q4_d",
+        (256, KvKind::Q4_0, true) => "fa_attn_256_q4_d",
+        (64, KvKind::Q4_0, false) => "fa_attn_64_q4_b",
+        (128, KvKind::Q4_0, false) => "fa_attn_128_q4_b",
+        (256, KvKind::Q4_0, false) => "fa_attn_256_q4_b",
+        (hd, kv, _) => {
             return Err(CudaError::Unsupported(format!(
                 "attention over a {} KV cache with head_dim {hd}",
-                if bf16 { "bf16" } else { "f16" }
+                kv.name()
             )))
         }
     };
@@ -749,7 +869,7 @@ pub fn attention_mode(
         name,
         (row_blocks as u32, a.n_kv as u32, splits as u32),
         if decode { 64 } else { 128 },
-        fa_dyn_smem_bytes(a.head_dim),
+        fa_dyn_smem_bytes(a.head_dim, a.kv),
         &[
             Arg::Ptr(q),
             Arg::Ptr(k_cache),

@@ -66,21 +66,23 @@ impl<'a> Reader<'a> {
 }
 
 impl GpuKv {
-    /// Bytes of one head's K (or V) rows.
-    fn head_bytes(&self) -> usize {
-        self.k.bytes / self.n_kv_heads
-    }
-
     /// The byte runs (offset, length) of K (or V) that positions `0..pos`
-    /// need: each head's first rows of a flat cache, a ring whole.
+    /// need: each head's first rows of a flat cache (of its quants, then of
+    /// its scales, for a block type), a ring whole.
     fn runs(&self, pos: usize) -> Vec<(usize, usize)> {
-        let hb = self.head_bytes();
         if self.window > 0 {
             return vec![(0, self.k.bytes)];
         }
-        let row = hb / self.slots;
-        let n = pos.min(self.slots) * row;
-        (0..self.n_kv_heads).map(|h| (h * hb, n)).collect()
+        let (q, s) = self.kind.row_bytes(self.head_dim);
+        let n = pos.min(self.slots);
+        let mut runs: Vec<(usize, usize)> = (0..self.n_kv_heads)
+            .map(|h| (h * self.slots * q, n * q))
+            .collect();
+        if s > 0 {
+            let base = self.n_kv_heads * self.slots * q;
+            runs.extend((0..self.n_kv_heads).map(|h| (base + h * self.slots * s, n * s)));
+        }
+        runs
     }
 }
 
@@ -92,6 +94,10 @@ impl GpuState {
         for c in &self.caches {
             for v in [c.window, c.slots, c.n_kv_heads, c.k.bytes] {
                 put(&mut out, v);
+            }
+            // A block type's name (f16 states keep the older shape bytes).
+            if c.kind.is_quantized() {
+                out.extend_from_slice(c.kind.name().as_bytes());
             }
         }
         out

@@ -480,7 +480,7 @@ impl GpuTower {
             slots: n,
             window: 0,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
-            kv_bf16: false,
+            kv: ops::KvKind::F16,
         };
         let everything = 0..n;
         for (b, &global) in self.blocks.iter().zip(&inp.global) {

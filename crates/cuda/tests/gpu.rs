@@ -619,7 +619,11 @@ fn attention_matches_cpu_reference() {
             slots: c.slots,
             window: c.window,
             scale,
-            kv_bf16: c.bf,
+            kv: if c.bf {
+                ops::KvKind::Bf16
+            } else {
+                ops::KvKind::F16
+            },
         };
         ops::attention(
             &g,
@@ -2016,4 +2020,379 @@ fn batched_decode_equals_one_by_one() {
         assert_eq!(a.pos, prompts[0].len() + 1);
         assert_eq!(b.pos, prompts[1].len() + 1);
     }
+}
+
+/// One kv head's row of a GPU cache buffer of `kind` (quants, then scales:
+/// `ops::KvKind`) as GGML block bytes (f16 scale, then the quants, per block).
+fn gpu_row_as_blocks(kind: ops::KvKind, buf: &[u8], row: usize, rows: usize, hd: usize) -> Vec<u8> {
+    let (qb, sb) = kind.row_bytes(hd);
+    let q = &buf[row * qb..][..qb];
+    let s = &buf[rows * qb + row * sb..][..sb];
+    let per = qb / (hd / 32);
+    (0..hd / 32)
+        .flat_map(|b| {
+            s[2 * b..2 * b + 2]
+                .iter()
+                .chain(&q[b * per..(b + 1) * per])
+                .copied()
+                .collect::<Vec<u8>>()
+        })
+        .collect()
+}
+
+/// A quantized KV cache's write (prepare_heads with q8_0 / q4_0): llama.cpp's
+/// rotations of q and k (Walsh-Hadamard over the head) and of v (chunks of
+/// 64), then the blocks, against the CPU path's own functions (`fwht`,
+/// `encode_row`: q8_0 in llama.cpp's x86 rounding, q4_0 in the reference
+/// one). Bit for bit: the rotated q values, and every byte the cache holds.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quantized_kv_cache_write_matches_cpu() {
+    use hearth_models::kv_cache::{encode_row, fwht};
+    use hearth_models::KvDtype;
+    let g = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    for (kind, dtype) in [
+        (ops::KvKind::Q8_0, KvDtype::Q8_0),
+        (ops::KvKind::Q4_0, KvDtype::Q4_0),
+    ] {
+        for &(nh, nkv, hd, t, slots, pos0) in &[
+            (8usize, 2usize, 64usize, 5usize, 40usize, 37usize),
+            (12, 2, 128, 3, 16, 9),
+            (4, 1, 256, 2, 8, 3),
+        ] {
+            let mut q: Vec<f32> = (0..t * nh * hd)
+                .map(|_| rng.gen_range(-3.0f32..3.0))
+                .collect();
+            let k: Vec<f32> = (0..t * nkv * hd)
+                .map(|_| rng.gen_range(-3.0f32..3.0))
+                .collect();
+            let mut v: Vec<f32> = (0..t * nkv * hd)
+                .map(|_| rng.gen_range(-3.0f32..3.0))
+                .collect();
+            let (qb, kb, vb) = (upload_f32(&g, &q), upload_f32(&g, &k), upload_f32(&g, &v));
+            let bytes = kind.buffer_bytes(nkv, slots, hd);
+            let kc = g.alloc_zeroed(bytes, "t").unwrap();
+            let vc = g.alloc_zeroed(bytes, "t").unwrap();
+            let pos = g.alloc(4, "t").unwrap();
+            g.upload(pos.ptr, &[pos0 as i32]).unwrap();
+            let prep = ops::HeadPrep {
+                n_heads: nh,
+                n_kv: nkv,
+                head_dim: hd,
+                theta: 10000.0,
+                eps: 1e-6,
+                flags: kind.head_flags(),
+            };
+            ops::prepare_heads(
+                &g,
+                &prep,
+                t,
+                qb.ptr,
+                kb.ptr,
+                vb.ptr,
+                (0, 0),
+                pos.ptr,
+                kc.ptr,
+                vc.ptr,
+                slots,
+            )
+            .unwrap();
+            let got_q = download_f32(&g, &qb, q.len());
+            let (mut got_k, mut got_v) = (vec![0u8; bytes], vec![0u8; bytes]);
+            g.download(&mut got_k, kc.ptr).unwrap();
+            g.download(&mut got_v, vc.ptr).unwrap();
+            fwht(&mut q, hd);
+            let same_q = q
+                .iter()
+                .zip(&got_q)
+                .filter(|(a, b)| a.to_bits() == b.to_bits())
+                .count();
+            let mut k = k;
+            fwht(&mut k, hd);
+            fwht(&mut v, 64);
+            let row_bytes = dtype.bytes_for(hd);
+            let mut bad = 0;
+            for tok in 0..t {
+                let slot = (pos0 + tok) % slots;
+                for h in 0..nkv {
+                    for (src, got) in [(&k, &got_k), (&v, &got_v)] {
+                        let mut want = vec![0u8; row_bytes];
+                        encode_row(dtype, &src[(tok * nkv + h) * hd..][..hd], &mut want);
+                        let have = gpu_row_as_blocks(kind, got, h * slots + slot, nkv * slots, hd);
+                        bad += want.iter().zip(&have).filter(|(a, b)| a != b).count();
+                    }
+                }
+            }
+            println!(
+                "{} nh {nh} nkv {nkv} hd {hd} T {t}: rotated q {same_q}/{} bit-identical, {bad} cache bytes differ",
+                kind.name(),
+                q.len()
+            );
+            assert_eq!(same_q, q.len(), "{} hd {hd}: rotated q", kind.name());
+            assert_eq!(bad, 0, "{} hd {hd}: cache bytes", kind.name());
+        }
+    }
+}
+
+/// Attention over q8_0 / q4_0 caches (random blocks in the GPU layout)
+/// against an f64 reference over the values the kernel dequantizes (each
+/// q * d rounded once to f16, as llama.cpp's CUDA flash attention converts
+/// them): decode (one split and many), blocks of rows over a flat cache and
+/// over a wrapped ring, head sizes 64, 128 and 256; and attn_combine's
+/// rotation back (a quantized V's basis), against the CPU's `fwht` of the
+/// reference.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quantized_attention_matches_reference() {
+    use hearth_models::kv_cache::fwht;
+    let g = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(22);
+    // (kind, nh, nkv, hd, slots, window, pos0, t, splits, rotate back)
+    let cases = [
+        (
+            ops::KvKind::Q8_0,
+            8usize,
+            2usize,
+            128usize,
+            3100usize,
+            0usize,
+            3000usize,
+            1usize,
+            24usize,
+            false,
+        ),
+        (ops::KvKind::Q4_0, 8, 2, 128, 3100, 0, 3000, 1, 24, true),
+        (ops::KvKind::Q8_0, 16, 1, 64, 700, 0, 600, 1, 1, true),
+        (ops::KvKind::Q4_0, 8, 2, 64, 400, 0, 200, 37, 3, false),
+        (
+            ops::KvKind::Q8_0,
+            8,
+            2,
+            128,
+            256 + 512,
+            256,
+            2000,
+            100,
+            2,
+            true,
+        ),
+        (ops::KvKind::Q8_0, 4, 1, 256, 600, 0, 400, 1, 4, false),
+        (ops::KvKind::Q4_0, 4, 1, 256, 600, 0, 300, 70, 2, true),
+    ];
+    for &(kind, nh, nkv, hd, slots, window, pos0, t, splits, rot) in &cases {
+        let rows = nkv * slots;
+        let (qbytes, sbytes) = kind.row_bytes(hd);
+        // Random quants (any byte is a valid q8_0 value / q4_0 pair) and
+        // scales of either sign.
+        let mk = |rng: &mut ChaCha8Rng| -> (Vec<u8>, Vec<f32>) {
+            let mut buf: Vec<u8> = (0..rows * qbytes).map(|_| rng.gen::<u8>()).collect();
+            let scales: Vec<f16> = (0..rows * hd / 32)
+                .map(|_| f16::from_f32(rng.gen_range(-0.05f32..0.05)))
+                .collect();
+            for s in &scales {
+                buf.extend_from_slice(&s.to_bits().to_le_bytes());
+            }
+            assert_eq!(buf.len(), rows * (qbytes + sbytes));
+            let vals: Vec<f32> = (0..rows * hd)
+                .map(|i| {
+                    let (r, e) = (i / hd, i % hd);
+                    let (b, j) = (e / 32, e % 32);
+                    let q = match kind {
+                        ops::KvKind::Q8_0 => buf[r * qbytes + e] as i8 as i32,
+                        _ => {
+                            let byte = buf[r * qbytes + b * 16 + j % 16];
+                            (if j < 16 { byte & 15 } else { byte >> 4 }) as i32 - 8
+                        }
+                    };
+                    let d = scales[r * hd / 32 + b].to_f32();
+                    f16::from_f32(q as f32 * d).to_f32()
+                })
+                .collect();
+            (buf, vals)
+        };
+        let (kbuf, kval) = mk(&mut rng);
+        let (vbuf, vval) = mk(&mut rng);
+        let kb = g.alloc(kbuf.len(), "t").unwrap();
+        let vb = g.alloc(vbuf.len(), "t").unwrap();
+        g.upload(kb.ptr, &kbuf).unwrap();
+        g.upload(vb.ptr, &vbuf).unwrap();
+        let q: Vec<f32> = (0..t * nh * hd)
+            .map(|_| f16::from_f32(rng.gen_range(-1.0f32..1.0)).to_f32())
+            .collect();
+        let qb = upload_f32(&g, &q);
+        let pos = g.alloc(4, "t").unwrap();
+        g.upload(pos.ptr, &[pos0 as i32]).unwrap();
+        let part_o = g.alloc(t * nh * splits * hd * 4, "t").unwrap();
+        let part_ml = g.alloc(t * nh * splits * 2 * 4, "t").unwrap();
+        let out = upload_f32(&g, &vec![f32::NAN; t * nh * hd]);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let args = ops::AttnArgs {
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+            slots,
+            window,
+            scale,
+            kv: kind,
+        };
+        let flags = if rot { kind.combine_flags() } else { 0 };
+        ops::attention(
+            &g,
+            &args,
+            t,
+            splits,
+            qb.ptr,
+            kb.ptr,
+            vb.ptr,
+            pos.ptr,
+            part_o.ptr,
+            part_ml.ptr,
+            out.ptr,
+            flags,
+            None,
+        )
+        .unwrap();
+        let got = download_f32(&g, &out, t * nh * hd);
+        let group = nh / nkv;
+        let mut want = vec![0.0f64; got.len()];
+        for tt in 0..t {
+            let qp = pos0 + tt;
+            let lo = if window > 0 {
+                (qp + 1).saturating_sub(window)
+            } else {
+                0
+            };
+            for h in 0..nh {
+                let at = |p: usize| ((h / group) * slots + p % slots) * hd;
+                let qh = &q[(tt * nh + h) * hd..][..hd];
+                let scores: Vec<f64> = (lo..=qp)
+                    .map(|p| {
+                        (0..hd)
+                            .map(|d| qh[d] as f64 * kval[at(p) + d] as f64)
+                            .sum::<f64>()
+                            * scale as f64
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for d in 0..hd {
+                    want[(tt * nh + h) * hd + d] = (lo..=qp)
+                        .zip(&e)
+                        .map(|(p, w)| w * vval[at(p) + d] as f64)
+                        .sum::<f64>()
+                        / sum;
+                }
+            }
+        }
+        if rot {
+            let mut w32: Vec<f32> = want.iter().map(|&x| x as f32).collect();
+            fwht(&mut w32, 64);
+            want = w32.iter().map(|&x| x as f64).collect();
+        }
+        let e = nrmse(&got, &want);
+        println!(
+            "{} nh {nh} nkv {nkv} hd {hd} slots {slots} window {window} pos {pos0} T {t} splits {splits} rotate {rot}: nrmse {e:.2e}",
+            kind.name()
+        );
+        assert!(e < 1e-4, "{} hd {hd} T {t}: {e}", kind.name());
+    }
+}
+
+/// Synthetic models whose CPU and GPU states keep a KV cache of `types`;
+/// the exact model keeps its own f32 cache (the distance it sets includes
+/// the cache's quantization).
+fn synth_models_kv(
+    shape: SynthShape,
+    seed: u64,
+    types: hearth_models::KvTypes,
+) -> (Arc<Model>, Model) {
+    let (m, exact) = synth_models(shape, seed);
+    let mut m = Arc::try_unwrap(m).ok().expect("one owner");
+    m.set_kv_types(types).unwrap();
+    (Arc::new(m), exact)
+}
+
+/// Whole-model logits with quantized KV caches (`--cache-type-k/-v q8_0`,
+/// `q4_0`: the rotations, the quantizing write, attention over the blocks
+/// and the rotation back), CUDA against the CPU backend with the same cache
+/// types, as `compare_model` measures: qwen2 (head 64, flat caches), gemma3
+/// (head 256, rings that wrap) and muse-glimmer (rings, output gate).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quantized_kv_logits_match_cpu() {
+    use hearth_models::{KvDtype, KvTypes};
+    let gemma = SynthShape {
+        n_layers: 7,
+        dim: 512,
+        n_heads: 4,
+        n_kv_heads: 1,
+        head_dim: 256,
+        ffn_dim: 1536,
+        vocab_size: 1000,
+        window: 16,
+        ..SynthShape::small(Architecture::Gemma3)
+    };
+    for (name, shape, seed, t) in [
+        ("qwen2 q8_0", small_qwen2(), 11, KvDtype::Q8_0),
+        ("qwen2 q4_0", small_qwen2(), 11, KvDtype::Q4_0),
+        ("gemma3 q8_0", gemma, 14, KvDtype::Q8_0),
+        ("muse-glimmer q8_0", muse_shape(), 12, KvDtype::Q8_0),
+    ] {
+        let (m, exact) = synth_models_kv(shape, seed, KvTypes::same(t));
+        compare_model(name, m, exact);
+    }
+}
+
+/// A quantized GPU state saved and loaded, and copied (the prefix cache):
+/// both continue bit for bit as the original; its bytes are about 0.53x an
+/// f16 state's; a state of another cache type is refused.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quantized_kv_states_save_load_and_copy() {
+    use hearth_models::{BackendState, KvDtype, KvTypes};
+    let g = gpu();
+    let (m8, _) = synth_models_kv(small_qwen2(), 11, KvTypes::same(KvDtype::Q8_0));
+    let (m16, _) = synth_models(small_qwen2(), 11);
+    let gm = GpuModel::upload(g.clone(), m8, false).unwrap();
+    let g16 = GpuModel::upload(g, m16, false).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    let p: Vec<u32> = (0..300).map(|_| rng.gen_range(0..1000u32)).collect();
+    let tail: Vec<u32> = (0..6).map(|_| rng.gen_range(0..1000u32)).collect();
+    let mut live = gm.new_state(512).unwrap();
+    gm.forward(&mut live, &p, Logits::Last).unwrap();
+    let bytes = BackendState::save(&live).unwrap();
+    let mut back = gm.new_state(512).unwrap();
+    BackendState::load(&mut back, &bytes).unwrap();
+    let mut copy = gm.new_state(512).unwrap();
+    assert!(BackendState::copy_from(&mut copy, &live));
+    let a = gm.forward(&mut live, &tail, Logits::All).unwrap();
+    let b = gm.forward(&mut back, &tail, Logits::All).unwrap();
+    let c = gm.forward(&mut copy, &tail, Logits::All).unwrap();
+    let same = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits());
+    assert!(
+        same(&a, &b),
+        "a loaded q8_0 state continues as the saved one"
+    );
+    assert!(
+        same(&a, &c),
+        "a copied q8_0 state continues as the original"
+    );
+    let mut s16 = g16.new_state(512).unwrap();
+    g16.forward(&mut s16, &p, Logits::Last).unwrap();
+    let bytes16 = BackendState::save(&s16).unwrap();
+    let ratio = bytes.len() as f64 / bytes16.len() as f64;
+    println!(
+        "q8_0 state {} bytes, f16 {} bytes ({ratio:.3}x); kv buffers {} vs {}",
+        bytes.len(),
+        bytes16.len(),
+        live.kv_bytes(),
+        s16.kv_bytes()
+    );
+    assert!(ratio < 0.55, "{ratio}");
+    let e = BackendState::load(&mut back, &bytes16)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shapes"), "{e}");
 }

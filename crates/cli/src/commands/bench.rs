@@ -176,9 +176,13 @@ pub fn run(args: Args) -> Result<()> {
         }
         let path = crate::registry::resolve_model(args.model.as_deref())?;
         check_size(&path, &args)?;
-        let model = std::sync::Arc::new(
-            Model::load_unpacked(&path).with_context(|| format!("loading {}", path.display()))?,
-        );
+        let mut model =
+            Model::load_unpacked(&path).with_context(|| format!("loading {}", path.display()))?;
+        let kv = args.kv.for_device(args.device)?;
+        model
+            .set_kv_types(kv)
+            .map_err(|e| anyhow::anyhow!("--cache-type-k/-v {kv}: {e}"))?;
+        let model = std::sync::Arc::new(model);
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())

@@ -352,7 +352,8 @@ pub fn run(args: Args) -> Result<()> {
         let bytes = state.kv_bytes();
         let mib = bytes as f64 / (1u64 << 20) as f64;
         let kv = format!(
-            "KV cache: {mib:.1} MiB on the GPU (device: cuda; rings of window + {} slots)",
+            "KV cache: {mib:.1} MiB on the GPU ({}; device: cuda; rings of window + {} slots)",
+            model.kv_types,
             hearth_cuda::GPU_CHUNK
         );
         return job.report(&path, &stats, &kv, bytes);

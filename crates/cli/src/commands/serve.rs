@@ -219,7 +219,9 @@ pub fn run(mut args: Args) -> Result<()> {
     if args.device == crate::device::Device::Cuda {
         let load = move |path: &Path| {
             // The GPU copies the file's blocks itself: no CPU repacking for it.
-            let model = Arc::new(Model::load_unpacked(path).map_err(|e| e.to_string())?);
+            let mut model = Model::load_unpacked(path).map_err(|e| e.to_string())?;
+            model.set_kv_types(kv)?;
+            let model = Arc::new(model);
             let gm = Arc::new(crate::cuda::load(model.clone()).map_err(|e| format!("{e:#}"))?);
             let gpu = gm.gpu.clone();
             let factory = DrafterFactory::new(&spec, &model, |p| {
