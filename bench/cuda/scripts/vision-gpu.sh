@@ -6,7 +6,7 @@
 #   .gpu/hearth.gz, .gpu/gpu_tests.gz (stripped, gzipped), .gpu/vision_encode,
 #   .gpu/tok.gguf (SmolLM2's tokenizer keys only: the synthetic models' vocabulary).
 #
-#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server|ttft-prefix|kvq ...
+#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server|ttft-prefix|small|kvq ...
 #
 # Everything it writes goes to $OUT (logs) and /dev/shm/h (binaries, models),
 # which survives between calls while the machine stays warm.
@@ -212,6 +212,32 @@ PY
       curl -s http://127.0.0.1:18185/metrics | grep -E "^hearth_(forward_pass|shared_prefix)" | tee -a "$OUT/prefix-ttft.log"
       grep -E "llm_turn_stats" "$H/serve-t.log" | head -12 | cut -c1-300 | tee -a "$OUT/prefix-ttft.log"
       kill $pid; wait $pid 2>/dev/null || true ;;
+    small)
+      # Issue 20's small-model decode: the Qwen2.5-1.5B shape (Q4_K_M mix,
+      # random rows), pp512/tg128 against the copy roofline, then the kernel
+      # breakdown of a decode step (each launch timed alone).
+      [[ -f "$H/q15.gguf" ]] || "$H/hearth" synth --arch qwen2 --layers 28 --dim 1536 --heads 12 --kv-heads 2 \
+        --ffn 8960 --vocab 151936 --row-pool 64 -o "$H/q15.gguf" >&2
+      "$H/hearth" bench --device cuda -m "$H/q15.gguf" -p 512 -n 128 -r ${REPS:-3} --roofline 2>&1 | tee -a "$OUT/small.log"
+      # The persistent decode kernel against kernel-by-kernel steps (CUDA
+      # graphs, PDL) and without its norm replication / L2 prefetch.
+      for v in PERSISTENT=0 REPLICATE=0 PREFETCH=0; do
+        echo "== HEARTH_CUDA_$v" | tee -a "$OUT/small.log"
+        env "HEARTH_CUDA_$v" "$H/hearth" bench --device cuda -m "$H/q15.gguf" -p 0 -n 128 -r ${REPS:-3} 2>&1 |
+          grep -vE "^cuda:   gemv" | tee -a "$OUT/small.log"
+      done
+      HEARTH_CUDA_PERSISTENT=0 HEARTH_CUDA_PROFILE=1 "$H/hearth" bench --device cuda -m "$H/q15.gguf" -p 0 -n 64 -r 1 2>&1 |
+        grep -vE "^cuda:   gemv" | tee -a "$OUT/small.log"
+      # gemma-3-270m's exact layout with random weights (like_gguf.py; the real file cannot travel).
+      if [[ -f "$G/g3h.bin.gz" ]]; then
+        gunzip -c "$G/g3h.bin.gz" >"$H/g3h.bin"
+        python3 bench/cuda/scripts/like_gguf.py fill "$H/g3h.bin" "$H/g3like.gguf" >&2
+        for v in PERSISTENT=1 PERSISTENT=0; do
+          echo "== gemma3-270m layout, HEARTH_CUDA_$v" | tee -a "$OUT/small.log"
+          env "HEARTH_CUDA_$v" "$H/hearth" bench --device cuda -m "$H/g3like.gguf" -p 512 -n 128 -r ${REPS:-3} 2>&1 |
+            grep -vE "^cuda:   gemv" | tee -a "$OUT/small.log"
+        done
+      fi ;;
     kvq)
       # Issue 20's quantized KV cache on CUDA: the Qwen2.5-32B shape decoding
       # over 32K positions (and prefilling 512 tokens after them) with f16,

@@ -210,6 +210,12 @@ pub fn bench(model: Arc<Model>, name: &str, o: &BenchOpts) -> Result<()> {
                     xs.push(o.n_gen as f64 / t0.elapsed().as_secs_f64());
                 }
             }
+            if let Some((ops, barriers)) = st.persistent_program() {
+                println!(
+                    "{:>14} decode steps as one persistent kernel: {ops} operations, {barriers} grid barriers (HEARTH_CUDA_PERSISTENT=0: kernel by kernel)",
+                    ""
+                );
+            }
             let (m, lo, hi) = median(xs);
             let kv_gb = kv_read_bytes(&model, depth + o.n_gen / 2) as f64 / 1e9;
             let gbs = m * (weight_gb + kv_gb);

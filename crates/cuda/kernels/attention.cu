@@ -132,12 +132,20 @@ __device__ __forceinline__ float fa_exp2(float x) {
 // sized by the launch (fa_smem_bytes in ops.rs) above that limit.
 extern __shared__ __align__(128) u16 fa_dyn_smem[];
 
-// One (kv head, split, row block). WR warps of rows x WK warps of keys.
-template <int HD, bool BF16, int WR, int WK, int STAGES, bool DYN, int KQ>
-__device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* __restrict__ kc,
-                                        const u16* __restrict__ vc, const int* __restrict__ pos0p, int n_tokens,
-                                        int n_heads, int n_kv, int slots, int window, float scale,
-                                        float* __restrict__ part_o, float* __restrict__ part_ml, int mode) {
+// Shared memory of fa_attn in halves: 16-bit caches: STAGES K/V tile pairs;
+// quantized: STAGES staging pairs, then the one f16 K/V tile pair.
+template <int HD, int STAGES, int KQ>
+__host__ __device__ constexpr int fa_smem_halves() {
+    return KQ == FA_16 ? STAGES * 2 * FA_BK * HD
+                       : STAGES * FaRow<HD, KQ == FA_16 ? FA_Q8 : KQ>::STG + 2 * FA_BK * HD;
+}
+
+// One (kv head, split, row block) of block `bk`. WR warps of rows x WK warps
+// of keys. fa_smem: fa_smem_halves() halves, 128-byte aligned.
+template <int HD, bool BF16, int WR, int WK, int STAGES, int KQ>
+__device__ __forceinline__ void fa_attn(const Blk& bk, u16* fa_smem, const float* q, const u16* kc, const u16* vc,
+                                        const int* pos0p, int n_tokens, int n_heads, int n_kv, int slots,
+                                        int window, float scale, float* part_o, float* part_ml, int mode) {
     constexpr int NT = WR * WK * WARP;  // threads
     constexpr int KW = FA_BK / WK;      // keys per warp per tile
     constexpr int NKT = KW / 8;         // S column tiles per warp
@@ -146,30 +154,26 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
     constexpr int CH = HD / 8;          // 16-byte chunks per key row
     constexpr int TILE = FA_BK * HD;    // halves per K (or V) tile
     using QR = FaRow<HD, KQ == FA_16 ? FA_Q8 : KQ>;
-    // Shared memory in halves: 16-bit: STAGES K/V tile pairs; quantized:
-    // STAGES staging pairs, then the one f16 K/V tile pair.
-    constexpr int SMEM = KQ == FA_16 ? STAGES * 2 * TILE : STAGES * QR::STG + 2 * TILE;
+    constexpr int SMEM = fa_smem_halves<HD, STAGES, KQ>();
     static_assert(KW % 16 == 0, "a warp takes whole 16-key steps");
     static_assert((WK - 1) * WR * (DT * 4 + 4) * WARP * 4 <= SMEM * 2, "merge buffer fits");
     static_assert(KQ == FA_16 || !BF16, "quantized caches dequantize to f16");
-    __shared__ __align__(128) u16 fa_static_smem[DYN ? 8 : SMEM];
-    u16* const fa_smem = DYN ? fa_dyn_smem : fa_static_smem;
     // The quantized path's f16 tile pair, after the staging buffers.
     u16* const fa_tile16 = fa_smem + (KQ == FA_16 ? 0 : STAGES * QR::STG);
 
-    const int kvh = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    const int kvh = bk.y, s = bk.z, S = bk.gz;
     // FA_PER_TOKEN: block x is token x alone, its G rows placed and masked
     // exactly as a one-token decode pass at position pos0 + x places them
     // (rows past the token's invalid), so each row's result is bit for bit
     // that pass's (batch-invariant verify). FA_FULL: every row sees all
     // n_tokens rows of the pass (the DFlash drafter's non-causal block).
     const int G = n_heads / n_kv;
-    const int R = mode == FA_PER_TOKEN ? (blockIdx.x + 1) * G : G * n_tokens;
-    const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
+    const int R = mode == FA_PER_TOKEN ? (bk.x + 1) * G : G * n_tokens;
+    const int tid = bk.tid, warp = tid / WARP, lane = tid % WARP;
     const int gq = lane >> 2, tq = lane & 3;
     const int rt = warp % WR, kg = warp / WR;
     const int pos0 = pos0p[0];
-    const int row0 = mode == FA_PER_TOKEN ? blockIdx.x * G : blockIdx.x * 16 * WR;
+    const int row0 = mode == FA_PER_TOKEN ? bk.x * G : bk.x * 16 * WR;
 
     // This block's keys: the union of its rows' spans, split y of S.
     const int t_first = row0 / G, t_last = (min(R, row0 + 16 * WR) - 1) / G;
@@ -284,7 +288,7 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
 
     for (int j = 0; j < n_tiles; j++) {
         cp_async_wait<STAGES - 2>();
-        __syncthreads();  // tile j visible to all; everyone is done with tile j - 1's buffer
+        blk_sync(bk);  // tile j visible to all; everyone is done with tile j - 1's buffer
         issue(j + STAGES - 1);
         if (KQ != FA_16) {
             // Dequantize tile j's staging buffers into the f16 tile pair: chunk c
@@ -313,7 +317,7 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
                 fa_deq4(w.y, bias2, d2, h.z, h.w);
                 *(uint4*)(fa_tile16 + mat * TILE + r * HD + ((c ^ (r & 7)) * 8)) = h;
             }
-            __syncthreads();
+            blk_sync(bk);
         }
         const int kb = start + j * FA_BK + kg * KW;  // first key of this warp's slice
         if (kb > a_hi || kb + KW - 1 < a_lo) continue;
@@ -401,7 +405,7 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
         }
     }
     cp_async_wait<0>();
-    __syncthreads();  // the tiles' shared memory is free from here
+    blk_sync(bk);  // the tiles' shared memory is free from here
 
     if (WK > 1) {
         // Key warps 1.. hand their (m, l, o) to key warp 0 of the same rows,
@@ -419,7 +423,7 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
             my[(DT * 4 + 2) * WARP] = l[0];
             my[(DT * 4 + 3) * WARP] = l[1];
         }
-        __syncthreads();
+        blk_sync(bk);
         if (kg == 0) {
             for (int w = 1; w < WK; w++) {
                 const float* ot = red + ((w - 1) * WR + rt) * PER * WARP + lane;
@@ -465,8 +469,10 @@ __device__ __forceinline__ void fa_attn(const float* __restrict__ q, const u16* 
         const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                        \
         const int* __restrict__ pos0, int n_tokens, int n_heads, int n_kv, int slots, int window, float scale,      \
         float* __restrict__ part_o, float* __restrict__ part_ml, int mode) {                                        \
-        fa_attn<HD, BF16, WR, WK, STAGES, DYN, KQ>(q, kc, vc, pos0, n_tokens, n_heads, n_kv, slots, window, scale, \
-                                                   part_o, part_ml, mode);                                          \
+        __shared__ __align__(128) u16 fa_static_smem[DYN ? 8 : fa_smem_halves<HD, STAGES, KQ>()];                  \
+        fa_attn<HD, BF16, WR, WK, STAGES, KQ>(launch_blk(), DYN ? fa_dyn_smem : fa_static_smem, q, kc, vc, pos0,    \
+                                              n_tokens, n_heads, n_kv, slots, window, scale, part_o, part_ml,      \
+                                              mode);                                                                \
     }
 
 FA_KERNEL(fa_attn_64_f16_d, 64, false, 1, 2, 4, false, FA_16)
@@ -500,29 +506,28 @@ FA_KERNEL(fa_attn_256_q4_b, 256, false, 4, 1, 2, true, FA_Q4)
 // split weights are computed once, in parallel, into shared memory.
 #define ATT_MAX_SPLITS 1024
 // With xq set, the output is also quantized to 8 bits (the next product's input).
-extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, int S,
-                                        int hd, int flags, float* __restrict__ out, i8* __restrict__ xq,
-                                        float* __restrict__ xd, float* __restrict__ xs) {
-    const int h = blockIdx.x, t = blockIdx.y, n_heads = gridDim.x, d = threadIdx.x;
+__device__ __forceinline__ void attn_combine_op(const Blk& bk, const float* part_o, const float* part_ml, int S,
+                                                int hd, int flags, float* out, i8* xq, float* xd, float* xs) {
+    const int h = bk.x, t = bk.y, n_heads = bk.gx, d = bk.tid;
     const size_t base = ((size_t)t * n_heads + h) * S;
     __shared__ float wts[ATT_MAX_SPLITS];
     __shared__ float red[32];
     float M = -INFINITY;
-    for (int s = d; s < S; s += blockDim.x) M = fmaxf(M, part_ml[(base + s) * 2]);
+    for (int s = d; s < S; s += bk.nt) M = fmaxf(M, part_ml[(base + s) * 2]);
     M = warp_max(M);
     if (d % WARP == 0) red[d / WARP] = M;
-    __syncthreads();
+    blk_sync(bk);
     M = -INFINITY;
-    for (int w = 0; w < (int)(blockDim.x / WARP); w++) M = fmaxf(M, red[w]);
-    __syncthreads();
+    for (int w = 0; w < (int)(bk.nt / WARP); w++) M = fmaxf(M, red[w]);
+    blk_sync(bk);
     float den = 0.0f;
-    for (int s = d; s < S; s += blockDim.x) {
+    for (int s = d; s < S; s += bk.nt) {
         const float m = part_ml[(base + s) * 2];
         const float w = m == -INFINITY ? 0.0f : expf(m - M);
         wts[s] = w;
         den += w * part_ml[(base + s) * 2 + 1];
     }
-    den = block_sum(den);
+    den = block_sum(den, bk);
     // Independent partial sums so that the loads of several splits are in flight.
     float num[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int s = 0;
@@ -538,7 +543,7 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const 
         // CPU path's order (scale by 1/8 first, then the butterflies).
         __shared__ float rot[256];
         rot[d] = v * 0.125f;
-        __syncthreads();
+        blk_sync(bk);
         for (int len = 1; len < 64; len *= 2) {
             if (d < hd / 2) {
                 const int a = (d / len) * 2 * len + d % len;
@@ -546,7 +551,7 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const 
                 rot[a] = x + y;
                 rot[a + len] = x - y;
             }
-            __syncthreads();
+            blk_sync(bk);
         }
         v = rot[d];
     }
@@ -554,4 +559,10 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const 
     const size_t i = ((size_t)t * n_heads + h) * hd + d;
     out[i] = v;
     if (xq) quantize_lane(v, (int)(i / 32), d % WARP, xq, xd, xs);
+}
+
+extern "C" __global__ void attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, int S,
+                                        int hd, int flags, float* __restrict__ out, i8* __restrict__ xq,
+                                        float* __restrict__ xd, float* __restrict__ xs) {
+    attn_combine_op(launch_blk(), part_o, part_ml, S, hd, flags, out, xq, xd, xs);
 }

@@ -71,18 +71,46 @@ __device__ __forceinline__ int warp_sum_int(int v) {
     return v;
 }
 
-// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024).
-__device__ float block_sum(float v) {
+// The block an operation runs as: a kernel's own launch block, or one of the
+// virtual blocks the persistent decode kernel (persistent.cu) runs in turn on
+// its physical blocks. Operations take their indices from here instead of
+// blockIdx/gridDim/threadIdx and synchronise with blk_sync, so that one
+// device function serves both (the same arithmetic, bit for bit). A virtual
+// block may have fewer threads than the physical one (nt): the others skip
+// the operation, and blk_sync is then a named barrier over the nt threads.
+struct Blk {
+    int x, y, z;     // block index
+    int gx, gy, gz;  // grid size
+    int tid, nt;     // thread index, threads per block
+    int bar;         // barrier: 0 = the whole physical block (__syncthreads)
+};
+
+__device__ __forceinline__ Blk launch_blk() {
+    return Blk{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z, (int)gridDim.x, (int)gridDim.y,
+               (int)gridDim.z, (int)threadIdx.x, (int)blockDim.x, 0};
+}
+
+__device__ __forceinline__ void blk_sync(const Blk& b) {
+    if (b.bar == 0)
+        __syncthreads();
+    else
+        asm volatile("bar.sync %0, %1;" ::"r"(b.bar), "r"(b.nt) : "memory");
+}
+
+// Sum over the b.nt threads of a block (a multiple of 32, at most 1024).
+__device__ float block_sum(float v, const Blk& b) {
     __shared__ float partial[32];
     v = warp_sum(v);
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    __syncthreads();
+    const int lane = b.tid % WARP, warp = b.tid / WARP;
+    blk_sync(b);
     if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    const int n_warps = blockDim.x / WARP;
+    blk_sync(b);
+    const int n_warps = b.nt / WARP;
     v = lane < n_warps ? partial[lane] : 0.0f;
     return warp_sum(v);
 }
+
+__device__ float block_sum(float v) { return block_sum(v, launch_blk()); }
 
 // Flags shared by the kernels that write activations.
 #define OUT_BF16 1   // round the result to bfloat16 (Muse Glimmer's rounding points)

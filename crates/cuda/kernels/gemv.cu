@@ -414,6 +414,45 @@ __device__ __forceinline__ float dot_regs(const Raw& r, int it, const ActRegs& a
     }
 }
 
+// Rows r0 .. r0 + R - 1 (those below `rows`) of W by one warp: the
+// arithmetic of every one-row-per-warp kernel (each lane sums every 32nd item
+// of the row in order, then one warp_sum), which the persistent decode kernel
+// runs too. The activations `a` are read with ordinary loads.
+template <int WT, int R>
+__device__ __forceinline__ void gemv_rows_warp(const u8* __restrict__ w, const u16* __restrict__ wd, int rows,
+                                               int K, Act a, float* y, const float* __restrict__ bias, int flags,
+                                               int r0, int lane) {
+    int row_bytes, n_items, bpr;
+    row_geometry<WT>(K, row_bytes, n_items, bpr);
+    float acc[R];
+#pragma unroll
+    for (int rr = 0; rr < R; rr++) acc[rr] = 0.0f;
+    for (int it = lane; it < n_items; it += WARP) {
+        Raw raw[R];
+#pragma unroll
+        for (int rr = 0; rr < R; rr++)
+            if (r0 + rr < rows)
+                load_item<WT>(w + (size_t)(r0 + rr) * row_bytes, wd ? wd + (size_t)(r0 + rr) * bpr : nullptr, it, raw[rr]);
+        ActRegs ar;
+        load_act<WT>(it, a, ar);
+#pragma unroll
+        for (int rr = 0; rr < R; rr++)
+            if (r0 + rr < rows) acc[rr] += dot_regs<WT>(raw[rr], it, ar);
+    }
+#pragma unroll
+    for (int rr = 0; rr < R; rr++) acc[rr] = warp_sum(acc[rr]);
+    if (lane < R && r0 + lane < rows) {
+        float v = 0.0f;
+#pragma unroll
+        for (int rr = 0; rr < R; rr++)
+            if (rr == lane) v = acc[rr];
+        const int r = r0 + lane;
+        if (bias) v += bias[r];
+        if (flags & OUT_BF16) v = round_bf16(v);
+        y[r] = (flags & OUT_ADD) ? y[r] + v : v;
+    }
+}
+
 template <int WT, int R>
 __device__ __forceinline__ void gemv_rows(const u8* __restrict__ w, const u16* __restrict__ wd, int rows, int K,
                                           const i8* __restrict__ xq, const float* __restrict__ xd,
@@ -429,35 +468,8 @@ __device__ __forceinline__ void gemv_rows(const u8* __restrict__ w, const u16* _
     }
     PDL_TRIGGER();
     PDL_WAIT();
-    for (int r0 = (blockIdx.x * wpb + threadIdx.x / WARP) * R; r0 < rows; r0 += gridDim.x * wpb * R) {
-        float acc[R];
-#pragma unroll
-        for (int rr = 0; rr < R; rr++) acc[rr] = 0.0f;
-        for (int it = lane; it < n_items; it += WARP) {
-            Raw raw[R];
-#pragma unroll
-            for (int rr = 0; rr < R; rr++)
-                if (r0 + rr < rows)
-                    load_item<WT>(w + (size_t)(r0 + rr) * row_bytes, wd ? wd + (size_t)(r0 + rr) * bpr : nullptr, it, raw[rr]);
-            ActRegs ar;
-            load_act<WT>(it, a, ar);
-#pragma unroll
-            for (int rr = 0; rr < R; rr++)
-                if (r0 + rr < rows) acc[rr] += dot_regs<WT>(raw[rr], it, ar);
-        }
-#pragma unroll
-        for (int rr = 0; rr < R; rr++) acc[rr] = warp_sum(acc[rr]);
-        if (lane < R && r0 + lane < rows) {
-            float v = 0.0f;
-#pragma unroll
-            for (int rr = 0; rr < R; rr++)
-                if (rr == lane) v = acc[rr];
-            const int r = r0 + lane;
-            if (bias) v += bias[r];
-            if (flags & OUT_BF16) v = round_bf16(v);
-            y[r] = (flags & OUT_ADD) ? y[r] + v : v;
-        }
-    }
+    for (int r0 = (blockIdx.x * wpb + threadIdx.x / WARP) * R; r0 < rows; r0 += gridDim.x * wpb * R)
+        gemv_rows_warp<WT, R>(w, wd, rows, K, a, y, bias, flags, r0, lane);
 }
 
 // gemv_rows for up to MT tokens at once (tokens blockIdx.y * MT ..), each

@@ -25,60 +25,69 @@ __device__ __forceinline__ void quantize_lane(float v, int b, int lane, i8* xq, 
 // value is rounded to bf16. When xq is set, the stored row is also quantized
 // to 8 bits (the next matrix product's input). dim % 32 == 0.
 //
-// For a single row this is latency-bound, so every load is issued up front:
-// warp w owns the 32-value blocks w, w + n_warps, ..., whose values (up to
-// NORM_REGS per lane) stay in registers between the sum and the scaling.
+// The row's 32-value blocks are dealt to `nw` warps (warp w: blocks w, w +
+// nw, ...), each summing its squares in that order, and the nw warp sums are
+// added by one warp_sum: the result depends on nw only. A block of fewer
+// warps than nw (the persistent kernel's) takes several of them per warp and
+// gives the same bits as a launch of nw warps. For a single row this is
+// latency-bound, so a warp's first NORM_REGS loads are issued together.
 #define NORM_REGS 8
+// (Activation pointers carry no __restrict__ in the operations the persistent
+// kernel runs: a restrict-qualified const pointer may be read through the
+// non-coherent cache, which another block's writes in the same launch do not reach.)
+__device__ __forceinline__ void rmsnorm_op(const Blk& bk, int nw, const float* x, float* out,
+                                           const float* __restrict__ g, int dim, float eps, int flags, i8* xq,
+                                           float* xd, float* xs) {
+    __shared__ float partial[32];
+    const int row = bk.x;
+    const float* xr = x + (size_t)row * dim;
+    float* o = out + (size_t)row * dim;
+    const int lane = bk.tid % WARP, warp = bk.tid / WARP, n_warps = bk.nt / WARP;
+    const int n_blocks = dim / 32;
+    for (int vw = warp; vw < nw; vw += n_warps) {
+        float v[NORM_REGS];
+#pragma unroll
+        for (int k = 0; k < NORM_REGS; k++) {
+            const int b = vw + k * nw;
+            v[k] = b < n_blocks ? xr[b * 32 + lane] : 0.0f;
+        }
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_REGS; k++) ss += v[k] * v[k];
+        // Rows wider than NORM_REGS blocks per warp: the rest in a plain loop.
+        for (int b = vw + NORM_REGS * nw; b < n_blocks; b += nw) ss += xr[b * 32 + lane] * xr[b * 32 + lane];
+        ss = warp_sum(ss);
+        if (lane == 0) partial[vw] = ss;
+    }
+    blk_sync(bk);
+    const float ss = warp_sum(lane < nw ? partial[lane] : 0.0f);
+    const float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int vw = warp; vw < nw; vw += n_warps) {
+        for (int b = vw; b < n_blocks; b += nw) {
+            const int i = b * 32 + lane;
+            const float xv = xr[i];
+            float r;
+            if (flags & NORM_BF16_GAIN) {
+                r = round_bf16(xv * scale);
+                if (g) r = round_bf16(r * round_bf16(g[i]));
+            } else {
+                r = xv * scale;
+                if (g) r *= g[i];
+            }
+            if (flags & OUT_ADD) r += o[i];
+            if (flags & OUT_BF16) r = round_bf16(r);
+            o[i] = r;
+            if (xq) quantize_lane(r, row * n_blocks + b, lane, xq, xd, xs);
+        }
+    }
+}
+
 extern "C" __global__ void rmsnorm(const float* __restrict__ x, float* __restrict__ out, const float* __restrict__ g,
                                    int dim, float eps, int flags, i8* __restrict__ xq, float* __restrict__ xd,
                                    float* __restrict__ xs) {
     PDL_TRIGGER();
     PDL_WAIT();
-    const int row = blockIdx.x;
-    const float* xr = x + (size_t)row * dim;
-    float* o = out + (size_t)row * dim;
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
-    const int n_blocks = dim / 32;
-    float v[NORM_REGS], gv[NORM_REGS], ov[NORM_REGS];
-#pragma unroll
-    for (int k = 0; k < NORM_REGS; k++) {
-        const int b = warp + k * n_warps;
-        const bool ok = b < n_blocks;
-        v[k] = ok ? xr[b * 32 + lane] : 0.0f;
-        gv[k] = ok && g ? g[b * 32 + lane] : 1.0f;
-        ov[k] = ok && (flags & OUT_ADD) ? o[b * 32 + lane] : 0.0f;
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < NORM_REGS; k++) ss += v[k] * v[k];
-    // Rows wider than NORM_REGS blocks per warp: the rest in a plain loop.
-    for (int b = warp + NORM_REGS * n_warps; b < n_blocks; b += n_warps) ss += xr[b * 32 + lane] * xr[b * 32 + lane];
-    ss = block_sum(ss);
-    const float scale = 1.0f / sqrtf(ss / (float)dim + eps);
-    auto finish = [&](float xv, float gain, float old, int b) {
-        const int i = b * 32 + lane;
-        float r;
-        if (flags & NORM_BF16_GAIN) {
-            r = round_bf16(xv * scale);
-            if (g) r = round_bf16(r * round_bf16(gain));
-        } else {
-            r = xv * scale;
-            if (g) r *= gain;
-        }
-        if (flags & OUT_ADD) r += old;
-        if (flags & OUT_BF16) r = round_bf16(r);
-        o[i] = r;
-        if (xq) quantize_lane(r, row * n_blocks + b, lane, xq, xd, xs);
-    };
-#pragma unroll
-    for (int k = 0; k < NORM_REGS; k++) {
-        const int b = warp + k * n_warps;
-        if (b < n_blocks) finish(v[k], gv[k], ov[k], b);
-    }
-    for (int b = warp + NORM_REGS * n_warps; b < n_blocks; b += n_warps) {
-        const int i = b * 32 + lane;
-        finish(xr[i], g ? g[i] : 1.0f, (flags & OUT_ADD) ? o[i] : 0.0f, b);
-    }
+    rmsnorm_op(launch_blk(), blockDim.x / WARP, x, out, g, dim, eps, flags, xq, xd, xs);
 }
 
 #define HEAD_QK_RMS 1   // RMSNorm of each q and k head (then the gains, when given)
@@ -97,16 +106,14 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, float* __restric
 // (token, head) over n_heads + 2 * n_kv heads (queries, keys, values).
 // Positions come from device memory (pos0[0] + t) so that a captured graph
 // stays valid as the sequence grows.
-extern "C" __global__ void prepare_heads(float* __restrict__ q, const float* __restrict__ k,
-                                         const float* __restrict__ v, const float* __restrict__ qk_gain_q,
-                                         const float* __restrict__ qk_gain_k, int n_heads, int n_kv, int hd,
-                                         const int* __restrict__ pos0, float theta, float eps, int flags,
-                                         u16* __restrict__ k_cache, u16* __restrict__ v_cache, int slots) {
-    PDL_TRIGGER();
-    PDL_WAIT();
+__device__ __forceinline__ void prepare_heads_op(const Blk& bk, float* q, const float* k, const float* v,
+                                                 const float* __restrict__ qk_gain_q,
+                                                 const float* __restrict__ qk_gain_k, int n_heads, int n_kv, int hd,
+                                                 const int* pos0, float theta, float eps, int flags, u16* k_cache,
+                                                 u16* v_cache, int slots) {
     const int per_token = n_heads + 2 * n_kv;
-    const int t = blockIdx.x / per_token, h = blockIdx.x % per_token;
-    const int i = threadIdx.x;  // pair index, 0..hd/2
+    const int t = bk.x / per_token, h = bk.x % per_token;
+    const int i = bk.tid;  // pair index, 0..hd/2
     const int pos = pos0[0] + t;
     const int half = hd / 2;
     const bool is_q = h < n_heads, is_k = !is_q && h < n_heads + n_kv;
@@ -131,7 +138,7 @@ extern "C" __global__ void prepare_heads(float* __restrict__ q, const float* __r
             __shared__ float red[32];
             float ss = warp_sum(x0 * x0 + x1 * x1);
             if (i % WARP == 0) red[i / WARP] = ss;
-            __syncthreads();
+            blk_sync(bk);
             ss = 0.0f;
             for (int w = 0; w < (half + WARP - 1) / WARP; w++) ss += red[w];
             const float scale = 1.0f / sqrtf(ss / (float)hd + eps);
@@ -169,7 +176,7 @@ extern "C" __global__ void prepare_heads(float* __restrict__ q, const float* __r
         __shared__ float row_s[256];
         row_s[a_idx] = x0;
         row_s[b_idx] = x1;
-        __syncthreads();
+        blk_sync(bk);
         if (rot) {
             // llama.cpp's rotation with a quantized cache (the CPU path's fwht,
             // same order): chunks of n, scaled by 1/sqrt(n), then butterflies.
@@ -178,13 +185,13 @@ extern "C" __global__ void prepare_heads(float* __restrict__ q, const float* __r
             const float sc = 1.0f / sqrtf((float)n);
             row_s[2 * i] *= sc;
             row_s[2 * i + 1] *= sc;
-            __syncthreads();
+            blk_sync(bk);
             for (int len = 1; len < n; len *= 2) {
                 const int a = (i / len) * 2 * len + i % len;
                 const float u = row_s[a], w = row_s[a + len];
                 row_s[a] = u + w;
                 row_s[a + len] = u - w;
-                __syncthreads();
+                blk_sync(bk);
             }
         }
         x0 = row_s[2 * i];
@@ -249,6 +256,17 @@ extern "C" __global__ void prepare_heads(float* __restrict__ q, const float* __r
     }
 }
 
+extern "C" __global__ void prepare_heads(float* __restrict__ q, const float* __restrict__ k,
+                                         const float* __restrict__ v, const float* __restrict__ qk_gain_q,
+                                         const float* __restrict__ qk_gain_k, int n_heads, int n_kv, int hd,
+                                         const int* __restrict__ pos0, float theta, float eps, int flags,
+                                         u16* __restrict__ k_cache, u16* __restrict__ v_cache, int slots) {
+    PDL_TRIGGER();
+    PDL_WAIT();
+    prepare_heads_op(launch_blk(), q, k, v, qk_gain_q, qk_gain_k, n_heads, n_kv, hd, pos0, theta, eps, flags,
+                     k_cache, v_cache, slots);
+}
+
 #define GLU_SWIGLU 0  // silu(a) * b
 #define GLU_GATE 1    // sigmoid(b) * a (Muse Glimmer's attention output gate)
 #define GLU_GELU 2    // gelu(a) * b, GELU (tanh) as ggml's f16 table gives it (gemma3)
@@ -265,13 +283,10 @@ __device__ __forceinline__ float gelu_f16_table(float x) {
 
 // out = glu(a, b) elementwise over n values (n % 32 == 0), rounded to bf16
 // with OUT_BF16, written as f32 (optional) and quantized to 8 bits. One warp per 32 values.
-extern "C" __global__ void glu_q8(const float* __restrict__ a, const float* __restrict__ b, int n, int mode,
-                                  int flags, float* __restrict__ out, i8* __restrict__ xq, float* __restrict__ xd,
-                                  float* __restrict__ xs) {
-    PDL_TRIGGER();
-    PDL_WAIT();
-    const int blk = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    const int lane = threadIdx.x % WARP;
+__device__ __forceinline__ void glu_q8_op(const Blk& bk, const float* a, const float* b, int n, int mode, int flags,
+                                          float* out, i8* xq, float* xd, float* xs) {
+    const int blk = bk.x * (bk.nt / WARP) + bk.tid / WARP;
+    const int lane = bk.tid % WARP;
     if (blk >= n / 32) return;
     const int i = blk * 32 + lane;
     float v;
@@ -286,6 +301,14 @@ extern "C" __global__ void glu_q8(const float* __restrict__ a, const float* __re
     if (flags & OUT_BF16) v = round_bf16(v);
     if (out) out[i] = v;
     quantize_lane(v, blk, lane, xq, xd, xs);
+}
+
+extern "C" __global__ void glu_q8(const float* __restrict__ a, const float* __restrict__ b, int n, int mode,
+                                  int flags, float* __restrict__ out, i8* __restrict__ xq, float* __restrict__ xd,
+                                  float* __restrict__ xs) {
+    PDL_TRIGGER();
+    PDL_WAIT();
+    glu_q8_op(launch_blk(), a, b, n, mode, flags, out, xq, xd, xs);
 }
 
 // out[i] = y[i] * s (+ bias[i % width]) (+ out[i] with OUT_ADD) over n values:

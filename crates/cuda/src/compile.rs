@@ -23,6 +23,8 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/gemm.cu"),
     "\n",
     include_str!("../kernels/vision.cu"),
+    "\n",
+    include_str!("../kernels/persistent.cu"),
 );
 
 /// 64-bit FNV-1a: stable across Rust versions and platforms (unlike std's

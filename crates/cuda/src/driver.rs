@@ -114,6 +114,16 @@ impl Arg {
     }
 }
 
+/// One launch as [`Gpu::record_launches`] saw it instead of running it.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    pub name: &'static str,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub smem: u32,
+    pub args: Vec<Arg>,
+}
+
 /// The context, stream and kernels of device 0.
 pub struct Gpu {
     pub info: DeviceInfo,
@@ -134,6 +144,8 @@ pub struct Gpu {
     /// Launch the kernels of `ops::uses_pdl` with programmatic dependent
     /// launch (sm_90+; HEARTH_CUDA_PDL=0 turns it off; tests toggle it).
     pub pdl: std::sync::atomic::AtomicBool,
+    /// While [`Gpu::record_launches`] runs: the launches made, none of them run.
+    recording: Mutex<Option<Vec<Launch>>>,
 }
 
 // SAFETY: the context is made current on whichever thread uses it (`bind`);
@@ -203,6 +215,7 @@ impl Gpu {
             profile,
             norm_threads: 1024.into(),
             pdl: pdl.into(),
+            recording: Mutex::new(None),
         })
     }
 
@@ -348,6 +361,16 @@ impl Gpu {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
+        if let Some(rec) = self.recording.lock().expect("recorder poisoned").as_mut() {
+            rec.push(Launch {
+                name,
+                grid,
+                block,
+                smem,
+                args: args.to_vec(),
+            });
+            return Ok(());
+        }
         let f = self.function(name)?;
         if smem > 48 * 1024 {
             let mut raised = self.smem_raised.lock().expect("kernel table poisoned");
@@ -429,6 +452,101 @@ impl Gpu {
             e.1 += ms;
         }
         Ok(())
+    }
+
+    /// Runs `f` with every kernel launch recorded instead of made (like a
+    /// graph capture, but the launches come back as data: the persistent
+    /// decode kernel replays them). Other stream work in `f` still runs.
+    pub fn record_launches<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(T, Vec<Launch>)> {
+        *self.recording.lock().expect("recorder poisoned") = Some(Vec::new());
+        let out = f();
+        let launches = self
+            .recording
+            .lock()
+            .expect("recorder poisoned")
+            .take()
+            .unwrap_or_default();
+        Ok((out?, launches))
+    }
+
+    /// Launches `name` as a cooperative kernel: every block of `grid` is
+    /// resident at once (the driver refuses a grid that cannot be), so the
+    /// blocks may wait for each other.
+    pub fn launch_cooperative(
+        &self,
+        name: &'static str,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        let f = self.function(name)?;
+        // SAFETY: `f` is a loaded function of this context.
+        unsafe {
+            result::function::set_function_attribute(
+                f,
+                sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+        }
+        .map_err(|e| CudaError::Driver {
+            call: "cuFuncSetAttribute",
+            msg: format!("{name}: {smem} bytes of shared memory: {e:?}"),
+        })?;
+        let mut store: Vec<u64> = args.iter().map(|a| a.bits()).collect();
+        let mut params: Vec<*mut c_void> = store
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: a zeroed attribute is valid; the union field written is the
+        // one the attribute id selects.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attr.value.cooperative = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let timing = match &self.profile {
+            Some(_) => {
+                let (a, b) = (self.event()?, self.event()?);
+                self.record(&a)?;
+                Some((a, b))
+            }
+            None => None,
+        };
+        // SAFETY: each parameter points at an 8-byte slot holding the value in
+        // its low bytes, as in `launch_smem`; `cfg`, `attr` and the slots outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| CudaError::Driver {
+                call: "cuLaunchKernelEx (cooperative)",
+                msg: format!("{name}: {grid} blocks of {block}: {e:?}"),
+            })?;
+        if let (Some((a, b)), Some(p)) = (timing, &self.profile) {
+            self.record(&b)?;
+            let ms = a.elapsed_ms(&b)? as f64;
+            let mut p = p.lock().expect("profile table poisoned");
+            let e = p.entry(name).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += ms;
+        }
+        Ok(())
+    }
+
+    /// Zeroes `n` 32-bit words at `ptr` (on the stream).
+    pub fn zero_u32(&self, ptr: u64, n: usize) -> Result<()> {
+        unsafe { sys::cuMemsetD32Async(ptr, 0, n, self.stream) }
+            .result()
+            .ctx("cuMemsetD32Async")
     }
 
     /// Whether launches are being timed (HEARTH_CUDA_PROFILE).

@@ -101,6 +101,12 @@ pub struct GpuState {
     graph: Option<Graph>,
     /// Replay decode steps from a captured CUDA graph (default on).
     pub use_graph: bool,
+    /// Run decode steps as the persistent kernel where the model can
+    /// ([`GpuModel::persistent`]; HEARTH_CUDA_PERSISTENT=0 turns it off).
+    pub use_persistent: bool,
+    /// The decode step as the persistent kernel's program, once recorded:
+    /// None if not yet, Some(None) if the step has a launch it cannot run.
+    program: Option<Option<crate::persistent::Program>>,
     /// Prefill token-block threshold: blocks of more tokens use the tensor-core GEMM.
     pub gemm_min_tokens: usize,
     host_x: Vec<f32>,
@@ -145,6 +151,15 @@ pub(crate) fn block_splits(span: usize, t: usize, blocks: usize) -> usize {
 }
 
 impl GpuState {
+    /// The persistent decode kernel's program of this state, once a decode
+    /// step recorded it: (operations, grid barriers) per step.
+    pub fn persistent_program(&self) -> Option<(usize, usize)> {
+        match &self.program {
+            Some(Some(p)) => Some((p.len(), p.barriers)),
+            _ => None,
+        }
+    }
+
     /// Bytes of the KV caches.
     pub fn kv_bytes(&self) -> usize {
         self.caches.iter().map(|c| c.k.bytes + c.v.bytes).sum()
@@ -243,6 +258,8 @@ impl GpuModel {
             s,
             graph: None,
             use_graph: std::env::var("HEARTH_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            use_persistent: self.persistent,
+            program: None,
             gemm_min_tokens: 16,
             host_x: Vec::new(),
             invariant: false,
@@ -347,6 +364,7 @@ impl GpuModel {
                     Logits::Last if rows == 1 => self.head(st, t - 1, 1)?,
                     _ => {}
                 }
+            } else if t == 1 && want != Logits::All && self.persistent_step(st)? {
             } else if t == 1 && st.use_graph && !self.gpu.profiling() && want != Logits::All {
                 if st.graph.is_none() {
                     self.gpu.begin_capture()?;
@@ -671,6 +689,29 @@ impl GpuModel {
     }
 
     /// All layers for `t` tokens already in x, then the head for the last `rows` rows.
+    /// One decode step (token embedded, position uploaded) as the persistent
+    /// kernel, recording its program on the state's first step; false (and
+    /// nothing run) where the state does not use it or the step has a launch
+    /// the kernel cannot run.
+    fn persistent_step(&self, st: &mut GpuState) -> Result<bool> {
+        if !st.use_persistent {
+            return Ok(false);
+        }
+        if st.program.is_none() {
+            let ((), launches) = self
+                .gpu
+                .record_launches(|| self.layers_and_head(st, 1, 1))?;
+            st.program = Some(crate::persistent::Program::build(&self.gpu, &launches).ok());
+        }
+        match &st.program {
+            Some(Some(p)) => {
+                p.run(&self.gpu)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     fn layers_and_head(&self, st: &mut GpuState, t: usize, rows: usize) -> Result<()> {
         for li in 0..self.layers.len() {
             self.layer(st, li, t)?;

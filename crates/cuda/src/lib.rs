@@ -9,6 +9,7 @@
 //! - `model`: weights resident on the GPU (`GpuModel::upload`).
 //! - `forward`: KV caches and the forward pass (`GpuModel::forward`), decode graphs.
 //! - `ops`, `gemm`: typed kernel launches.
+//! - `persistent`: a decode step as one persistent kernel (small models).
 //! - `backend`: `GpuModel` as the engine's `Backend` (sessions, server, speculation).
 //! - `dflash`: the DFlash drafter on the GPU, next to its target.
 //! - `vision`: the Muse Glimmer vision tower (`hearth_vision::Tower`).
@@ -23,6 +24,7 @@ pub mod gemm;
 pub mod kbench;
 pub mod model;
 pub mod ops;
+pub mod persistent;
 pub mod repack;
 pub mod saved;
 pub mod tune;

@@ -76,7 +76,54 @@ pub struct GpuModel {
     pub resident_bytes: usize,
     /// The GEMV variant chosen for each matrix shape (see tune.rs).
     pub tune_report: Vec<String>,
+    /// Decode steps run as one persistent kernel (persistent.rs) where they
+    /// can: a small model whose step is launch-bound. Its products then use
+    /// the one-warp-per-row GEMV kernels only (the persistent kernel computes
+    /// their arithmetic), so kernel-by-kernel passes (verify, batches) give
+    /// the same bits as its steps.
+    pub persistent: bool,
     _arena: DevBuf,
+}
+
+/// Weights up to this size decode with the persistent kernel by default
+/// (HEARTH_CUDA_PERSISTENT=0 never, =1 at any size).
+const PERSISTENT_MAX_BYTES: usize = 8 << 30;
+
+/// Whether decode steps of `layers`/`output` should run as the persistent
+/// kernel: the setting, the size, and weights of the types it multiplies
+/// (quantized, no per-tensor scale).
+fn wants_persistent(layers: &[GpuLayer], output: &GpuMatrix, weight_bytes: usize) -> bool {
+    let setting = std::env::var("HEARTH_CUDA_PERSISTENT").ok();
+    if setting.as_deref() == Some("0") {
+        return false;
+    }
+    let ok = |m: &GpuMatrix| {
+        m.scale.is_none()
+            && matches!(
+                m.kind,
+                WeightKind::Q8_0
+                    | WeightKind::Q4_0
+                    | WeightKind::Q5_0
+                    | WeightKind::Q4K
+                    | WeightKind::Q5K
+                    | WeightKind::Q6K
+            )
+    };
+    let all = layers.iter().all(|l| {
+        [
+            &l.wq,
+            &l.wk,
+            &l.wv,
+            &l.wo,
+            &l.ffn_gate,
+            &l.ffn_up,
+            &l.ffn_down,
+        ]
+        .into_iter()
+        .chain(l.attn_gate.as_ref())
+        .all(ok)
+    }) && ok(output);
+    all && (setting.as_deref() == Some("1") || weight_bytes <= PERSISTENT_MAX_BYTES)
 }
 
 const ALIGN: usize = 256;
@@ -400,9 +447,11 @@ impl GpuModel {
             .collect();
         let mut output = r.mat(out);
         let mut layers: Vec<GpuLayer> = layers;
-        let report = crate::tune::tune_model(&gpu, &mut layers, &mut output)?;
+        let persistent = wants_persistent(&layers, &output, model.weight_bytes());
+        let report = crate::tune::tune_model(&gpu, &mut layers, &mut output, persistent)?;
         Ok(GpuModel {
             tune_report: report,
+            persistent,
             output,
             output_norm: r.at(Some(out_norm)),
             layers,

@@ -35,6 +35,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "fa_attn_128_q4_b",
     "fa_attn_256_q4_b",
     "attn_combine",
+    "mk_decode",
     "gemv_q4_k_1_u1",
     "gemv_q4_k_1_u4",
     "gemv_q6_k_1_r4",

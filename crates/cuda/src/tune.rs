@@ -20,8 +20,15 @@ fn time_us(g: &Gpu, reps: usize, f: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(g.median_ms(reps, f)? * 1e3)
 }
 
-/// Tunes every matrix of the model in place; returns one report line per shape.
-pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> Result<Vec<String>> {
+/// Tunes every matrix of the model in place; returns one report line per
+/// shape. `warps_only`: only the one-warp-per-row kernels (whose arithmetic
+/// the persistent decode kernel shares), so fused projections stay unfused.
+pub fn tune_model(
+    g: &Gpu,
+    layers: &mut [GpuLayer],
+    output: &mut GpuMatrix,
+    warps_only: bool,
+) -> Result<Vec<String>> {
     if std::env::var("HEARTH_CUDA_TUNE").is_ok_and(|v| v == "0") {
         return Ok(vec!["GEMV tuning off (HEARTH_CUDA_TUNE=0)".into()]);
     }
@@ -83,7 +90,12 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
         } else {
             variants.clone()
         };
-        cands.extend(ops::gemv_x_variants(m, g.info.sm_count as u32));
+        if !warps_only {
+            cands.extend(ops::gemv_x_variants(m, g.info.sm_count as u32));
+        }
+        if cands.is_empty() {
+            continue;
+        }
         for &v in &cands {
             times.push((
                 time_us(g, 5, || ops::gemv_single(g, m, v, a8, y.ptr, m.rows, 0, 0))?,
@@ -113,7 +125,9 @@ pub fn tune_model(g: &Gpu, layers: &mut [GpuLayer], output: &mut GpuMatrix) -> R
         chosen.insert(key, best);
     }
     for m in mats {
-        m.tune = chosen[&shape(m)];
+        if let Some(&t) = chosen.get(&shape(m)) {
+            m.tune = t;
+        }
     }
     // Row norm of one token (decode): block size against the reduction's latency.
     let dim = layers.first().map_or(0, |l| l.wq.cols);

@@ -855,51 +855,64 @@ fn small_qwen2() -> SynthShape {
 
 /// Decoding is deterministic and does not depend on how a step is launched:
 /// the same tokens give bit-identical logits on a repeat, with the decode
-/// step replayed from a CUDA graph or launched kernel by kernel, with
-/// programmatic dependent launch on or off, and when each single-token step
-/// asks for `Logits::All` (what a speculative verify pass of one token does).
+/// step run as the persistent kernel (one launch), replayed from a CUDA graph
+/// or launched kernel by kernel, with programmatic dependent launch on or
+/// off, and when each single-token step asks for `Logits::All` (what a
+/// speculative verify pass of one token does). Both small-model shapes: a
+/// qwen2 (flat caches, biases), and a gemma3 (sliding windows of 16 keys
+/// over 84 positions, QK-norm, sandwich norms, GELU, head dim 256).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn decode_is_deterministic_across_launch_modes() {
     use std::sync::atomic::Ordering::Relaxed;
-    let shape = small_qwen2();
-    let (m, _) = synth_models(shape, 12);
     let g = gpu();
-    let gm = GpuModel::upload(g.clone(), m, false).unwrap();
-    let mut rng = ChaCha8Rng::seed_from_u64(6);
-    let tokens: Vec<u32> = (0..52).map(|_| rng.gen_range(0..1000u32)).collect();
-    let pdl_available = g.pdl.load(Relaxed);
-    let run = |graph: bool, pdl: bool, want: Logits| -> Vec<f32> {
-        g.pdl.store(pdl && pdl_available, Relaxed);
-        let mut st = gm.new_state(256).unwrap();
-        st.use_graph = graph;
-        let mut out = gm.forward(&mut st, &tokens[..20], Logits::Last).unwrap();
-        for &t in &tokens[20..] {
-            out.extend(gm.forward(&mut st, &[t], want).unwrap());
-        }
-        out
-    };
-    let base = run(true, true, Logits::Last);
-    for (graph, pdl, want) in [
-        (true, true, Logits::Last),
-        (false, true, Logits::Last),
-        (true, false, Logits::Last),
-        (false, false, Logits::Last),
-        (true, true, Logits::All),
-    ] {
-        let got = run(graph, pdl, want);
-        let differing = base
-            .iter()
-            .zip(&got)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        println!(
-            "graph {graph} pdl {pdl} {want:?}: {differing} of {} logits differ from the first run",
-            got.len()
+    for (name, shape) in [("qwen2", small_qwen2()), ("gemma3", small_gemma3())] {
+        let (m, _) = synth_models(shape, 12);
+        let gm = GpuModel::upload(g.clone(), m, false).unwrap();
+        assert!(
+            gm.persistent,
+            "{name}: a small model decodes with the persistent kernel"
         );
-        assert_eq!(differing, 0, "graph {graph} pdl {pdl} {want:?}");
+        let mut rng = ChaCha8Rng::seed_from_u64(6);
+        let tokens: Vec<u32> = (0..84).map(|_| rng.gen_range(0..500u32)).collect();
+        let pdl_available = g.pdl.load(Relaxed);
+        let run = |persistent: bool, graph: bool, pdl: bool, want: Logits| -> Vec<f32> {
+            g.pdl.store(pdl && pdl_available, Relaxed);
+            let mut st = gm.new_state(256).unwrap();
+            st.use_graph = graph;
+            st.use_persistent = persistent;
+            let mut out = gm.forward(&mut st, &tokens[..20], Logits::Last).unwrap();
+            for &t in &tokens[20..] {
+                out.extend(gm.forward(&mut st, &[t], want).unwrap());
+            }
+            out
+        };
+        let base = run(true, true, true, Logits::Last);
+        for (persistent, graph, pdl, want) in [
+            (true, true, true, Logits::Last),
+            (false, true, true, Logits::Last),
+            (false, false, true, Logits::Last),
+            (false, true, false, Logits::Last),
+            (false, false, false, Logits::Last),
+            (true, true, true, Logits::All),
+        ] {
+            let got = run(persistent, graph, pdl, want);
+            let differing = base
+                .iter()
+                .zip(&got)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            println!(
+                "{name}: persistent {persistent} graph {graph} pdl {pdl} {want:?}: {differing} of {} logits differ from the first run",
+                got.len()
+            );
+            assert_eq!(
+                differing, 0,
+                "{name}: persistent {persistent} graph {graph} pdl {pdl} {want:?}"
+            );
+        }
+        g.pdl.store(pdl_available, Relaxed);
     }
-    g.pdl.store(pdl_available, Relaxed);
 }
 
 /// Whole-model logits, synthetic qwen2 (Q4_K_M mix, biases, NeoX RoPE, GQA).
@@ -933,7 +946,12 @@ fn muse_glimmer_logits_match_cpu() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemma3_logits_match_cpu() {
-    let shape = SynthShape {
+    let (m, exact) = synth_models(small_gemma3(), 14);
+    compare_model("gemma3", m, exact);
+}
+
+fn small_gemma3() -> SynthShape {
+    SynthShape {
         n_layers: 7,
         dim: 512,
         n_heads: 4,
@@ -943,9 +961,7 @@ fn gemma3_logits_match_cpu() {
         vocab_size: 1000,
         window: 16,
         ..SynthShape::small(Architecture::Gemma3)
-    };
-    let (m, exact) = synth_models(shape, 14);
-    compare_model("gemma3", m, exact);
+    }
 }
 
 fn muse_shape() -> SynthShape {
