@@ -6,7 +6,7 @@
 #   .gpu/hearth.gz, .gpu/gpu_tests.gz (stripped, gzipped), .gpu/vision_encode,
 #   .gpu/tok.gguf (SmolLM2's tokenizer keys only: the synthetic models' vocabulary).
 #
-#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server|ttft-prefix|small|kvq ...
+#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server|ttft-prefix|small|llama-build|llama-bench|kvq ...
 #
 # Everything it writes goes to $OUT (logs) and /dev/shm/h (binaries, models),
 # which survives between calls while the machine stays warm.
@@ -22,7 +22,9 @@ for b in hearth gpu_tests; do
   chmod +x "$H/$b"
 done
 [[ -f "$G/vision_encode" ]] && cp "$G/vision_encode" "$H/"
-[[ -f "$H/tok.gguf" ]] || cp "$G/tok.gguf" "$H/"
+for f in tok.gguf g3h.bin.gz llama-src.tar.xz; do
+  [[ -f "$G/$f" ]] && cp "$G/$f" "$H/"
+done
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 png() { # SIDE_W SIDE_H PATH: the spec's synthetic pattern (bench/vision-encode.sh's)
@@ -229,8 +231,8 @@ PY
       HEARTH_CUDA_PERSISTENT=0 HEARTH_CUDA_PROFILE=1 "$H/hearth" bench --device cuda -m "$H/q15.gguf" -p 0 -n 64 -r 1 2>&1 |
         grep -vE "^cuda:   gemv" | tee -a "$OUT/small.log"
       # gemma-3-270m's exact layout with random weights (like_gguf.py; the real file cannot travel).
-      if [[ -f "$G/g3h.bin.gz" ]]; then
-        gunzip -c "$G/g3h.bin.gz" >"$H/g3h.bin"
+      if [[ -f "$H/g3h.bin.gz" ]]; then
+        gunzip -c "$H/g3h.bin.gz" >"$H/g3h.bin"
         python3 bench/cuda/scripts/like_gguf.py fill "$H/g3h.bin" "$H/g3like.gguf" >&2
         for v in PERSISTENT=1 PERSISTENT=0; do
           echo "== gemma3-270m layout, HEARTH_CUDA_$v" | tee -a "$OUT/small.log"
@@ -238,18 +240,48 @@ PY
             grep -vE "^cuda:   gemv" | tee -a "$OUT/small.log"
         done
       fi ;;
+    llama-build)
+      # llama.cpp 11434's CUDA llama-bench (the peer), built in the background
+      # from .gpu/llama-src.tar.xz (its source without models, docs, tests and
+      # other backends) while later calls run; llama-bench waits for it.
+      if [[ ! -d "$H/llama.cpp" ]]; then
+        tar xJf "$H/llama-src.tar.xz" -C "$H"
+        (cd "$H/llama.cpp" && setsid nohup bash -c "cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+          -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+          -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > $H/cmake.log 2>&1 \
+          && cmake --build build -j16 --target llama-bench > $H/build.log 2>&1; echo \$? > $H/BUILT" \
+          >/dev/null 2>&1 </dev/null &)
+        echo "llama.cpp CUDA build started"
+      fi ;;
+    llama-bench)
+      # The peer on the same files, same machine (llama-bench -ngl 99 -fa 1).
+      while [[ ! -f "$H/BUILT" ]]; do sleep 5; done
+      echo "llama.cpp build exit status: $(cat "$H/BUILT")"; tail -2 "$H/build.log"
+      LB="$H/llama.cpp/build/bin/llama-bench"
+      for m in q15 g3like; do
+        [[ -f "$H/$m.gguf" ]] || continue
+        echo "== llama-bench $m" | tee -a "$OUT/llama-bench.log"
+        "$LB" -m "$H/$m.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r ${REPS:-3} 2>&1 | grep -E "model|---|pp512|tg128" |
+          tee -a "$OUT/llama-bench.log"
+      done
+      q32
+      echo "== llama-bench q32" | tee -a "$OUT/llama-bench.log"
+      "$LB" -m "$H/q32.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>&1 | grep -E "model|---|pp512|tg128" | tee -a "$OUT/llama-bench.log"
+      "$LB" -m "$H/q32.gguf" -ngl 99 -fa 1 -p 0 -n 128 -d 32768 -r 2 2>&1 | grep -E "tg128" | tee -a "$OUT/llama-bench.log" ;;
     kvq)
       # Issue 20's quantized KV cache on CUDA: the Qwen2.5-32B shape decoding
       # over 32K positions (and prefilling 512 tokens after them) with f16,
       # q8_0 and q4_0 caches; the Muse-Glimmer-30B shape's KV bytes at 128K
       # (and its decode there) with f16 and q8_0.
       q32
+      echo "== q32 HEARTH_CUDA_PERSISTENT=1 (the persistent decode kernel forced on a 19 GB model)" | tee -a "$OUT/kvq.log"
+      HEARTH_CUDA_PERSISTENT=1 "$H/hearth" bench --device cuda -m "$H/q32.gguf" -p 0 -n 64 -r 2 2>&1 |
+        grep -vE "^cuda:   gemv" | tee -a "$OUT/kvq.log"
       for ct in f16 q8_0 q4_0; do
         echo "== q32 --cache-type-k/-v $ct" | tee -a "$OUT/kvq.log"
         "$H/hearth" bench --device cuda -m "$H/q32.gguf" -p 512 -n 128 -r ${REPS:-2} --depth 32768 \
           --cache-type-k $ct --cache-type-v $ct 2>&1 | grep -vE "^cuda:   gemv" | tee -a "$OUT/kvq.log"
       done
-      rm -f "$H/q32.gguf"
       [[ -f "$H/mg30.gguf" ]] || "$H/hearth" synth --preset muse-glimmer-30b --row-pool 64 \
         --tokenizer-from "$H/tok.gguf" -o "$H/mg30.gguf" >&2
       for ct in f16 q8_0; do

@@ -338,6 +338,31 @@ impl Gpu {
         Ok(f)
     }
 
+    /// Raises kernel `name`'s dynamic shared memory limit to `smem` bytes
+    /// where that is above the 48 KiB every kernel gets (once per size).
+    fn raise_smem(&self, f: sys::CUfunction, name: &'static str, smem: u32) -> Result<()> {
+        if smem <= 48 * 1024 {
+            return Ok(());
+        }
+        let mut raised = self.smem_raised.lock().expect("kernel table poisoned");
+        if raised.get(name).is_none_or(|&r| r < smem) {
+            // SAFETY: `f` is a loaded function of this context.
+            unsafe {
+                result::function::set_function_attribute(
+                    f,
+                    sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+            }
+            .map_err(|e| CudaError::Driver {
+                call: "cuFuncSetAttribute",
+                msg: format!("{name}: {smem} bytes of shared memory: {e:?}"),
+            })?;
+            raised.insert(name, smem);
+        }
+        Ok(())
+    }
+
     /// Launches kernel `name` on the stream. The arguments must match the
     /// kernel's parameter list in type and order (pointers, int, float).
     pub fn launch(
@@ -372,24 +397,7 @@ impl Gpu {
             return Ok(());
         }
         let f = self.function(name)?;
-        if smem > 48 * 1024 {
-            let mut raised = self.smem_raised.lock().expect("kernel table poisoned");
-            if raised.get(name).is_none_or(|&r| r < smem) {
-                // SAFETY: `f` is a loaded function of this context.
-                unsafe {
-                    result::function::set_function_attribute(
-                        f,
-                        sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem as i32,
-                    )
-                }
-                .map_err(|e| CudaError::Driver {
-                    call: "cuFuncSetAttribute",
-                    msg: format!("{name}: {smem} bytes of shared memory: {e:?}"),
-                })?;
-                raised.insert(name, smem);
-            }
-        }
+        self.raise_smem(f, name, smem)?;
         let mut store: Vec<u64> = args.iter().map(|a| a.bits()).collect();
         let mut params: Vec<*mut c_void> = store
             .iter_mut()
@@ -481,18 +489,7 @@ impl Gpu {
         args: &[Arg],
     ) -> Result<()> {
         let f = self.function(name)?;
-        // SAFETY: `f` is a loaded function of this context.
-        unsafe {
-            result::function::set_function_attribute(
-                f,
-                sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-        }
-        .map_err(|e| CudaError::Driver {
-            call: "cuFuncSetAttribute",
-            msg: format!("{name}: {smem} bytes of shared memory: {e:?}"),
-        })?;
+        self.raise_smem(f, name, smem)?;
         let mut store: Vec<u64> = args.iter().map(|a| a.bits()).collect();
         let mut params: Vec<*mut c_void> = store
             .iter_mut()
