@@ -221,20 +221,23 @@ PY
       [[ -f "$H/q15.gguf" ]] || "$H/hearth" synth --arch qwen2 --layers 28 --dim 1536 --heads 12 --kv-heads 2 \
         --ffn 8960 --vocab 151936 --row-pool 64 -o "$H/q15.gguf" >&2
       "$H/hearth" bench --device cuda -m "$H/q15.gguf" -p 512 -n 128 -r ${REPS:-3} --roofline 2>&1 | tee -a "$OUT/small.log"
-      # The persistent decode kernel against kernel-by-kernel steps (CUDA
-      # graphs, PDL) and without its norm replication / L2 prefetch.
-      for v in PERSISTENT=0 REPLICATE=0 PREFETCH=0; do
-        echo "== HEARTH_CUDA_$v" | tee -a "$OUT/small.log"
-        env "HEARTH_CUDA_$v" "$H/hearth" bench --device cuda -m "$H/q15.gguf" -p 0 -n 128 -r ${REPS:-3} 2>&1 |
+      # The persistent decode kernel (opt-in) against the default
+      # kernel-by-kernel steps (CUDA graphs, PDL), and without its norm
+      # replication / L2 prefetch.
+      for v in "HEARTH_CUDA_PERSISTENT=1" "HEARTH_CUDA_PERSISTENT=1 HEARTH_CUDA_REPLICATE=0" \
+        "HEARTH_CUDA_PERSISTENT=1 HEARTH_CUDA_PREFETCH=0"; do
+        echo "== $v" | tee -a "$OUT/small.log"
+        # shellcheck disable=SC2086
+        env $v "$H/hearth" bench --device cuda -m "$H/q15.gguf" -p 0 -n 128 -r ${REPS:-3} 2>&1 |
           grep -vE "^cuda:   gemv" | tee -a "$OUT/small.log"
       done
-      HEARTH_CUDA_PERSISTENT=0 HEARTH_CUDA_PROFILE=1 "$H/hearth" bench --device cuda -m "$H/q15.gguf" -p 0 -n 64 -r 1 2>&1 |
+      HEARTH_CUDA_PROFILE=1 "$H/hearth" bench --device cuda -m "$H/q15.gguf" -p 0 -n 64 -r 1 2>&1 |
         grep -vE "^cuda:   gemv" | tee -a "$OUT/small.log"
       # gemma-3-270m's exact layout with random weights (like_gguf.py; the real file cannot travel).
       if [[ -f "$H/g3h.bin.gz" ]]; then
         gunzip -c "$H/g3h.bin.gz" >"$H/g3h.bin"
         python3 bench/cuda/scripts/like_gguf.py fill "$H/g3h.bin" "$H/g3like.gguf" >&2
-        for v in PERSISTENT=1 PERSISTENT=0; do
+        for v in PERSISTENT=0 PERSISTENT=1; do
           echo "== gemma3-270m layout, HEARTH_CUDA_$v" | tee -a "$OUT/small.log"
           env "HEARTH_CUDA_$v" "$H/hearth" bench --device cuda -m "$H/g3like.gguf" -p 512 -n 128 -r ${REPS:-3} 2>&1 |
             grep -vE "^cuda:   gemv" | tee -a "$OUT/small.log"

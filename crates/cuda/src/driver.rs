@@ -489,7 +489,9 @@ impl Gpu {
         args: &[Arg],
     ) -> Result<()> {
         let f = self.function(name)?;
-        self.raise_smem(f, name, smem)?;
+        // Static and dynamic shared memory together above 48 KiB need the
+        // raised limit too (the kernel's static part is a few KiB).
+        self.raise_smem(f, name, smem.max(48 * 1024 + 1))?;
         let mut store: Vec<u64> = args.iter().map(|a| a.bits()).collect();
         let mut params: Vec<*mut c_void> = store
             .iter_mut()

@@ -703,12 +703,18 @@ impl GpuModel {
                 .record_launches(|| self.layers_and_head(st, 1, 1))?;
             st.program = Some(crate::persistent::Program::build(&self.gpu, &launches).ok());
         }
-        match &st.program {
-            Some(Some(p)) => {
-                p.run(&self.gpu)?;
-                Ok(true)
+        let Some(Some(p)) = &st.program else {
+            return Ok(false);
+        };
+        match p.run(&self.gpu) {
+            Ok(()) => Ok(true),
+            // A launch the driver refuses (too many blocks to be resident at
+            // once on this GPU) runs nothing: launch the kernels instead.
+            Err(CudaError::Driver { .. }) => {
+                st.program = Some(None);
+                Ok(false)
             }
-            _ => Ok(false),
+            Err(e) => Err(e),
         }
     }
 

@@ -76,27 +76,19 @@ pub struct GpuModel {
     pub resident_bytes: usize,
     /// The GEMV variant chosen for each matrix shape (see tune.rs).
     pub tune_report: Vec<String>,
-    /// Decode steps run as one persistent kernel (persistent.rs) where they
-    /// can: a small model whose step is launch-bound. Its products then use
-    /// the one-warp-per-row GEMV kernels only (the persistent kernel computes
-    /// their arithmetic), so kernel-by-kernel passes (verify, batches) give
-    /// the same bits as its steps.
+    /// Decode steps run as one persistent kernel (persistent.rs; opt-in,
+    /// HEARTH_CUDA_PERSISTENT=1: slower than the CUDA graphs so far,
+    /// BENCHMARKS.md). Its products then use the one-warp-per-row GEMV
+    /// kernels only (the persistent kernel computes their arithmetic) and
+    /// row norms 256 threads, so kernel-by-kernel passes (verify, batches)
+    /// give the same bits as its steps.
     pub persistent: bool,
     _arena: DevBuf,
 }
 
-/// Weights up to this size decode with the persistent kernel by default
-/// (HEARTH_CUDA_PERSISTENT=0 never, =1 at any size).
-const PERSISTENT_MAX_BYTES: usize = 8 << 30;
-
-/// Whether decode steps of `layers`/`output` should run as the persistent
-/// kernel: the setting, the size, and weights of the types it multiplies
-/// (quantized, no per-tensor scale).
-fn wants_persistent(layers: &[GpuLayer], output: &GpuMatrix, weight_bytes: usize) -> bool {
-    let setting = std::env::var("HEARTH_CUDA_PERSISTENT").ok();
-    if setting.as_deref() == Some("0") {
-        return false;
-    }
+/// Whether the persistent kernel runs the products of `layers`/`output`:
+/// quantized weights without a per-tensor scale.
+fn persistent_can_run(layers: &[GpuLayer], output: &GpuMatrix) -> bool {
     let ok = |m: &GpuMatrix| {
         m.scale.is_none()
             && matches!(
@@ -123,7 +115,7 @@ fn wants_persistent(layers: &[GpuLayer], output: &GpuMatrix, weight_bytes: usize
         .chain(l.attn_gate.as_ref())
         .all(ok)
     }) && ok(output);
-    all && (setting.as_deref() == Some("1") || weight_bytes <= PERSISTENT_MAX_BYTES)
+    all
 }
 
 const ALIGN: usize = 256;
@@ -284,7 +276,21 @@ impl Resolve {
 
 impl GpuModel {
     /// Copies `model`'s weights to the GPU. `progress` shows a bar on stderr.
+    /// Decode steps run kernel by kernel unless HEARTH_CUDA_PERSISTENT=1
+    /// asks for the persistent kernel ([`GpuModel::persistent`]).
     pub fn upload(gpu: Arc<Gpu>, model: Arc<Model>, progress: bool) -> Result<GpuModel> {
+        let setting = std::env::var("HEARTH_CUDA_PERSISTENT").is_ok_and(|v| v == "1");
+        Self::upload_with(gpu, model, progress, setting)
+    }
+
+    /// [`GpuModel::upload`], with decode steps as the persistent kernel when
+    /// `persistent` is set and the model's weights are of the types it runs.
+    pub fn upload_with(
+        gpu: Arc<Gpu>,
+        model: Arc<Model>,
+        progress: bool,
+        persistent: bool,
+    ) -> Result<GpuModel> {
         let c = &model.config;
         ops::check_attn_shape(c.n_heads, c.n_kv_heads, c.head_dim)?;
         if !c.dim.is_multiple_of(32) || !c.ffn_dim.is_multiple_of(32) {
@@ -447,7 +453,7 @@ impl GpuModel {
             .collect();
         let mut output = r.mat(out);
         let mut layers: Vec<GpuLayer> = layers;
-        let persistent = wants_persistent(&layers, &output, model.weight_bytes());
+        let persistent = persistent && persistent_can_run(&layers, &output);
         let report = crate::tune::tune_model(&gpu, &mut layers, &mut output, persistent)?;
         Ok(GpuModel {
             tune_report: report,

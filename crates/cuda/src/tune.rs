@@ -129,9 +129,15 @@ pub fn tune_model(
             m.tune = t;
         }
     }
-    // Row norm of one token (decode): block size against the reduction's latency.
+    // Row norm of one token (decode): block size against the reduction's
+    // latency. The persistent kernel's blocks have 256 threads: fewer
+    // virtual warps to emulate there.
     let dim = layers.first().map_or(0, |l| l.wq.cols);
-    if dim > 0 {
+    if warps_only {
+        g.norm_threads
+            .store(256, std::sync::atomic::Ordering::Relaxed);
+        report.push("rmsnorm: 256 threads (the persistent kernel's blocks)".into());
+    } else if dim > 0 {
         let gain = g.alloc(dim * 4, "norm tuning")?;
         g.fill_random(gain.ptr, dim * 2, 3, true)?;
         let mut best = (f64::INFINITY, 1024u32);

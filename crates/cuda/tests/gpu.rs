@@ -868,10 +868,10 @@ fn decode_is_deterministic_across_launch_modes() {
     let g = gpu();
     for (name, shape) in [("qwen2", small_qwen2()), ("gemma3", small_gemma3())] {
         let (m, _) = synth_models(shape, 12);
-        let gm = GpuModel::upload(g.clone(), m, false).unwrap();
+        let gm = GpuModel::upload_with(g.clone(), m, false, true).unwrap();
         assert!(
             gm.persistent,
-            "{name}: a small model decodes with the persistent kernel"
+            "{name}: the persistent kernel runs these weights"
         );
         let mut rng = ChaCha8Rng::seed_from_u64(6);
         let tokens: Vec<u32> = (0..84).map(|_| rng.gen_range(0..500u32)).collect();
@@ -888,6 +888,13 @@ fn decode_is_deterministic_across_launch_modes() {
             out
         };
         let base = run(true, true, true, Logits::Last);
+        let mut st = gm.new_state(256).unwrap();
+        gm.forward(&mut st, &tokens[..2], Logits::Last).unwrap();
+        gm.forward(&mut st, &tokens[2..3], Logits::Last).unwrap();
+        let (ops, barriers) = st
+            .persistent_program()
+            .expect("decode steps ran the persistent kernel");
+        println!("{name}: persistent program of {ops} operations, {barriers} grid barriers");
         for (persistent, graph, pdl, want) in [
             (true, true, true, Logits::Last),
             (false, true, true, Logits::Last),
