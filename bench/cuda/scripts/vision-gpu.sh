@@ -277,9 +277,6 @@ PY
       # q8_0 and q4_0 caches; the Muse-Glimmer-30B shape's KV bytes at 128K
       # (and its decode there) with f16 and q8_0.
       q32
-      echo "== q32 HEARTH_CUDA_PERSISTENT=1 (the persistent decode kernel forced on a 19 GB model)" | tee -a "$OUT/kvq.log"
-      HEARTH_CUDA_PERSISTENT=1 "$H/hearth" bench --device cuda -m "$H/q32.gguf" -p 0 -n 64 -r 2 2>&1 |
-        grep -vE "^cuda:   gemv" | tee -a "$OUT/kvq.log"
       for ct in f16 q8_0 q4_0; do
         echo "== q32 --cache-type-k/-v $ct" | tee -a "$OUT/kvq.log"
         "$H/hearth" bench --device cuda -m "$H/q32.gguf" -p 512 -n 128 -r ${REPS:-2} --depth 32768 \
