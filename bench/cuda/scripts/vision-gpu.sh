@@ -6,7 +6,7 @@
 #   .gpu/hearth.gz, .gpu/gpu_tests.gz (stripped, gzipped), .gpu/vision_encode,
 #   .gpu/tok.gguf (SmolLM2's tokenizer keys only: the synthetic models' vocabulary).
 #
-#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server|ttft-prefix|small|llama-build|llama-bench|kvq ...
+#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server|ttft-prefix|small|llama-build|llama-bench|round12|kvq ...
 #
 # Everything it writes goes to $OUT (logs) and /dev/shm/h (binaries, models),
 # which survives between calls while the machine stays warm.
@@ -271,6 +271,48 @@ PY
       echo "== llama-bench q32" | tee -a "$OUT/llama-bench.log"
       "$LB" -m "$H/q32.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>&1 | grep -E "model|---|pp512|tg128" | tee -a "$OUT/llama-bench.log"
       "$LB" -m "$H/q32.gguf" -ngl 99 -fa 1 -p 0 -n 128 -d 32768 -r 2 2>&1 | grep -E "tg128" | tee -a "$OUT/llama-bench.log" ;;
+    round12)
+      # Issue 20's measurements in one call, most important first (the call
+      # may end at its time limit): the llama.cpp build starts in the
+      # background, then hearth on the Qwen2.5-1.5B shape and gemma-3-270m's
+      # layout (default and HEARTH_CUDA_PERSISTENT=1), the Qwen2.5-32B shape
+      # with f16 and q8_0 caches at depth 32768, llama.cpp on the same three
+      # files, and the Muse-Glimmer-30B shape's KV cache at 130000 positions.
+      R=${REPS:-2}
+      [[ -f "$H/q15.gguf" ]] || "$H/hearth" synth --arch qwen2 --layers 28 --dim 1536 --heads 12 --kv-heads 2 \
+        --ffn 8960 --vocab 151936 --row-pool 64 -o "$H/q15.gguf" >&2
+      gunzip -c "$H/g3h.bin.gz" >"$H/g3h.bin"
+      python3 bench/cuda/scripts/like_gguf.py fill "$H/g3h.bin" "$H/g3like.gguf" >&2
+      for m in q15 g3like; do
+        echo "== hearth $m" | tee -a "$OUT/round12.log"
+        "$H/hearth" bench --device cuda -m "$H/$m.gguf" -p 512 -n 128 -r $R --roofline 2>&1 |
+          grep -vE "^cuda:   gemv" | tee -a "$OUT/round12.log"
+        echo "== hearth $m HEARTH_CUDA_PERSISTENT=1" | tee -a "$OUT/round12.log"
+        HEARTH_CUDA_PERSISTENT=1 "$H/hearth" bench --device cuda -m "$H/$m.gguf" -p 0 -n 128 -r $R 2>&1 |
+          grep -vE "^cuda:   gemv" | tee -a "$OUT/round12.log"
+      done
+      q32
+      for ct in f16 q8_0; do
+        echo "== hearth q32 --cache-type-k/-v $ct" | tee -a "$OUT/round12.log"
+        "$H/hearth" bench --device cuda -m "$H/q32.gguf" -p 512 -n 128 -r $R --depth 32768 \
+          --cache-type-k $ct --cache-type-v $ct 2>&1 | grep -vE "^cuda:   gemv" | tee -a "$OUT/round12.log"
+      done
+      while [[ ! -f "$H/BUILT" ]]; do sleep 5; done
+      echo "llama.cpp build exit status: $(cat "$H/BUILT")" | tee -a "$OUT/round12.log"
+      LB="$H/llama.cpp/build/bin/llama-bench"
+      for m in q15 g3like q32; do
+        echo "== llama-bench $m" | tee -a "$OUT/round12.log"
+        "$LB" -m "$H/$m.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r $R 2>&1 | grep -E "model|---|pp512|tg128" |
+          tee -a "$OUT/round12.log"
+      done
+      "$LB" -m "$H/q32.gguf" -ngl 99 -fa 1 -p 0 -n 128 -d 32768 -r 1 2>&1 | grep -E "tg128" | tee -a "$OUT/round12.log"
+      rm -f "$H/q32.gguf"
+      "$H/hearth" synth --preset muse-glimmer-30b --row-pool 64 --tokenizer-from "$H/tok.gguf" -o "$H/mg30.gguf" >&2
+      for ct in f16 q8_0; do
+        echo "== hearth mg30 --cache-type-k/-v $ct" | tee -a "$OUT/round12.log"
+        "$H/hearth" bench --device cuda -m "$H/mg30.gguf" -p 0 -n 32 -r 1 --depth 130000 \
+          --cache-type-k $ct --cache-type-v $ct 2>&1 | grep -vE "^cuda:   gemv" | tee -a "$OUT/round12.log"
+      done ;;
     kvq)
       # Issue 20's quantized KV cache on CUDA: the Qwen2.5-32B shape decoding
       # over 32K positions (and prefilling 512 tokens after them) with f16,
