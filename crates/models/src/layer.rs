@@ -179,17 +179,21 @@ pub(crate) fn layer(
             // ggml's SwiGLU: its vector exp for whole groups of 16, libm's past them.
             let isa = m.ref_isa;
             let vec_len = isa.vector_len(c.ffn_dim);
-            let act = |j: usize, x: f32, y: f32| {
+            // (vec_len is a multiple of 16, so a group of 8 is all vector or all tail.)
+            let act = |j: usize, x: &[f32; 8], y: &[f32; 8]| {
                 if j < vec_len {
-                    isa.swiglu_v(x, y)
+                    isa.swiglu_v8(x, y)
                 } else {
-                    silu(x) * y
+                    std::array::from_fn(|r| silu(x[r]) * y[r])
                 }
             };
             m.glu(pass, gate_up, &h, &act)
         }
         (Some(gate_up), FfnAct::GeluF16) => {
-            m.glu(pass, gate_up, &h, &|_, x, y| gelu_f16_table(x) * y)
+            let act = |_, x: &[f32; 8], y: &[f32; 8]| {
+                std::array::from_fn(|r| gelu_f16_table(x[r]) * y[r])
+            };
+            m.glu(pass, gate_up, &h, &act)
         }
         (None, act) => {
             let mut g = m.linear(pass, &l.ffn_gate, &h);

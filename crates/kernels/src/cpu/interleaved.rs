@@ -349,14 +349,17 @@ fn pack_block(ty: GgmlType, src: &[&[u8]; GROUP], dst: &mut [u8]) {
 
 /// Activations quantized for one matmul, `blocks` blocks per token.
 enum Acts {
-    /// Q8_0 blocks and, per block and group of 4 quants, `-off · Σ a` (the
-    /// offset correction of unsigned Q4_0/Q5_0 weights; zero for Q8_0).
-    Q8_0(Vec<BlockQ8_0>, Vec<[i32; 8]>),
+    /// Q8_0 blocks, per block and group of 4 quants `-off · Σ a` (the
+    /// offset correction of unsigned Q4_0/Q5_0 weights; zero for Q8_0), and
+    /// per block the scale as f32 (so the kernels do not widen it per group).
+    Q8_0(Vec<BlockQ8_0>, Vec<[i32; 8]>, Vec<f32>),
     Q8_1(Vec<BlockQ8_1>),
     /// Q8_K blocks; tokens below `gemm_rows` were quantized by the 4-row
     /// quantizer of llama.cpp's repacked gemm; `tiled`: Q6_K takes the tiled
-    /// order (8+ rows, unless batch-invariant).
-    Q8K(Vec<BlockQ8K>, usize, bool),
+    /// order (8+ rows, unless batch-invariant); for Q4_K, per block and pair
+    /// of 32-value sub-blocks `(2p, 2p + 1)`, their activation sums as the
+    /// 16-bit halves of one word (what the mins are multiplied by).
+    Q8K(Vec<BlockQ8K>, usize, bool, Vec<[i32; 4]>),
 }
 
 /// Which float order a Q4_K/Q6_K product follows.
@@ -413,7 +416,8 @@ fn quantize_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize, order: RowOrder
                     })
                 })
                 .collect();
-            Acts::Q8_0(b, corr)
+            let dy = b.iter().map(|blk| blk.d.to_f32()).collect();
+            Acts::Q8_0(b, corr, dy)
         }
         Q4_1 => {
             let mut b = vec![BlockQ8_1::default(); n * cols / QK];
@@ -435,10 +439,22 @@ fn quantize_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize, order: RowOrder
                     quantize_row_q8_k_ref(row(t), out);
                 }
             });
-            Acts::Q8K(b, gemm_rows, n >= 8 && !invariant)
+            let pair_sums = if ty == Q4_K {
+                b.iter().map(sub_block_sum_pairs).collect()
+            } else {
+                Vec::new()
+            };
+            Acts::Q8K(b, gemm_rows, n >= 8 && !invariant, pair_sums)
         }
         _ => unreachable!("packed types only"),
     }
+}
+
+/// A Q8_K block's sums of its 32-value sub-blocks `2p` and `2p + 1` as the
+/// low and high 16 bits of word `p` (|32 · 128| fits 16 bits).
+fn sub_block_sum_pairs(by: &BlockQ8K) -> [i32; 4] {
+    let bs = |j: usize| (by.bsums[2 * j] as i32 + by.bsums[2 * j + 1] as i32) as u16 as u32;
+    std::array::from_fn(|p| (bs(2 * p) | bs(2 * p + 1) << 16) as i32)
 }
 
 /// The 8 activation bytes at `off` as a little-endian u64.
@@ -481,18 +497,30 @@ unsafe fn hsum_rows<S: Simd>(acc: [S::F; 4]) -> [f32; 8] {
 // them. Each token's arithmetic is exactly the single-token order. Token
 // loops index several per-token arrays at once (`for t in 0..NT`).
 
-/// Q8_0 / Q4_0 / Q5_0 weights · Q8_0 activations.
+/// [`dot_q0`]'s weight types, as const parameters (one straight-line kernel per type).
+mod q0 {
+    pub const Q8_0: u8 = 0;
+    pub const Q4_0: u8 = 1;
+    pub const Q5_0: u8 = 2;
+}
+
+/// Q8_0 / Q4_0 / Q5_0 (`TY`, see [`q0`]) weights · Q8_0 activations.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn dot_q0<S: Simd, const NT: usize>(
-    ty: GgmlType,
+unsafe fn dot_q0<S: Simd, const NT: usize, const TY: u8>(
     w: *const u8,
     y: [&[BlockQ8_0]; NT],
     sums: [&[[i32; 8]]; NT],
+    dy: [&[f32]; NT],
 ) -> [[f32; 8]; NT] {
     let mut acc = [[S::fzero(); 4]; NT];
-    let pb = packed_block_bytes(ty).unwrap_or(0);
+    let pb = match TY {
+        q0::Q8_0 => layout::Q8_0,
+        q0::Q4_0 => layout::Q4_0,
+        _ => layout::Q5_0,
+    };
     assert!(sums.iter().all(|r| r.len() == y[0].len()));
+    assert!(dy.iter().all(|r| r.len() == y[0].len()));
     assert!(y.iter().all(|r| r.len() == y[0].len()));
     for b in 0..y[0].len() {
         let blk = w.add(b * pb);
@@ -500,9 +528,9 @@ unsafe fn dot_q0<S: Simd, const NT: usize>(
         let dx = S::rows_f16(blk);
         let mut d = [S::fzero(); NT];
         for t in 0..NT {
-            d[t] = S::fmul(dx, S::fsplat(yb(&y, t, b).d.to_f32()));
+            d[t] = S::fmul(dx, S::fsplat(*yb(&dy, t, b)));
         }
-        if ty == GgmlType::Q8_0 {
+        if TY == q0::Q8_0 {
             for u in 0..4 {
                 let q = S::load(blk.add(16 + 64 * u));
                 for t in 0..NT {
@@ -512,7 +540,7 @@ unsafe fn dot_q0<S: Simd, const NT: usize>(
             }
             continue;
         }
-        let q5 = ty == GgmlType::Q5_0;
+        let q5 = TY == q0::Q5_0;
         let units = if q5 { blk.add(48) } else { blk.add(16) };
         for u in 0..2 {
             let raw = S::load(units.add(64 * u));
@@ -591,10 +619,12 @@ unsafe fn dot_q4_1<S: Simd, const NT: usize>(
 unsafe fn dot_q4_k<S: Simd, const NT: usize>(
     w: *const u8,
     y: [&[BlockQ8K]; NT],
+    pair_sums: [&[[i32; 4]]; NT],
     order: Order,
 ) -> [[f32; 8]; NT] {
     let (mut acc, mut acc_m) = ([S::fzero(); NT], [S::fzero(); NT]);
     assert!(y.iter().all(|r| r.len() == y[0].len()));
+    assert!(pair_sums.iter().all(|r| r.len() == y[0].len()));
     for b in 0..y[0].len() {
         let blk = w.add(b * layout::Q4_K);
         prefetch_ahead::<S>(blk, layout::Q4_K);
@@ -627,16 +657,14 @@ unsafe fn dot_q4_k<S: Simd, const NT: usize>(
             let (lo, hi) = (raw.map(|r| S::nib_lo(r)), raw.map(|r| S::nib_hi(r)));
             for t in 0..NT {
                 let by = yb(&y, t, b);
-                // 4 products of nibbles (<= 15) per chain: within pscale's bound.
+                // 4 pdots of nibbles (<= 15) per chain: 4·4·15·128 = 30720, in pscale's bound.
                 let (mut pl, mut ph) = (S::pzero(), S::pzero());
                 for u in 0..4 {
                     pl = S::pdot(pl, lo[u], a64(&by.qs, 64 * p + 8 * u));
                     ph = S::pdot(ph, hi[u], a64(&by.qs, 64 * p + 32 + 8 * u));
                 }
-                let pi = S::add(S::pscale(pl, s0), S::pscale(ph, s1));
-                // A sub-block's activation sum: |32 · 128| fits 16 bits.
-                let bs = |j: usize| (by.bsums[2 * j] as i32 + by.bsums[2 * j + 1] as i32) as u16;
-                let b01 = (bs(j0) as u32 | (bs(j1) as u32) << 16) as i32;
+                let pi = S::pscale_acc(S::pscale(pl, s0), ph, s1);
+                let b01 = yb(&pair_sums, t, b)[p];
                 let pm = S::madd16(m01, S::splat2(b01, b01));
                 if order == Order::Batch {
                     acc[t] = S::fma(S::cvt(S::pair_sum(pi)), d[t], acc[t]);
@@ -664,6 +692,82 @@ unsafe fn dot_q4_k<S: Simd, const NT: usize>(
     out
 }
 
+/// [`dot_q4_k`] in the gemm order (`Order::Batch`) for an even `NT`, two
+/// tokens per float vector: lane `2r + h` of pair `i`'s accumulators is row
+/// `r` of token `2i + h`, so each fused multiply-add serves 16 outputs
+/// (the one-token form repeats each row's value in both of its lanes).
+/// Every output's chain is the same as in [`dot_q4_k`].
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn dot_q4_k_gemm<S: Simd, const NT: usize>(
+    w: *const u8,
+    y: [&[BlockQ8K]; NT],
+    pair_sums: [&[[i32; 4]]; NT],
+) -> [[f32; 8]; NT] {
+    assert!(NT.is_multiple_of(2));
+    let pairs = NT / 2;
+    // Only the first NT / 2 entries are used.
+    let (mut acc, mut acc_m) = ([S::fzero(); NT], [S::fzero(); NT]);
+    assert!(y.iter().all(|r| r.len() == y[0].len()));
+    assert!(pair_sums.iter().all(|r| r.len() == y[0].len()));
+    for b in 0..y[0].len() {
+        let blk = w.add(b * layout::Q4_K);
+        prefetch_ahead::<S>(blk, layout::Q4_K);
+        let (dx, dmx) = (S::rows_f16(blk), S::rows_f16(blk.add(16)));
+        let (mut d, mut dmin) = ([S::fzero(); NT], [S::fzero(); NT]);
+        for i in 0..pairs {
+            let dy = S::fsplat2(yb(&y, 2 * i, b).d, yb(&y, 2 * i + 1, b).d);
+            d[i] = S::fmul(dx, dy);
+            dmin[i] = S::fmul(dmx, dy);
+        }
+        let (sc, mn, qs) = (
+            blk.add(layout::Q4_K_SC),
+            blk.add(layout::Q4_K_MN),
+            blk.add(layout::Q4_K_QS),
+        );
+        for p in 0..4 {
+            let (j0, j1) = (2 * p, 2 * p + 1);
+            let (s0, s1) = (
+                S::pscales::<false>(sc.add(8 * j0)),
+                S::pscales::<false>(sc.add(8 * j1)),
+            );
+            let m01 = S::add(
+                S::rows_bytes::<false>(mn.add(8 * j0), mn.add(8 * j0)),
+                S::shl(S::rows_bytes::<false>(mn.add(8 * j1), mn.add(8 * j1)), 16),
+            );
+            let raw: [S::U; 4] = std::array::from_fn(|u| S::load(qs.add(64 * (4 * p + u))));
+            let (lo, hi) = (raw.map(|r| S::nib_lo(r)), raw.map(|r| S::nib_hi(r)));
+            for i in 0..pairs {
+                // (No closures here: they would not inherit the target features.)
+                let mut pi = [S::izero(); 2];
+                for h in 0..2 {
+                    let by = yb(&y, 2 * i + h, b);
+                    // 4 pdots of nibbles (<= 15) per chain: 4·4·15·128 = 30720, in pscale's bound.
+                    let (mut pl, mut ph) = (S::pzero(), S::pzero());
+                    for u in 0..4 {
+                        pl = S::pdot(pl, lo[u], a64(&by.qs, 64 * p + 8 * u));
+                        ph = S::pdot(ph, hi[u], a64(&by.qs, 64 * p + 32 + 8 * u));
+                    }
+                    pi[h] = S::pscale_acc(S::pscale(pl, s0), ph, s1);
+                }
+                let (b0, b1) = (yb(&pair_sums, 2 * i, b)[p], yb(&pair_sums, 2 * i + 1, b)[p]);
+                let pm = S::madd16(m01, S::splat2(b0, b1));
+                acc[i] = S::fma(S::cvt(S::pair_sums2(pi[0], pi[1])), d[i], acc[i]);
+                acc_m[i] = S::fma(S::cvt(pm), dmin[i], acc_m[i]);
+            }
+        }
+    }
+    let mut out = [[0.0; 8]; NT];
+    for i in 0..pairs {
+        let v = S::fstore(S::fsub(acc[i], acc_m[i]));
+        for r in 0..8 {
+            out[2 * i][r] = v[2 * r];
+            out[2 * i + 1][r] = v[2 * r + 1];
+        }
+    }
+    out
+}
+
 /// Q6_K weights · Q8_K activations (`vec_dot` lanes, or the tiled per-block order).
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
@@ -682,6 +786,8 @@ unsafe fn dot_q6_k<S: Simd, const NT: usize>(
             blk.add(layout::Q6_K_QL),
             blk.add(layout::Q6_K_QH),
         );
+        // The multipliers of the 16 sub-blocks of 16 values.
+        let sg: [S::I; 16] = std::array::from_fn(|g| S::pscales::<true>(sc.add(8 * g)));
         let mut l = [[S::izero(); 4]; NT];
         for u in 0..4 {
             for n in 0..2 {
@@ -694,54 +800,54 @@ unsafe fn dot_q6_k<S: Simd, const NT: usize>(
                     S::q6(S::nib_hi(l0), h, 4),
                     S::q6(S::nib_hi(l1), h, 6),
                 ];
-                let s: [S::I; 4] = std::array::from_fn(|k| {
-                    S::pscales::<true>(sc.add(8 * ((128 * n + 32 * k + 8 * u) / 16)))
-                });
                 for t in 0..NT {
                     let by = yb(&y, t, b);
                     for k in 0..4 {
-                        // One product chain per multiplier (quants <= 63).
-                        let p = S::pdot(S::pzero(), qs[k], a64(&by.qs, 128 * n + 32 * k + 8 * u));
-                        l[t][u] = S::add(l[t][u], S::pscale(p, s[k]));
+                        // One pdot per multiplier (quants <= 63): 4·63·128, in pscale's bound.
+                        let a = a64(&by.qs, 128 * n + 32 * k + 8 * u);
+                        let p = S::pdot(S::pzero(), qs[k], a);
+                        // Sub-block (128n + 32k + 8u) / 16.
+                        l[t][u] = S::pscale_acc(l[t][u], p, sg[8 * n + 2 * k + u / 2]);
                     }
                 }
             }
         }
+        // Σ scale·bsum, 16-bit pairs per lane: lane (r, h) of s4[u] holds row
+        // r's multipliers of groups 4u + 2h and 4u + 2h + 1, for one madd
+        // against the bsums of those two groups.
+        let s4: [S::I; 4] = std::array::from_fn(|u| {
+            S::pack16(
+                S::rows_bytes::<true>(sc.add(8 * (4 * u)), sc.add(8 * (4 * u + 2))),
+                S::rows_bytes::<true>(sc.add(8 * (4 * u + 1)), sc.add(8 * (4 * u + 3))),
+            )
+        });
+        let bsums4 = |by: &BlockQ8K, u: usize| {
+            let pair = |g: usize| {
+                (by.bsums[g] as u16 as u32 | (by.bsums[g + 1] as u16 as u32) << 16) as i32
+            };
+            S::splat2(pair(4 * u), pair(4 * u + 2))
+        };
         let dx = S::rows_f16(blk);
         if order == Order::Vec {
             // Lane l (= 2u + h) subtracts 32·(bsums·scales) of groups 2l, 2l + 1.
-            let (mut s0, mut s1) = ([S::izero(); 4], [S::izero(); 4]);
-            for u in 0..4 {
-                s0[u] = S::rows_bytes::<true>(sc.add(8 * (4 * u)), sc.add(8 * (4 * u + 2)));
-                s1[u] = S::rows_bytes::<true>(sc.add(8 * (4 * u + 1)), sc.add(8 * (4 * u + 3)));
-            }
             for t in 0..NT {
                 let by = yb(&y, t, b);
-                let bs = |g: usize| by.bsums[g] as i32;
                 let d = S::fmul(S::fsplat(by.d), dx);
                 for u in 0..4 {
-                    let c = S::add(
-                        S::mul(s0[u], S::splat2(bs(4 * u), bs(4 * u + 2))),
-                        S::mul(s1[u], S::splat2(bs(4 * u + 1), bs(4 * u + 3))),
-                    );
+                    let c = S::madd16(s4[u], bsums4(by, u));
                     let li = S::sub(l[t][u], S::shl(c, 5));
                     lanes_acc[t][u] = S::fma(d, S::cvt(li), lanes_acc[t][u]);
                 }
             }
         } else {
-            let mut sp = [S::izero(); 8];
-            for (u, s) in sp.iter_mut().enumerate() {
-                *s = S::rows_bytes::<true>(sc.add(8 * (2 * u)), sc.add(8 * (2 * u + 1)));
-            }
             for t in 0..NT {
                 let by = yb(&y, t, b);
-                let bs = |g: usize| by.bsums[g] as i32;
-                let mut c = S::izero();
-                for (u, &s) in sp.iter().enumerate() {
-                    c = S::add(c, S::mul(s, S::splat2(bs(2 * u), bs(2 * u + 1))));
+                let mut c = S::madd16(s4[0], bsums4(by, 0));
+                for u in 1..4 {
+                    c = S::madd16_acc(c, s4[u], bsums4(by, u));
                 }
                 let all = S::add(S::add(l[t][0], l[t][1]), S::add(l[t][2], l[t][3]));
-                let isum = S::sub(S::pair_sum(all), S::shl(S::pair_sum(c), 5));
+                let isum = S::pair_sum(S::sub(all, S::shl(c, 5)));
                 let block = S::fmul(S::cvt(isum), dx);
                 acc[t] = S::fma(block, S::fsplat(by.d), acc[t]);
             }
@@ -778,26 +884,27 @@ unsafe fn group_values<S: Simd, const NT: usize>(
     let w = pm.group(g);
     let rows = |t: usize| t * nb..(t + 1) * nb;
     match acts {
-        Acts::Q8_0(y, s) => dot_q0::<S, NT>(
-            pm.ty,
-            w,
-            std::array::from_fn(|i| &y[rows(t0 + i)]),
-            std::array::from_fn(|i| &s[rows(t0 + i)]),
-        ),
+        Acts::Q8_0(y, s, dy) => {
+            let y = std::array::from_fn(|i| &y[rows(t0 + i)]);
+            let s = std::array::from_fn(|i| &s[rows(t0 + i)]);
+            let dy = std::array::from_fn(|i| &dy[rows(t0 + i)]);
+            match pm.ty {
+                GgmlType::Q8_0 => dot_q0::<S, NT, { q0::Q8_0 }>(w, y, s, dy),
+                GgmlType::Q4_0 => dot_q0::<S, NT, { q0::Q4_0 }>(w, y, s, dy),
+                _ => dot_q0::<S, NT, { q0::Q5_0 }>(w, y, s, dy),
+            }
+        }
         Acts::Q8_1(y) => dot_q4_1::<S, NT>(w, std::array::from_fn(|i| &y[rows(t0 + i)])),
-        Acts::Q8K(y, gemm_rows, tiled) => {
+        Acts::Q8K(y, gemm_rows, tiled, pair_sums) => {
             let ys = std::array::from_fn(|i| &y[rows(t0 + i)]);
             if pm.ty == GgmlType::Q4_K {
                 // Token blocks start at multiples of 4, so a block is all gemm or all gemv.
-                dot_q4_k::<S, NT>(
-                    w,
-                    ys,
-                    if t0 < *gemm_rows {
-                        Order::Batch
-                    } else {
-                        Order::Vec
-                    },
-                )
+                let sums = std::array::from_fn(|i| &pair_sums[rows(t0 + i)]);
+                match (t0 < *gemm_rows, NT.is_multiple_of(2)) {
+                    (true, true) => dot_q4_k_gemm::<S, NT>(w, ys, sums),
+                    (true, false) => dot_q4_k::<S, NT>(w, ys, sums, Order::Batch),
+                    (false, _) => dot_q4_k::<S, NT>(w, ys, sums, Order::Vec),
+                }
             } else {
                 dot_q6_k::<S, NT>(w, ys, if *tiled { Order::Batch } else { Order::Vec })
             }
@@ -821,11 +928,13 @@ unsafe fn group_tokens<S: Simd, const NT: usize>(
     }
 }
 
-/// A gated unit's activation, `act(column, gate, up)`.
-pub type GluAct<'a> = &'a (dyn Fn(usize, f32, f32) -> f32 + Sync);
+/// A gated unit's activation of 8 consecutive columns from `j` (a multiple
+/// of 8): `act(j, gate, up)[r]` is the output of column `j + r`. Eight at a
+/// time so the activation can run on vectors.
+pub type GluAct<'a> = &'a (dyn Fn(usize, &[f32; 8], &[f32; 8]) -> [f32; 8] + Sync);
 
 /// For a [`PackedMatrix::pack_pair`] matrix: pairs of groups `pairs` for
-/// `tokens` (starting at a multiple of 4), `out[t, 8i + r] = act(8i + r, gate, up)` (`out` is [n, rows / 2]).
+/// `tokens` (starting at a multiple of 4), `out[t, 8i..8i + 8] = act(8i, gate, up)` (`out` is [n, rows / 2]).
 #[inline(always)]
 unsafe fn run_pairs<S: Simd>(
     pm: &PackedMatrix,
@@ -838,9 +947,8 @@ unsafe fn run_pairs<S: Simd>(
 ) {
     let half = pm.rows / 2;
     let emit = |i: usize, t: usize, g: &[f32; 8], u: &[f32; 8]| {
-        for r in 0..GROUP {
-            *out.add(t * half + i * GROUP + r) = act(i * GROUP + r, g[r], u[r]);
-        }
+        let v = act(i * GROUP, g, u);
+        std::ptr::copy_nonoverlapping(v.as_ptr(), out.add(t * half + i * GROUP), GROUP);
     };
     for t0 in tokens.clone().step_by(TOKEN_TILE) {
         let t1 = (t0 + TOKEN_TILE).min(tokens.end);
@@ -988,7 +1096,7 @@ unsafe fn run_isa(
 /// tokens in whole 16-token tiles (the rest run on the vector kernels).
 fn amx_tokens(isa: Isa, pm: &PackedMatrix, acts: &Acts) -> usize {
     match acts {
-        Acts::Q8K(_, gemm_rows, _)
+        Acts::Q8K(_, gemm_rows, _, _)
             if isa == Isa::Amx && pm.ty == GgmlType::Q4_K && pm.groups >= 2 =>
         {
             gemm_rows / amx_tile::TOKENS * amx_tile::TOKENS
@@ -1019,7 +1127,7 @@ unsafe fn run_amx(
     sgs: std::ops::Range<usize>,
     mut emit: impl FnMut(usize, usize, &[f32; 16]),
 ) {
-    let Acts::Q8K(y, _, _) = acts else {
+    let Acts::Q8K(y, _, _, _) = acts else {
         unreachable!("amx_tokens admits Q4_K only")
     };
     let nb = pm.blocks;
@@ -1087,9 +1195,9 @@ pub fn matmul_packed_glu(
             // SAFETY: Amx was checked by amx_tokens; each thread writes only its pairs' columns.
             unsafe {
                 run_amx(pm, &acts, n_amx, pairs.clone(), |p, t, v| {
-                    for r in 0..GROUP {
-                        *o.add(t * half + p * GROUP + r) = act(p * GROUP + r, v[r], v[GROUP + r]);
-                    }
+                    let (g, u) = v.split_at(GROUP);
+                    let a = act(p * GROUP, g.try_into().unwrap(), u.try_into().unwrap());
+                    std::ptr::copy_nonoverlapping(a.as_ptr(), o.add(t * half + p * GROUP), GROUP);
                 })
             };
         }
@@ -1332,7 +1440,10 @@ mod tests {
                 PackedMatrix::pack(&a).unwrap(),
                 PackedMatrix::pack(&b).unwrap(),
             );
-            let act = |j: usize, g: f32, u: f32| g * (j as f32 + 0.5) - u;
+            let act1 = |j: usize, g: f32, u: f32| g * (j as f32 + 0.5) - u;
+            let act = |j: usize, g: &[f32; 8], u: &[f32; 8]| {
+                std::array::from_fn(|r| act1(j + r, g[r], u[r]))
+            };
             for n in [1, 5, 9, 16, 35] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
                 for isa in Isa::available() {
@@ -1345,7 +1456,7 @@ mod tests {
                     matmul_packed(isa, &pb, &b, &x, n, &mut gb, RowOrder::Batched);
                     matmul_packed_glu(isa, &pair, &x, n, &act, &mut fused, RowOrder::Batched);
                     for i in 0..n * rows {
-                        let want = act(i % rows, ga[i], gb[i]);
+                        let want = act1(i % rows, ga[i], gb[i]);
                         assert_eq!(
                             fused[i].to_bits(),
                             want.to_bits(),

@@ -168,9 +168,15 @@ pub trait Simd: Copy {
     /// `p` (`SIGNED`: sign-extended).
     unsafe fn pscales<const SIGNED: bool>(p: *const u8) -> Self::I;
     /// Each `I` lane's sum of the partial products times its row's
-    /// multiplier. Exact when every partial sum fits 16 bits: a chain of `k`
-    /// `pdot`s over weights at most `wmax` needs `k · 2 · wmax · 128 <= 32767`.
+    /// multiplier. Exact when every lane's partial sum fits 16 bits (AVX2
+    /// keeps 16-bit pairs, AVX-512 multiplies the low half of each 32-bit
+    /// lane of 4 products): a chain of `k` `pdot`s over weights at most
+    /// `wmax` needs `k · 4 · wmax · 128 <= 32767`.
     unsafe fn pscale(acc: Self::P, s: Self::I) -> Self::I;
+    /// `acc + pscale(p, s)` (AVX-512: one `vpdpwssd`).
+    unsafe fn pscale_acc(acc: Self::I, p: Self::P, s: Self::I) -> Self::I {
+        Self::add(acc, Self::pscale(p, s))
+    }
     /// `acc[2r+h] += Σ_{i<4} w[8r+4h+i] · a[4h+i]` with `w` unsigned, at most
     /// 127 (so no 16-bit saturation on AVX2), and `a` the 8 signed bytes of
     /// the activation packed little-endian into a u64.
@@ -182,6 +188,13 @@ pub trait Simd: Copy {
     unsafe fn mul(a: Self::I, b: Self::I) -> Self::I;
     /// Each lane as two signed 16-bit halves: `lo(a)·lo(b) + hi(a)·hi(b)`.
     unsafe fn madd16(a: Self::I, b: Self::I) -> Self::I;
+    /// `acc + madd16(a, b)` (AVX-512: one `vpdpwssd`).
+    unsafe fn madd16_acc(acc: Self::I, a: Self::I, b: Self::I) -> Self::I {
+        Self::add(acc, Self::madd16(a, b))
+    }
+    /// Each lane: the low 16 bits of `lo`'s lane below the low 16 bits of
+    /// `hi`'s (the two signed halves [`Simd::madd16`] multiplies).
+    unsafe fn pack16(lo: Self::I, hi: Self::I) -> Self::I;
     unsafe fn shl(a: Self::I, n: u32) -> Self::I;
     /// Lane `2r + h` = `[lo, hi][h]`.
     unsafe fn splat2(lo: i32, hi: i32) -> Self::I;
@@ -189,12 +202,22 @@ pub trait Simd: Copy {
     unsafe fn rows_bytes<const SIGNED: bool>(p0: *const u8, p1: *const u8) -> Self::I;
     /// Both lanes of a row get the row's sum: lanes `2r`, `2r + 1` = `a[2r] + a[2r+1]`.
     unsafe fn pair_sum(a: Self::I) -> Self::I;
+    /// Two tokens' row sums in one vector: lane `2r + h` = `t[2r] + t[2r + 1]`
+    /// with `t` = `[a, b][h]`.
+    unsafe fn pair_sums2(a: Self::I, b: Self::I) -> Self::I {
+        Self::add(
+            Self::mul(Self::pair_sum(a), Self::splat2(1, 0)),
+            Self::mul(Self::pair_sum(b), Self::splat2(0, 1)),
+        )
+    }
 
     /// Exact conversion (round to nearest even, as `as f32`).
     unsafe fn cvt(a: Self::I) -> Self::F;
     /// Lane `2r + h` = f16 `p[r]` (8 little-endian f16 at `p`) as f32.
     unsafe fn rows_f16(p: *const u8) -> Self::F;
     unsafe fn fsplat(v: f32) -> Self::F;
+    /// Lane `2r + h` = `[lo, hi][h]`.
+    unsafe fn fsplat2(lo: f32, hi: f32) -> Self::F;
     unsafe fn fzero() -> Self::F;
     unsafe fn fadd(a: Self::F, b: Self::F) -> Self::F;
     unsafe fn fsub(a: Self::F, b: Self::F) -> Self::F;

@@ -108,6 +108,10 @@ impl Simd for Neon {
                 vaddq_s32(p, q)
             }, a, b)
         }
+        unsafe fn pack16(lo: [int32x4_t; 4], hi: [int32x4_t; 4]) -> [int32x4_t; 4] {
+            let low = vdupq_n_s32(0xffff);
+            each!(|l, h| vorrq_s32(vandq_s32(l, low), vshlq_n_s32::<16>(h)), lo, hi)
+        }
         unsafe fn shl(a: [int32x4_t; 4], n: u32) -> [int32x4_t; 4] {
             let s = vdupq_n_s32(n as i32);
             each!(|x| vshlq_s32(x, s), a)
@@ -140,6 +144,10 @@ impl Simd for Neon {
                 f16::from_le_bytes([*p.add(2 * r), *p.add(2 * r + 1)]).to_f32()
             });
             [vld1q_f32(v.as_ptr()), vld1q_f32(v.as_ptr().add(4)), vld1q_f32(v.as_ptr().add(8)), vld1q_f32(v.as_ptr().add(12))]
+        }
+        unsafe fn fsplat2(lo: f32, hi: f32) -> [float32x4_t; 4] {
+            let v = vreinterpretq_f32_u64(vdupq_n_u64(((hi.to_bits() as u64) << 32) | lo.to_bits() as u64));
+            [v; 4]
         }
         unsafe fn fsplat(v: f32) -> [float32x4_t; 4] {
             [vdupq_n_f32(v); 4]

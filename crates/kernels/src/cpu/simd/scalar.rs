@@ -67,6 +67,9 @@ impl Simd for Scalar {
         let h = |v: i32, k: u32| (v >> (16 * k)) as i16 as i32;
         lanes(|l| h(a[l], 0) * h(b[l], 0) + h(a[l], 1) * h(b[l], 1))
     }
+    unsafe fn pack16(lo: [i32; 16], hi: [i32; 16]) -> [i32; 16] {
+        lanes(|l| (lo[l] & 0xffff) | (hi[l] << 16))
+    }
     unsafe fn shl(a: [i32; 16], n: u32) -> [i32; 16] {
         a.map(|v| v << n)
     }
@@ -94,6 +97,9 @@ impl Simd for Scalar {
             let r = l / 2;
             f16::from_le_bytes([*p.add(2 * r), *p.add(2 * r + 1)]).to_f32()
         })
+    }
+    unsafe fn fsplat2(lo: f32, hi: f32) -> [f32; 16] {
+        lanes(|l| if l % 2 == 0 { lo } else { hi })
     }
     unsafe fn fsplat(v: f32) -> [f32; 16] {
         [v; 16]

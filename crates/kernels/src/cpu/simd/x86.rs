@@ -42,8 +42,16 @@ impl Simd for Avx512 {
             _mm512_mask_add_epi8(u, bits, u, _mm512_set1_epi8(16))
         }
         unsafe fn q6(lo: __m512i, hi: __m512i, shift: u32) -> __m512i {
-            let h = _mm512_and_si512(_mm512_srl_epi16(hi, _mm_cvtsi32_si128(shift as i32)), _mm512_set1_epi8(3));
-            _mm512_or_si512(lo, _mm512_slli_epi16::<4>(h))
+            // Bits shift..shift + 2 moved to bits 4..6 in one 16-bit shift (as
+            // in the AVX2 version), then `lo | (h & 0x30)` in one ternary logic op.
+            let h = match shift {
+                0 => _mm512_slli_epi16::<4>(hi),
+                2 => _mm512_slli_epi16::<2>(hi),
+                4 => hi,
+                _ => _mm512_srli_epi16::<2>(hi),
+            };
+            debug_assert!(matches!(shift, 0 | 2 | 4 | 6));
+            _mm512_ternarylogic_epi32::<0xf8>(lo, h, _mm512_set1_epi8(0x30))
         }
         unsafe fn izero() -> __m512i {
             _mm512_setzero_si512()
@@ -55,10 +63,13 @@ impl Simd for Avx512 {
             Self::dot_u8(acc, w, a)
         }
         unsafe fn pscales<const SIGNED: bool>(p: *const u8) -> __m512i {
-            Self::rows_bytes::<SIGNED>(p, p)
+            // The multiplier in the low 16 bits of its lane, zero above, so
+            // `madd` multiplies the lane's (16-bit) partial sum by it: one
+            // uop where `mullo` takes two.
+            _mm512_and_si512(Self::rows_bytes::<SIGNED>(p, p), _mm512_set1_epi32(0xffff))
         }
         unsafe fn pscale(acc: __m512i, s: __m512i) -> __m512i {
-            _mm512_mullo_epi32(acc, s)
+            _mm512_madd_epi16(acc, s)
         }
         unsafe fn dot_u8(acc: __m512i, w: __m512i, a: u64) -> __m512i {
             _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi64(a as i64))
@@ -80,6 +91,26 @@ impl Simd for Avx512 {
         }
         unsafe fn madd16(a: __m512i, b: __m512i) -> __m512i {
             _mm512_madd_epi16(a, b)
+        }
+        unsafe fn pscale_acc(acc: __m512i, p: __m512i, s: __m512i) -> __m512i {
+            Self::madd16_acc(acc, p, s)
+        }
+        unsafe fn madd16_acc(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+            // In asm: LLVM splits `_mm512_dpwssd_epi32` chains back into
+            // `vpmaddwd` + `vpaddd` (two uops) for CPUs it does not know to
+            // have a fast `vpdpwssd`.
+            let mut acc = acc;
+            std::arch::asm!(
+                "vpdpwssd {acc}, {a}, {b}",
+                acc = inout(zmm_reg) acc,
+                a = in(zmm_reg) a,
+                b = in(zmm_reg) b,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+            acc
+        }
+        unsafe fn pack16(lo: __m512i, hi: __m512i) -> __m512i {
+            _mm512_mask_blend_epi16(0xaaaa_aaaa, lo, _mm512_slli_epi32::<16>(hi))
         }
         unsafe fn shl(a: __m512i, n: u32) -> __m512i {
             _mm512_sll_epi32(a, _mm_cvtsi32_si128(n as i32))
@@ -104,6 +135,14 @@ impl Simd for Avx512 {
         unsafe fn rows_f16(p: *const u8) -> __m512 {
             let x = _mm_loadu_si128(p as *const _);
             _mm512_cvtph_ps(_mm256_set_m128i(_mm_unpackhi_epi16(x, x), _mm_unpacklo_epi16(x, x)))
+        }
+        unsafe fn fsplat2(lo: f32, hi: f32) -> __m512 {
+            _mm512_castsi512_ps(_mm512_set1_epi64((((hi.to_bits() as u64) << 32) | lo.to_bits() as u64) as i64))
+        }
+        unsafe fn pair_sums2(a: __m512i, b: __m512i) -> __m512i {
+            // [a0 b1 a2 b3 ...] + [a1 b0 a3 b2 ...]
+            let idx = _mm512_setr_epi32(1, 16, 3, 18, 5, 20, 7, 22, 9, 24, 11, 26, 13, 28, 15, 30);
+            _mm512_add_epi32(_mm512_mask_blend_epi32(0xaaaa, a, b), _mm512_permutex2var_epi32(a, idx, b))
         }
         unsafe fn fsplat(v: f32) -> __m512 {
             _mm512_set1_ps(v)
@@ -253,6 +292,9 @@ impl Simd for Avx2 {
         unsafe fn madd16(a: [__m256i; 2], b: [__m256i; 2]) -> [__m256i; 2] {
             halves!(|x, y| _mm256_madd_epi16(x, y), a, b)
         }
+        unsafe fn pack16(lo: [__m256i; 2], hi: [__m256i; 2]) -> [__m256i; 2] {
+            halves!(|x, y| _mm256_blend_epi16::<0xaa>(x, _mm256_slli_epi32::<16>(y)), lo, hi)
+        }
         unsafe fn shl(a: [__m256i; 2], n: u32) -> [__m256i; 2] {
             let s = _mm_cvtsi32_si128(n as i32);
             halves!(|x| _mm256_sll_epi32(x, s), a)
@@ -278,6 +320,16 @@ impl Simd for Avx2 {
         unsafe fn rows_f16(p: *const u8) -> [__m256; 2] {
             let x = _mm_loadu_si128(p as *const _);
             [_mm256_cvtph_ps(_mm_unpacklo_epi16(x, x)), _mm256_cvtph_ps(_mm_unpackhi_epi16(x, x))]
+        }
+        unsafe fn fsplat2(lo: f32, hi: f32) -> [__m256; 2] {
+            [_mm256_castsi256_ps(_mm256_set1_epi64x((((hi.to_bits() as u64) << 32) | lo.to_bits() as u64) as i64)); 2]
+        }
+        unsafe fn pair_sums2(a: [__m256i; 2], b: [__m256i; 2]) -> [__m256i; 2] {
+            // [a0 b1 a2 b3 ...] + [a1 b0 a3 b2 ...]
+            halves!(|x, y| {
+                let swapped = _mm256_blend_epi32::<0xaa>(_mm256_shuffle_epi32::<0xb1>(x), _mm256_shuffle_epi32::<0xb1>(y));
+                _mm256_add_epi32(_mm256_blend_epi32::<0xaa>(x, y), swapped)
+            }, a, b)
         }
         unsafe fn fsplat(v: f32) -> [__m256; 2] {
             [_mm256_set1_ps(v); 2]
