@@ -297,15 +297,18 @@ PY
         "$H/hearth" bench --device cuda -m "$H/q32.gguf" -p 512 -n 128 -r $R --depth 32768 \
           --cache-type-k $ct --cache-type-v $ct 2>&1 | grep -vE "^cuda:   gemv" | tee -a "$OUT/round12.log"
       done
-      while [[ ! -f "$H/BUILT" ]]; do sleep 5; done
-      echo "llama.cpp build exit status: $(cat "$H/BUILT")" | tee -a "$OUT/round12.log"
-      LB="$H/llama.cpp/build/bin/llama-bench"
-      for m in q15 g3like q32; do
-        echo "== llama-bench $m" | tee -a "$OUT/round12.log"
-        "$LB" -m "$H/$m.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r $R 2>&1 | grep -E "model|---|pp512|tg128" |
-          tee -a "$OUT/round12.log"
-      done
-      "$LB" -m "$H/q32.gguf" -ngl 99 -fa 1 -p 0 -n 128 -d 32768 -r 1 2>&1 | grep -E "tg128" | tee -a "$OUT/round12.log"
+      if [[ -d "$H/llama.cpp" ]]; then  # the llama-build phase ran on this machine
+        while [[ ! -f "$H/BUILT" ]]; do sleep 5; done
+        echo "llama.cpp build exit status: $(cat "$H/BUILT")" | tee -a "$OUT/round12.log"
+        LB="$H/llama.cpp/build/bin/llama-bench"
+        for m in q15 g3like q32; do
+          echo "== llama-bench $m" | tee -a "$OUT/round12.log"
+          "$LB" -m "$H/$m.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r $R 2>&1 | grep -E "model|---|pp512|tg128" |
+            tee -a "$OUT/round12.log"
+        done
+        "$LB" -m "$H/q32.gguf" -ngl 99 -fa 1 -p 0 -n 128 -d 32768 -r 1 2>&1 | grep -E "tg128" | tee -a "$OUT/round12.log"
+      fi
+      [[ ${MG30:-0} == 1 ]] || exit 0
       rm -f "$H/q32.gguf"
       "$H/hearth" synth --preset muse-glimmer-30b --row-pool 64 --tokenizer-from "$H/tok.gguf" -o "$H/mg30.gguf" >&2
       for ct in f16 q8_0; do
