@@ -482,7 +482,7 @@ pub(crate) fn tiled_rows(
     isa: RefIsa,
 ) -> Vec<f32> {
     let kv = CacheCells { src, cells, last };
-    tiled_rows_in(rows, &kv, scale, isa)
+    tiled_rows_in(rows, &kv, scale, isa, true)
 }
 
 /// What the tiled path walks: KV cells in order, each holding a position
@@ -519,14 +519,22 @@ impl TileCells for CacheCells<'_, '_> {
     }
 }
 
-/// [`tiled_rows`] over any [`TileCells`].
+/// [`tiled_rows`] over any [`TileCells`]; `fast`: on the AVX-512 tile where
+/// it applies (the same bits; false only to test it against this one).
 fn tiled_rows_in(
     rows: &[(&[f32], usize, usize)],
     src: &impl TileCells,
     scale: f32,
     isa: RefIsa,
+    fast: bool,
 ) -> Vec<f32> {
     let hd = src.head_dim();
+    #[cfg(target_arch = "x86_64")]
+    if fast && super::flash_tile_avx512::usable(hd, isa) {
+        // SAFETY: the features were detected.
+        return unsafe { tiled_rows_avx512(rows, src, scale) };
+    }
+    let _ = fast;
     let n_kv = src.n_kv();
     let mut vkq = vec![0.0f32; rows.len() * hd];
     let mut ms = vec![(f32::NEG_INFINITY, 0.0f32); rows.len()];
@@ -587,6 +595,74 @@ fn tiled_rows_in(
                     scale,
                     isa,
                 );
+                ri += 1;
+            }
+        }
+    }
+    for (out, &(_, s)) in vkq.chunks_exact_mut(hd).zip(&ms) {
+        let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+        out.iter_mut().for_each(|a| *a *= inv);
+    }
+    vkq
+}
+
+/// [`tiled_rows_in`] with each tile's keys transposed and its rows computed
+/// on AVX-512 registers ([`super::flash_tile_avx512`]), the same walk.
+///
+/// # Safety
+/// `flash_tile_avx512::usable` is true for this head dimension.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiled_rows_avx512(
+    rows: &[(&[f32], usize, usize)],
+    src: &impl TileCells,
+    scale: f32,
+) -> Vec<f32> {
+    use super::flash_tile_avx512::{tile_rows, transpose_keys};
+    let hd = src.head_dim();
+    let n_kv = src.n_kv();
+    let mut vkq = vec![0.0f32; rows.len() * hd];
+    let mut ms = vec![(f32::NEG_INFINITY, 0.0f32); rows.len()];
+    let mut kr = vec![0.0f32; KV_TILE * hd];
+    let mut kt = vec![0.0f32; hd * KV_TILE];
+    let mut vt = vec![0.0f32; KV_TILE * hd];
+    let mut tile_pos = [None::<usize>; KV_TILE];
+    let max_qpos = rows.iter().map(|r| r.1).max().unwrap_or(0);
+    let min_lo = rows.iter().map(|r| r.2).min().unwrap_or(0);
+    for c0 in (0..n_kv).step_by(KV_TILE) {
+        let mut any = false;
+        for (i, tp) in tile_pos.iter_mut().enumerate() {
+            *tp = (c0 + i < n_kv)
+                .then(|| src.pos(c0 + i))
+                .flatten()
+                .filter(|&p| p >= min_lo && p <= max_qpos);
+            if let Some(p) = *tp {
+                any = true;
+                src.load(p, true, &mut kr[i * hd..(i + 1) * hd]);
+                src.load(p, false, &mut vt[i * hd..(i + 1) * hd]);
+            }
+        }
+        if !any {
+            continue;
+        }
+        transpose_keys(&kr, hd, &mut kt);
+        let mut ri = 0;
+        while ri < rows.len() {
+            if ri + 1 < rows.len() {
+                let (o0, o1) = vkq[ri * hd..(ri + 2) * hd].split_at_mut(hd);
+                let (m0, m1) = ms[ri..ri + 2].split_at_mut(1);
+                tile_rows::<2>(
+                    [rows[ri], rows[ri + 1]],
+                    [&mut m0[0], &mut m1[0]],
+                    [o0, o1],
+                    &kt,
+                    &vt,
+                    &tile_pos,
+                    scale,
+                );
+                ri += 2;
+            } else {
+                let o0 = &mut vkq[ri * hd..(ri + 1) * hd];
+                tile_rows::<1>([rows[ri]], [&mut ms[ri]], [o0], &kt, &vt, &tile_pos, scale);
                 ri += 1;
             }
         }
@@ -812,7 +888,7 @@ pub fn attend_segments(
                 .clone()
                 .map(|t| (&q[head(t)], seg_of[t].end - 1, seg_of[t].start))
                 .collect();
-            tiled_rows_in(&qs, &src, scale, isa)
+            tiled_rows_in(&qs, &src, scale, isa, true)
                 .chunks_exact(head_dim)
                 .map(<[f32]>::to_vec)
                 .collect()
@@ -1060,6 +1136,53 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The AVX-512 tile (where this machine has it) gives the generic tile's
+    /// outputs bit for bit: head dims 64/128/256, partial last tiles, rows
+    /// with sliding windows that skip whole tiles, an odd row count.
+    #[test]
+    fn avx512_tile_equals_the_generic_tile() {
+        let mut seed = 777u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        for (hd, n, n_rows) in [(64, 100, 7), (128, 193, 12), (256, 130, 9)] {
+            let f16v = |x: f32| f16::from_f32(x).to_f32();
+            let k: Vec<f32> = (0..n * hd).map(|_| f16v(next() * 3.0)).collect();
+            let v: Vec<f32> = (0..n * hd).map(|_| f16v(next())).collect();
+            let q: Vec<f32> = (0..n_rows * hd).map(|_| next() * 2.0).collect();
+            let src = BatchHead {
+                k: &k,
+                v: &v,
+                n,
+                width: hd,
+                head: 0,
+                hd,
+            };
+            let rows: Vec<(&[f32], usize, usize)> = (0..n_rows)
+                .map(|r| {
+                    let qpos = n - 1 - 7 * r;
+                    // Every third row a window that starts past the first tiles.
+                    let lo = if r % 3 == 1 {
+                        qpos.saturating_sub(70)
+                    } else {
+                        0
+                    };
+                    (&q[r * hd..(r + 1) * hd], qpos, lo)
+                })
+                .collect();
+            for scale in [0.125f32, 1.0 / (hd as f32).sqrt()] {
+                let want = tiled_rows_in(&rows, &src, scale, RefIsa::Avx512, false);
+                let got = tiled_rows_in(&rows, &src, scale, RefIsa::Avx512, true);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "hd {hd} [{i}]: {g} vs {w}");
+                }
+            }
+        }
+    }
     use crate::cpu::ggml_order::vec_dot::{vec_dot_q4_0_q8_0_x86, vec_dot_q8_0_q8_0_x86};
     use crate::quant::blocks::F16Le;
 
