@@ -6,7 +6,7 @@
 #   .gpu/hearth.gz, .gpu/gpu_tests.gz (stripped, gzipped), .gpu/vision_encode,
 #   .gpu/tok.gguf (SmolLM2's tokenizer keys only: the synthetic models' vocabulary).
 #
-#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server|ttft-prefix|small|llama-build|llama-bench|round12|kvq ...
+#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server|ttft-prefix|small|llama-build|llama-bench|round12|kvq32|kvq ...
 #
 # Everything it writes goes to $OUT (logs) and /dev/shm/h (binaries, models),
 # which survives between calls while the machine stays warm.
@@ -271,6 +271,14 @@ PY
       echo "== llama-bench q32" | tee -a "$OUT/llama-bench.log"
       "$LB" -m "$H/q32.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>&1 | grep -E "model|---|pp512|tg128" | tee -a "$OUT/llama-bench.log"
       "$LB" -m "$H/q32.gguf" -ngl 99 -fa 1 -p 0 -n 128 -d 32768 -r 2 2>&1 | grep -E "tg128" | tee -a "$OUT/llama-bench.log" ;;
+    kvq32)
+      # The Qwen2.5-32B shape decoding over 32K positions with f16 and q8_0 caches.
+      q32
+      for ct in f16 q8_0; do
+        echo "== hearth q32 --cache-type-k/-v $ct" | tee -a "$OUT/kvq32.log"
+        "$H/hearth" bench --device cuda -m "$H/q32.gguf" -p 512 -n 128 -r ${REPS:-2} --depth 32768 \
+          --cache-type-k $ct --cache-type-v $ct 2>&1 | grep -vE "^cuda:   gemv" | tee -a "$OUT/kvq32.log"
+      done ;;
     round12)
       # Issue 20's measurements in one call, most important first (the call
       # may end at its time limit): the llama.cpp build starts in the
