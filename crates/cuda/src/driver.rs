@@ -398,6 +398,32 @@ impl Gpu {
         }
         let f = self.function(name)?;
         self.raise_smem(f, name, smem)?;
+        // The kernel may start while the previous one finishes; it waits for
+        // it (griddepcontrol.wait) before touching its outputs.
+        let pdl = self.pdl.load(std::sync::atomic::Ordering::Relaxed) && crate::ops::uses_pdl(name);
+        self.launch_with(
+            (f, name),
+            grid,
+            block,
+            smem,
+            args,
+            pdl.then_some(
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            ),
+        )
+    }
+
+    /// The launch itself, with one boolean launch attribute set (PDL,
+    /// cooperative) or none; timed when profiling.
+    fn launch_with(
+        &self,
+        (f, name): (sys::CUfunction, &'static str),
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+        attr_id: Option<sys::CUlaunchAttributeID>,
+    ) -> Result<()> {
         let mut store: Vec<u64> = args.iter().map(|a| a.bits()).collect();
         let mut params: Vec<*mut c_void> = store
             .iter_mut()
@@ -414,15 +440,17 @@ impl Gpu {
         // SAFETY: each parameter points at an 8-byte slot holding the value in
         // its low bytes (little-endian), which is what the kernel reads for
         // its 4- or 8-byte parameter; the slots outlive the call.
-        if self.pdl.load(std::sync::atomic::Ordering::Relaxed) && crate::ops::uses_pdl(name) {
-            // The kernel may start while the previous one finishes; it waits
-            // for it (griddepcontrol.wait) before touching its outputs.
+        if let Some(id) = attr_id {
             // SAFETY: a zeroed attribute is valid; the union field written is
-            // the one the attribute id selects.
+            // the one the attribute id selects (both are one int).
             let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id =
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attr.value.programmaticStreamSerializationAllowed = 1;
+            attr.id = id;
+            match id {
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE => {
+                    attr.value.cooperative = 1
+                }
+                _ => attr.value.programmaticStreamSerializationAllowed = 1,
+            }
             let cfg = sys::CUlaunchConfig {
                 gridDimX: grid.0,
                 gridDimY: grid.1,
@@ -435,12 +463,12 @@ impl Gpu {
                 attrs: &mut attr,
                 numAttrs: 1,
             };
-            // SAFETY: as below; `cfg` and `attr` outlive the call.
+            // SAFETY: as above; `cfg` and `attr` outlive the call.
             unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
                 .result()
                 .map_err(|e| CudaError::Driver {
                     call: "cuLaunchKernelEx",
-                    msg: format!("{name}: {e:?}"),
+                    msg: format!("{name}: {grid:?} blocks of {block}: {e:?}"),
                 })?;
         } else {
             unsafe {
@@ -488,57 +516,18 @@ impl Gpu {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
-        let f = self.function(name)?;
         // Static and dynamic shared memory together above 48 KiB need the
         // raised limit too (the kernel's static part is a few KiB).
+        let f = self.function(name)?;
         self.raise_smem(f, name, smem.max(48 * 1024 + 1))?;
-        let mut store: Vec<u64> = args.iter().map(|a| a.bits()).collect();
-        let mut params: Vec<*mut c_void> = store
-            .iter_mut()
-            .map(|v| v as *mut u64 as *mut c_void)
-            .collect();
-        // SAFETY: a zeroed attribute is valid; the union field written is the
-        // one the attribute id selects.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-        attr.value.cooperative = 1;
-        let cfg = sys::CUlaunchConfig {
-            gridDimX: grid,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: smem,
-            hStream: self.stream,
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        let timing = match &self.profile {
-            Some(_) => {
-                let (a, b) = (self.event()?, self.event()?);
-                self.record(&a)?;
-                Some((a, b))
-            }
-            None => None,
-        };
-        // SAFETY: each parameter points at an 8-byte slot holding the value in
-        // its low bytes, as in `launch_smem`; `cfg`, `attr` and the slots outlive the call.
-        unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
-            .result()
-            .map_err(|e| CudaError::Driver {
-                call: "cuLaunchKernelEx (cooperative)",
-                msg: format!("{name}: {grid} blocks of {block}: {e:?}"),
-            })?;
-        if let (Some((a, b)), Some(p)) = (timing, &self.profile) {
-            self.record(&b)?;
-            let ms = a.elapsed_ms(&b)? as f64;
-            let mut p = p.lock().expect("profile table poisoned");
-            let e = p.entry(name).or_insert((0, 0.0));
-            e.0 += 1;
-            e.1 += ms;
-        }
-        Ok(())
+        self.launch_with(
+            (f, name),
+            (grid, 1, 1),
+            block,
+            smem,
+            args,
+            Some(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE),
+        )
     }
 
     /// Zeroes `n` 32-bit words at `ptr` (on the stream).

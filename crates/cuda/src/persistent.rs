@@ -17,6 +17,9 @@ const MK_ATTN: i32 = 4;
 const MK_COMBINE: i32 = 5;
 const MK_GLU: i32 = 6;
 
+/// common.cuh OUT_ADD: a product or norm added into its output.
+const OUT_ADD: i32 = 2;
+
 /// Threads per block of `mk_decode` (persistent.cu MK_THREADS).
 const THREADS: u32 = 256;
 /// Products larger than this are not prefetched into L2 (they would evict
@@ -56,30 +59,41 @@ pub struct Program {
     pub barriers: usize,
 }
 
-fn ptr(a: &Arg) -> Result<u64> {
-    match *a {
-        Arg::Ptr(p) => Ok(p),
-        _ => Err(CudaError::Unsupported(
-            "persistent kernel: argument kinds differ".into(),
-        )),
-    }
-}
+/// Launch arguments by position, of the kind the kernel's parameter has.
+struct Args<'a>(&'a [Arg]);
 
-fn int(a: &Arg) -> Result<i32> {
-    match *a {
-        Arg::I32(i) => Ok(i),
-        _ => Err(CudaError::Unsupported(
-            "persistent kernel: argument kinds differ".into(),
-        )),
+impl Args<'_> {
+    fn kinds_differ() -> CudaError {
+        CudaError::Unsupported("persistent kernel: argument kinds differ".into())
     }
-}
 
-fn float(a: &Arg) -> Result<f32> {
-    match *a {
-        Arg::F32(f) => Ok(f),
-        _ => Err(CudaError::Unsupported(
-            "persistent kernel: argument kinds differ".into(),
-        )),
+    fn ptrs<const N: usize>(&self, at: [usize; N]) -> Result<[u64; N]> {
+        let mut out = [0; N];
+        for (o, &i) in out.iter_mut().zip(&at) {
+            *o = match self.0[i] {
+                Arg::Ptr(p) => p,
+                _ => return Err(Self::kinds_differ()),
+            };
+        }
+        Ok(out)
+    }
+
+    fn ints<const N: usize>(&self, at: [usize; N]) -> Result<[i32; N]> {
+        let mut out = [0; N];
+        for (o, &i) in out.iter_mut().zip(&at) {
+            *o = match self.0[i] {
+                Arg::I32(v) => v,
+                _ => return Err(Self::kinds_differ()),
+            };
+        }
+        Ok(out)
+    }
+
+    fn float(&self, i: usize) -> Result<f32> {
+        match self.0[i] {
+            Arg::F32(f) => Ok(f),
+            _ => Err(Self::kinds_differ()),
+        }
     }
 }
 
@@ -167,137 +181,76 @@ fn operation(l: &Launch) -> Result<(MkOp, Access, usize)> {
         pf_hi: 0,
         ..Default::default()
     };
-    let nonzero = |v: Vec<u64>| v.into_iter().filter(|&p| p != 0).collect::<Vec<_>>();
+    let nonzero = |v: &[u64]| v.iter().copied().filter(|&p| p != 0).collect::<Vec<_>>();
+    let args = Args(a);
     let mut weight_bytes = 0;
     let access = match l.name {
         "rmsnorm" if a.len() == 9 && l.block <= 1024 => {
+            // x, out, g, dim, eps, flags, xq, xd, xs
             op.kind = MK_NORM;
-            let flags = int(&a[5])?;
-            op.p[..6].copy_from_slice(&[
-                ptr(&a[0])?,
-                ptr(&a[1])?,
-                ptr(&a[2])?,
-                ptr(&a[6])?,
-                ptr(&a[7])?,
-                ptr(&a[8])?,
-            ]);
-            op.i[0] = int(&a[3])?;
-            op.i[1] = flags;
-            op.f[0] = float(&a[4])?;
+            op.p[..6].copy_from_slice(&args.ptrs([0, 1, 2, 6, 7, 8])?);
+            op.i[..2].copy_from_slice(&args.ints([3, 5])?);
+            op.f[0] = args.float(4)?;
             let mut reads = vec![op.p[0]];
-            if flags & 2 != 0 {
+            if op.i[1] & OUT_ADD != 0 {
                 reads.push(op.p[1]);
             }
             Access {
                 reads,
-                writes: nonzero(vec![op.p[1], op.p[3], op.p[4], op.p[5]]),
+                writes: nonzero(&[op.p[1], op.p[3], op.p[4], op.p[5]]),
             }
         }
         "prepare_heads" if a.len() == 15 && l.block <= THREADS => {
+            // q, k, v, gain_q, gain_k, n_heads, n_kv, hd, pos, theta, eps, flags, k_cache, v_cache, slots
             op.kind = MK_HEADS;
-            op.p[..8].copy_from_slice(&[
-                ptr(&a[0])?,
-                ptr(&a[1])?,
-                ptr(&a[2])?,
-                ptr(&a[3])?,
-                ptr(&a[4])?,
-                ptr(&a[8])?,
-                ptr(&a[12])?,
-                ptr(&a[13])?,
-            ]);
-            op.i[..5].copy_from_slice(&[
-                int(&a[5])?,
-                int(&a[6])?,
-                int(&a[7])?,
-                int(&a[11])?,
-                int(&a[14])?,
-            ]);
-            op.f[0] = float(&a[9])?;
-            op.f[1] = float(&a[10])?;
+            op.p[..8].copy_from_slice(&args.ptrs([0, 1, 2, 3, 4, 8, 12, 13])?);
+            op.i[..5].copy_from_slice(&args.ints([5, 6, 7, 11, 14])?);
+            op.f[..2].copy_from_slice(&[args.float(9)?, args.float(10)?]);
             Access {
                 reads: vec![op.p[0], op.p[1], op.p[2]],
                 writes: vec![op.p[0], op.p[6], op.p[7]],
             }
         }
-        "attn_combine" if a.len() == 9 && l.block <= THREADS => {
-            op.kind = MK_COMBINE;
-            op.p[..6].copy_from_slice(&[
-                ptr(&a[0])?,
-                ptr(&a[1])?,
-                ptr(&a[5])?,
-                ptr(&a[6])?,
-                ptr(&a[7])?,
-                ptr(&a[8])?,
-            ]);
-            op.i[..3].copy_from_slice(&[int(&a[2])?, int(&a[3])?, int(&a[4])?]);
+        "attn_combine" | "glu_q8" if a.len() == 9 && l.block <= THREADS => {
+            // combine: part_o, part_ml, S, hd, flags, out, xq, xd, xs;
+            // glu_q8: a, b, n, mode, flags, out, xq, xd, xs
+            op.kind = if l.name == "glu_q8" {
+                MK_GLU
+            } else {
+                MK_COMBINE
+            };
+            op.p[..6].copy_from_slice(&args.ptrs([0, 1, 5, 6, 7, 8])?);
+            op.i[..3].copy_from_slice(&args.ints([2, 3, 4])?);
             Access {
                 reads: vec![op.p[0], op.p[1]],
-                writes: nonzero(vec![op.p[2], op.p[3], op.p[4], op.p[5]]),
-            }
-        }
-        "glu_q8" if a.len() == 9 && l.block == THREADS => {
-            op.kind = MK_GLU;
-            op.p[..6].copy_from_slice(&[
-                ptr(&a[0])?,
-                ptr(&a[1])?,
-                ptr(&a[5])?,
-                ptr(&a[6])?,
-                ptr(&a[7])?,
-                ptr(&a[8])?,
-            ]);
-            op.i[..3].copy_from_slice(&[int(&a[2])?, int(&a[3])?, int(&a[4])?]);
-            Access {
-                reads: vec![op.p[0], op.p[1]],
-                writes: nonzero(vec![op.p[2], op.p[3], op.p[4], op.p[5]]),
+                writes: nonzero(&[op.p[2], op.p[3], op.p[4], op.p[5]]),
             }
         }
         name if name.starts_with("fa_attn_") && a.len() == 13 && l.block == 64 => {
+            // q, kc, vc, pos, n_tokens, n_heads, n_kv, slots, window, scale, part_o, part_ml, mode
             let (v, _) = attn_variant(name).ok_or_else(unsupported)?;
             op.kind = MK_ATTN;
             op.sub = v;
-            op.p[..6].copy_from_slice(&[
-                ptr(&a[0])?,
-                ptr(&a[1])?,
-                ptr(&a[2])?,
-                ptr(&a[3])?,
-                ptr(&a[10])?,
-                ptr(&a[11])?,
-            ]);
-            op.i.copy_from_slice(&[
-                int(&a[4])?,
-                int(&a[5])?,
-                int(&a[6])?,
-                int(&a[7])?,
-                int(&a[8])?,
-                int(&a[12])?,
-            ]);
-            op.f[0] = float(&a[9])?;
+            op.p[..6].copy_from_slice(&args.ptrs([0, 1, 2, 3, 10, 11])?);
+            op.i.copy_from_slice(&args.ints([4, 5, 6, 7, 8, 12])?);
+            op.f[0] = args.float(9)?;
             Access {
                 reads: vec![op.p[0], op.p[1], op.p[2]],
                 writes: vec![op.p[4], op.p[5]],
             }
         }
         name if a.len() == 11 && l.grid.1 == 1 && l.block == THREADS => {
+            // w, wd, rows, K, xq, xd, xs, y, y_stride, bias, flags
             let wt = gemv_type(name).ok_or_else(unsupported)?;
             op.kind = MK_GEMV;
             op.sub = wt;
-            let (rows, k) = (int(&a[2])?, int(&a[3])?);
-            let flags = int(&a[10])?;
-            op.p[..7].copy_from_slice(&[
-                ptr(&a[0])?,
-                ptr(&a[1])?,
-                ptr(&a[4])?,
-                ptr(&a[5])?,
-                ptr(&a[6])?,
-                ptr(&a[7])?,
-                ptr(&a[9])?,
-            ]);
-            op.i[..3].copy_from_slice(&[rows, k, flags]);
-            let (rb, sb) = row_bytes(wt, k as usize);
-            weight_bytes = rows as usize * (rb + sb);
+            op.p[..7].copy_from_slice(&args.ptrs([0, 1, 4, 5, 6, 7, 9])?);
+            op.i[..3].copy_from_slice(&args.ints([2, 3, 10])?);
+            let (rb, sb) = row_bytes(wt, op.i[1] as usize);
+            weight_bytes = op.i[0] as usize * (rb + sb);
             op.i[3] = (weight_bytes <= PREFETCH_MAX_BYTES) as i32;
             let mut reads = vec![op.p[2], op.p[3], op.p[4]];
-            if flags & 2 != 0 {
+            if op.i[2] & OUT_ADD != 0 {
                 reads.push(op.p[5]);
             }
             Access {
@@ -310,73 +263,72 @@ fn operation(l: &Launch) -> Result<(MkOp, Access, usize)> {
     Ok((op, access, weight_bytes))
 }
 
-/// HEARTH_CUDA_REPLICATE=0 keeps one-row norms as operations of their own
-/// behind a barrier (measurements).
-fn replicate_norms() -> bool {
-    std::env::var("HEARTH_CUDA_REPLICATE").map_or(true, |v| v != "0")
+/// How [`plan`] lays out a step (the switches HEARTH_CUDA_REPLICATE and
+/// HEARTH_CUDA_PREFETCH turn off, for measurements).
+#[derive(Clone, Copy)]
+struct Plan {
+    /// Physical blocks (one per multiprocessor).
+    blocks: u32,
+    replicate_norms: bool,
+    prefetch: bool,
 }
 
-impl Program {
-    /// The operations of `launches` (one decode step) for the persistent
-    /// kernel on `g`, uploaded; fails on a launch it cannot run.
-    pub fn build(g: &Gpu, launches: &[Launch]) -> Result<Program> {
-        let mut ops = Vec::with_capacity(launches.len());
-        let mut smem = 0u32;
-        // Buffers written and read since the last barrier.
-        let (mut written, mut read): (Vec<u64>, Vec<u64>) = (Vec::new(), Vec::new());
-        let mut stage_starts = Vec::new();
-        for (k, l) in launches.iter().enumerate() {
-            let (mut op, acc, _) = operation(l)?;
-            if let Some((_, bytes)) = attn_variant(l.name) {
-                smem = smem.max(bytes);
-            }
-            let hazard = acc.reads.iter().any(|p| written.contains(p))
-                || acc
-                    .writes
-                    .iter()
-                    .any(|p| written.contains(p) || read.contains(p));
-            if hazard || ops.is_empty() {
-                op.sync = i32::from(!ops.is_empty());
-                written.clear();
-                read.clear();
-                stage_starts.push(ops.len());
-            }
-            // A one-row norm whose output only products read: every block
-            // computes it (a few microseconds of one row) instead of the grid
-            // meeting at a barrier before the products.
-            let replicate = replicate_norms()
-                && op.kind == MK_NORM
-                && op.gx == 1
-                && launches
-                    .get(k + 1)
-                    .is_some_and(|n| gemv_type(n.name).is_some());
-            if replicate {
-                op.r = 1;
-            } else {
-                written.extend(&acc.writes);
-            }
-            read.extend(&acc.reads);
-            if replicate {
-                read.extend(&acc.writes);
-            }
-            ops.push(op);
+/// The operations of one decode step's `launches` and the dynamic shared
+/// memory they need: barriers where an operation touches what another of
+/// its stage wrote (or overwrites what one read), rows per warp for the
+/// products, prefetch ranges.
+fn plan(launches: &[Launch], pl: Plan) -> Result<(Vec<MkOp>, u32)> {
+    let mut ops = Vec::with_capacity(launches.len());
+    let mut smem = 0u32;
+    // Buffers written and read since the last barrier.
+    let (mut written, mut read): (Vec<u64>, Vec<u64>) = (Vec::new(), Vec::new());
+    let mut stage_starts = Vec::new();
+    for (k, l) in launches.iter().enumerate() {
+        let (mut op, acc, _) = operation(l)?;
+        if let Some((_, bytes)) = attn_variant(l.name) {
+            smem = smem.max(bytes);
         }
-        // Rows per warp: enough rows in flight per warp for the block's share.
-        let blocks = g.info.sm_count as u32;
-        for op in ops.iter_mut().filter(|o| o.kind == MK_GEMV) {
-            let per = (op.i[0] as u32).div_ceil(blocks);
-            op.r = match per {
-                p if p >= 32 => 4,
-                p if p >= 9 => 2,
-                _ => 1,
-            };
+        let hazard = acc.reads.iter().any(|p| written.contains(p))
+            || acc
+                .writes
+                .iter()
+                .any(|p| written.contains(p) || read.contains(p));
+        if hazard || ops.is_empty() {
+            op.sync = i32::from(!ops.is_empty());
+            written.clear();
+            read.clear();
+            stage_starts.push(ops.len());
         }
-        // Each stage's first operation prefetches the stage two ahead (the
-        // first one also the first three stages). HEARTH_CUDA_PREFETCH=0:
-        // none (measurements).
-        if std::env::var("HEARTH_CUDA_PREFETCH").is_ok_and(|v| v == "0") {
-            stage_starts.clear();
+        // A one-row norm whose output only products read: every block
+        // computes it (a few microseconds of one row) instead of the grid
+        // meeting at a barrier before the products.
+        let replicate = pl.replicate_norms
+            && op.kind == MK_NORM
+            && op.gx == 1
+            && launches
+                .get(k + 1)
+                .is_some_and(|n| gemv_type(n.name).is_some());
+        if replicate {
+            op.r = 1;
+            read.extend(&acc.writes);
+        } else {
+            written.extend(&acc.writes);
         }
+        read.extend(&acc.reads);
+        ops.push(op);
+    }
+    // Rows per warp: enough rows in flight per warp for the block's share.
+    for op in ops.iter_mut().filter(|o| o.kind == MK_GEMV) {
+        let per = (op.i[0] as u32).div_ceil(pl.blocks);
+        op.r = match per {
+            p if p >= 32 => 4,
+            p if p >= 9 => 2,
+            _ => 1,
+        };
+    }
+    // Each stage's first operation prefetches the stage two ahead (the
+    // first one also the first three stages).
+    if pl.prefetch {
         let n_ops = ops.len();
         let stage_end = |s: usize| stage_starts.get(s).copied().unwrap_or(n_ops) as i32;
         for (s, &start) in stage_starts.iter().enumerate() {
@@ -388,6 +340,24 @@ impl Program {
             ops[start].pf_lo = lo;
             ops[start].pf_hi = hi;
         }
+    }
+    Ok((ops, smem))
+}
+
+impl Program {
+    /// The operations of `launches` (one decode step) for the persistent
+    /// kernel on `g`, uploaded; fails on a launch it cannot run.
+    pub fn build(g: &Gpu, launches: &[Launch]) -> Result<Program> {
+        let on = |var: &str| std::env::var(var).map_or(true, |v| v != "0");
+        let blocks = g.info.sm_count as u32;
+        let (ops, smem) = plan(
+            launches,
+            Plan {
+                blocks,
+                replicate_norms: on("HEARTH_CUDA_REPLICATE"),
+                prefetch: on("HEARTH_CUDA_PREFETCH"),
+            },
+        )?;
         let barriers = ops.iter().filter(|o| o.sync != 0).count();
         let bytes = ops.len() * std::mem::size_of::<MkOp>();
         let buf = g.alloc(bytes, "the persistent decode program")?;
@@ -446,5 +416,172 @@ mod tests {
         assert_eq!(attn_variant("fa_attn_128_f16_d"), Some((2, 48 * 1024)));
         assert_eq!(attn_variant("fa_attn_256_f16_d"), Some((4, 64 * 1024)));
         assert_eq!(attn_variant("fa_attn_128_f16_b"), None);
+    }
+
+    /// A regression guard of the planner (not a reference check; the GPU
+    /// test decode_is_deterministic_across_launch_modes checks the results):
+    /// one layer's launches as forward.rs makes them for a decode step.
+    #[test]
+    fn plan_places_barriers_where_data_flows() {
+        use crate::driver::Arg::{Ptr, F32, I32};
+        let launch =
+            |name: &'static str, grid: (u32, u32, u32), block: u32, args: Vec<Arg>| Launch {
+                name,
+                grid,
+                block,
+                smem: 0,
+                args,
+            };
+        // Buffers: x 1, h 2, q8 (q 3, d 4, s 5), q 6, k 7, v 8, pos 9, kc 10,
+        // vc 11, part_o 12, part_ml 13, att 14, fg 15, fu 16, weights 100+.
+        let norm = |x| {
+            launch(
+                "rmsnorm",
+                (1, 1, 1),
+                512,
+                vec![
+                    Ptr(x),
+                    Ptr(2),
+                    Ptr(101),
+                    I32(512),
+                    F32(1e-6),
+                    I32(0),
+                    Ptr(3),
+                    Ptr(4),
+                    Ptr(5),
+                ],
+            )
+        };
+        let gemv = |w, rows, k, y, flags| {
+            launch(
+                "gemv_q4_k_1_r2",
+                (8, 1, 1),
+                256,
+                vec![
+                    Ptr(w),
+                    Ptr(0),
+                    I32(rows),
+                    I32(k),
+                    Ptr(3),
+                    Ptr(4),
+                    Ptr(5),
+                    Ptr(y),
+                    I32(rows),
+                    Ptr(0),
+                    I32(flags),
+                ],
+            )
+        };
+        let layer = vec![
+            norm(1),
+            gemv(102, 512, 512, 6, 0),
+            gemv(103, 128, 512, 7, 0),
+            gemv(104, 128, 512, 8, 0),
+            launch(
+                "prepare_heads",
+                (12, 1, 1),
+                32,
+                vec![
+                    Ptr(6),
+                    Ptr(7),
+                    Ptr(8),
+                    Ptr(0),
+                    Ptr(0),
+                    I32(8),
+                    I32(2),
+                    I32(64),
+                    Ptr(9),
+                    F32(1e6),
+                    F32(1e-6),
+                    I32(6),
+                    Ptr(10),
+                    Ptr(11),
+                    I32(256),
+                ],
+            ),
+            launch(
+                "fa_attn_64_f16_d",
+                (1, 2, 4),
+                64,
+                vec![
+                    Ptr(6),
+                    Ptr(10),
+                    Ptr(11),
+                    Ptr(9),
+                    I32(1),
+                    I32(8),
+                    I32(2),
+                    I32(256),
+                    I32(0),
+                    F32(0.125),
+                    Ptr(12),
+                    Ptr(13),
+                    I32(0),
+                ],
+            ),
+            launch(
+                "attn_combine",
+                (8, 1, 1),
+                64,
+                vec![
+                    Ptr(12),
+                    Ptr(13),
+                    I32(4),
+                    I32(64),
+                    I32(0),
+                    Ptr(14),
+                    Ptr(3),
+                    Ptr(4),
+                    Ptr(5),
+                ],
+            ),
+            gemv(105, 512, 512, 1, OUT_ADD),
+            norm(1),
+            gemv(106, 1024, 512, 15, 0),
+            gemv(107, 1024, 512, 16, 0),
+            launch(
+                "glu_q8",
+                (4, 1, 1),
+                256,
+                vec![
+                    Ptr(15),
+                    Ptr(16),
+                    I32(1024),
+                    I32(0),
+                    I32(0),
+                    Ptr(15),
+                    Ptr(3),
+                    Ptr(4),
+                    Ptr(5),
+                ],
+            ),
+            gemv(108, 512, 1024, 1, OUT_ADD),
+        ];
+        let pl = Plan {
+            blocks: 4,
+            replicate_norms: true,
+            prefetch: true,
+        };
+        let (ops, smem) = plan(&layer, pl).unwrap();
+        let syncs: Vec<i32> = ops.iter().map(|o| o.sync).collect();
+        // Barriers before: heads, attention, combine, wo, the second norm
+        // (x), glu, down; none between a replicated norm and its products
+        // or between products of one input.
+        assert_eq!(syncs, [0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1]);
+        assert_eq!((ops[0].r, ops[8].r), (1, 1), "one-row norms replicated");
+        assert_eq!(smem, 4 * 2 * 32 * 64 * 2, "hd 64 f16 tiles, 4 stages");
+        // Stage 0 prefetches stages 0-2 (ops 0..5), stage 1 stage 3 (op 6).
+        assert_eq!((ops[0].pf_lo, ops[0].pf_hi), (0, 6));
+        assert_eq!((ops[4].pf_lo, ops[4].pf_hi), (6, 7));
+        assert_eq!(ops[1].r, 4, "512 rows over 4 blocks: 128 per block");
+        let (plain, _) = plan(
+            &layer,
+            Plan {
+                replicate_norms: false,
+                ..pl
+            },
+        )
+        .unwrap();
+        assert_eq!(plain.iter().filter(|o| o.sync != 0).count(), 9);
     }
 }
