@@ -40,14 +40,92 @@ pub fn quantize_row_q8_1_ref(src: &[f32], dst: &mut [BlockQ8_1]) {
 /// Quantizes activations to Q8_0 as llama.cpp's CPU backend does on x86
 /// (`quantize_row_q8_0`, AVX path): inverse scale `127 / amax`, round half to
 /// even. The generic `quantize_row_q8_0_ref` (used for weights) keeps `roundf`.
+/// With AVX2 the blocks go through vectors ([`x86_q8_0::quantize_row`]), the
+/// same values as the block-by-block reference [`quantize_block_q8_0_x86`].
 pub fn quantize_row_q8_0_x86(src: &[f32], dst: &mut [BlockQ8_0]) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected.
+        return unsafe { x86_q8_0::quantize_row(src, dst) };
+    }
+    quantize_row_q8_0_x86_ref(src, dst);
+}
+
+/// [`quantize_row_q8_0_x86`] one value at a time (the reference).
+pub fn quantize_row_q8_0_x86_ref(src: &[f32], dst: &mut [BlockQ8_0]) {
     for (x, b) in src.chunks_exact(QK).zip(dst.iter_mut()) {
-        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-        b.d = F16Le::from_f32(amax / 127.0);
-        for (q, v) in b.qs.iter_mut().zip(x) {
-            *q = (v * id).round_ties_even() as i8;
+        quantize_block_q8_0_x86(x.try_into().expect("32 values"), b);
+    }
+}
+
+fn quantize_block_q8_0_x86(x: &[f32; QK], b: &mut BlockQ8_0) {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    b.d = F16Le::from_f32(amax / 127.0);
+    for (q, v) in b.qs.iter_mut().zip(x) {
+        *q = (v * id).round_ties_even() as i8;
+    }
+}
+
+/// The Q8_0 activation quantizer on AVX2 registers, as llama.cpp's AVX2
+/// `quantize_row_q8_0` runs it: |x| maximum by `vmaxps`, products rounded
+/// to nearest even by `vroundps`, packed with saturation. Blocks holding a
+/// NaN or an infinity take the reference (Rust's `as i8` maps NaN to 0).
+#[cfg(target_arch = "x86_64")]
+mod x86_q8_0 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn quantize_row(src: &[f32], dst: &mut [BlockQ8_0]) {
+        let sign = _mm256_set1_ps(-0.0);
+        for (x, b) in src.chunks_exact(QK).zip(dst.iter_mut()) {
+            let v: [__m256; 4] = [
+                _mm256_loadu_ps(x.as_ptr()),
+                _mm256_loadu_ps(x.as_ptr().add(8)),
+                _mm256_loadu_ps(x.as_ptr().add(16)),
+                _mm256_loadu_ps(x.as_ptr().add(24)),
+            ];
+            let mut m = _mm256_setzero_ps();
+            let mut unordered = _mm256_setzero_ps();
+            for &vi in &v {
+                let a = _mm256_andnot_ps(sign, vi);
+                m = _mm256_max_ps(a, m);
+                unordered = _mm256_or_ps(unordered, _mm256_cmp_ps::<_CMP_UNORD_Q>(vi, vi));
+            }
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+            if _mm256_movemask_ps(unordered) != 0 || !amax.is_finite() {
+                quantize_block_q8_0_x86(x.try_into().expect("32 values"), b);
+                continue;
+            }
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            b.d = F16Le::from_f32(amax / 127.0);
+            let idv = _mm256_set1_ps(id);
+            let q: [__m256i; 4] = [
+                round(v[0], idv),
+                round(v[1], idv),
+                round(v[2], idv),
+                round(v[3], idv),
+            ];
+            // packs interleave 128-bit halves; the permute restores the order.
+            let p = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(b.qs.as_mut_ptr() as *mut __m256i, p);
         }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn round(v: __m256, id: __m256) -> __m256i {
+        let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(v, id),
+        );
+        _mm256_cvtps_epi32(r)
     }
 }
 
@@ -443,6 +521,40 @@ mod x86_order_tests {
     use crate::quant::{quantize, quantize_row_q8_k_ref};
     use hearth_gguf::GgmlType;
     use rand::{Rng, SeedableRng};
+
+    /// The vector Q8_0 activation quantizer equals the reference value by
+    /// value: random rows at several magnitudes, ties, zeros, blocks with
+    /// NaN, infinities and f32::MAX.
+    #[test]
+    fn q8_0_quantizer_equals_the_reference() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
+        for round in 0..3000 {
+            let scale = [1e-30f32, 1e-3, 1.0, 1e4, 1e30][round % 5];
+            let mut a: Vec<f32> = (0..4 * QK)
+                .map(|_| rng.gen_range(-1.0f32..1.0) * scale)
+                .collect();
+            match round % 7 {
+                // Halfway cases after scaling by 127 / amax (amax = 127).
+                0 => a
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, v)| *v = (i as f32 - 64.0) + 0.5),
+                1 => a[3] = f32::NAN,
+                2 => a[40] = f32::INFINITY,
+                3 => a[70] = f32::MAX,
+                4 => a[96..].fill(0.0),
+                5 => a[5] = -0.0,
+                _ => {}
+            }
+            let (mut got, mut want) =
+                (vec![BlockQ8_0::default(); 4], vec![BlockQ8_0::default(); 4]);
+            quantize_row_q8_0_x86(&a, &mut got);
+            quantize_row_q8_0_x86_ref(&a, &mut want);
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!((g.d.0, g.qs), (w.d.0, w.qs), "round {round}");
+            }
+        }
+    }
 
     /// The x86-order kernels compute the same sums as the references (up to
     /// f32 rounding), on random rows of several blocks.
