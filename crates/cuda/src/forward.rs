@@ -101,8 +101,8 @@ pub struct GpuState {
     graph: Option<Graph>,
     /// Replay decode steps from a captured CUDA graph (default on).
     pub use_graph: bool,
-    /// Run decode steps as the persistent kernel where the model can
-    /// ([`GpuModel::persistent`]; HEARTH_CUDA_PERSISTENT=0 turns it off).
+    /// Run decode steps as the persistent kernel (starts as
+    /// [`GpuModel::persistent`], which HEARTH_CUDA_PERSISTENT=1 sets at upload).
     pub use_persistent: bool,
     /// The decode step as the persistent kernel's program, once recorded:
     /// None if not yet, Some(None) if the step has a launch it cannot run.
@@ -688,7 +688,6 @@ impl GpuModel {
             .collect())
     }
 
-    /// All layers for `t` tokens already in x, then the head for the last `rows` rows.
     /// One decode step (token embedded, position uploaded) as the persistent
     /// kernel, recording its program on the state's first step; false (and
     /// nothing run) where the state does not use it or the step has a launch
@@ -718,6 +717,7 @@ impl GpuModel {
         }
     }
 
+    /// All layers for `t` tokens already in x, then the head for the last `rows` rows.
     fn layers_and_head(&self, st: &mut GpuState, t: usize, rows: usize) -> Result<()> {
         for li in 0..self.layers.len() {
             self.layer(st, li, t)?;
