@@ -43,6 +43,51 @@ q32() { # the Qwen2.5-32B shape (synthetic Q4_K_M mix), once per warm machine
   [[ -f "$H/q32.gguf" ]] || "$H/hearth" synth --preset qwen2.5-32b --row-pool 64 \
     --tokenizer-from "$H/tok.gguf" -o "$H/q32.gguf" >&2
 }
+q15() { # the Qwen2.5-1.5B shape (synthetic Q4_K_M mix)
+  [[ -f "$H/q15.gguf" ]] || "$H/hearth" synth --arch qwen2 --layers 28 --dim 1536 --heads 12 --kv-heads 2 \
+    --ffn 8960 --vocab 151936 --row-pool 64 -o "$H/q15.gguf" >&2
+}
+g3like() { # gemma-3-270m's exact layout with random weights (like_gguf.py; the real file cannot travel)
+  [[ -f "$H/g3like.gguf" ]] && return
+  gunzip -c "$H/g3h.bin.gz" >"$H/g3h.bin"
+  python3 bench/cuda/scripts/like_gguf.py fill "$H/g3h.bin" "$H/g3like.gguf" >&2
+}
+mg30() { # the Muse-Glimmer-30B shape
+  [[ -f "$H/mg30.gguf" ]] || "$H/hearth" synth --preset muse-glimmer-30b --row-pool 64 \
+    --tokenizer-from "$H/tok.gguf" -o "$H/mg30.gguf" >&2
+}
+hb() { # LOG LABEL ENV... -- BENCH ARGS...: one hearth bench on the GPU, logged
+  local log=$1 label=$2 envs=()
+  shift 2
+  while [[ $1 != -- ]]; do envs+=("$1"); shift; done
+  shift
+  echo "== hearth $label" | tee -a "$OUT/$log"
+  env "${envs[@]}" "$H/hearth" bench --device cuda "$@" 2>&1 | grep -vE "^cuda:   gemv" | tee -a "$OUT/$log"
+}
+kv_types() { # LOG MODEL "BENCH ARGS" TYPES...: hearth with each KV cache type
+  local log=$1 m=$2 args=$3 ct
+  shift 3
+  for ct in "$@"; do
+    # shellcheck disable=SC2086
+    hb "$log" "$m --cache-type-k/-v $ct" -- -m "$H/$m.gguf" $args --cache-type-k $ct --cache-type-v $ct
+  done
+}
+llama_bench() { # LOG REPS MODELS...: the peer (llama-bench -ngl 99 -fa 1) once its build is done
+  local log=$1 r=$2 m
+  shift 2
+  while [[ ! -f "$H/BUILT" ]]; do sleep 5; done
+  echo "llama.cpp build exit status: $(cat "$H/BUILT")" | tee -a "$OUT/$log"
+  for m in "$@"; do
+    [[ -f "$H/$m.gguf" ]] || continue
+    echo "== llama-bench $m" | tee -a "$OUT/$log"
+    "$H/llama.cpp/build/bin/llama-bench" -m "$H/$m.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r "$r" 2>&1 |
+      grep -E "model|---|pp512|tg128" | tee -a "$OUT/$log"
+    if [[ $m == q32 ]]; then
+      "$H/llama.cpp/build/bin/llama-bench" -m "$H/q32.gguf" -ngl 99 -fa 1 -p 0 -n 128 -d 32768 -r "$r" 2>&1 |
+        grep -E "tg128" | tee -a "$OUT/$log"
+    fi
+  done
+}
 mmproj_full() {
   [[ -f "$H/mm-full.gguf" ]] || "$H/hearth" synth --preset muse-glimmer-mmproj --seed 1 -o "$H/mm-full.gguf" >&2
 }
@@ -64,8 +109,7 @@ for phase in "$@"; do
       done ;;
     ttft)
       mmproj_full
-      [[ -f "$H/mg30.gguf" ]] || "$H/hearth" synth --preset muse-glimmer-30b --row-pool 64 \
-        --tokenizer-from "$H/tok.gguf" -o "$H/mg30.gguf" >&2
+      mg30
       png 448 448 "$H/img448.png"
       # 50 tokens of text after the image (SmolLM2's tokenizer).
       text="Look at this picture carefully and then tell me, in two short sentences, which colours you can see, where the bright square sits, and whether anything in it looks like a letter or a number to you."
@@ -215,34 +259,23 @@ PY
       grep -E "llm_turn_stats" "$H/serve-t.log" | head -12 | cut -c1-300 | tee -a "$OUT/prefix-ttft.log"
       kill $pid; wait $pid 2>/dev/null || true ;;
     small)
-      # Issue 20's small-model decode: the Qwen2.5-1.5B shape (Q4_K_M mix,
-      # random rows), pp512/tg128 against the copy roofline, then the kernel
-      # breakdown of a decode step (each launch timed alone).
-      [[ -f "$H/q15.gguf" ]] || "$H/hearth" synth --arch qwen2 --layers 28 --dim 1536 --heads 12 --kv-heads 2 \
-        --ffn 8960 --vocab 151936 --row-pool 64 -o "$H/q15.gguf" >&2
-      "$H/hearth" bench --device cuda -m "$H/q15.gguf" -p 512 -n 128 -r ${REPS:-3} --roofline 2>&1 | tee -a "$OUT/small.log"
-      # The persistent decode kernel (opt-in) against the default
-      # kernel-by-kernel steps (CUDA graphs, PDL), and without its norm
-      # replication / L2 prefetch.
-      for v in "HEARTH_CUDA_PERSISTENT=1" "HEARTH_CUDA_PERSISTENT=1 HEARTH_CUDA_REPLICATE=0" \
-        "HEARTH_CUDA_PERSISTENT=1 HEARTH_CUDA_PREFETCH=0"; do
-        echo "== $v" | tee -a "$OUT/small.log"
-        # shellcheck disable=SC2086
-        env $v "$H/hearth" bench --device cuda -m "$H/q15.gguf" -p 0 -n 128 -r ${REPS:-3} 2>&1 |
-          grep -vE "^cuda:   gemv" | tee -a "$OUT/small.log"
-      done
-      HEARTH_CUDA_PROFILE=1 "$H/hearth" bench --device cuda -m "$H/q15.gguf" -p 0 -n 64 -r 1 2>&1 |
-        grep -vE "^cuda:   gemv" | tee -a "$OUT/small.log"
-      # gemma-3-270m's exact layout with random weights (like_gguf.py; the real file cannot travel).
-      if [[ -f "$H/g3h.bin.gz" ]]; then
-        gunzip -c "$H/g3h.bin.gz" >"$H/g3h.bin"
-        python3 bench/cuda/scripts/like_gguf.py fill "$H/g3h.bin" "$H/g3like.gguf" >&2
-        for v in PERSISTENT=0 PERSISTENT=1; do
-          echo "== gemma3-270m layout, HEARTH_CUDA_$v" | tee -a "$OUT/small.log"
-          env "HEARTH_CUDA_$v" "$H/hearth" bench --device cuda -m "$H/g3like.gguf" -p 512 -n 128 -r ${REPS:-3} 2>&1 |
-            grep -vE "^cuda:   gemv" | tee -a "$OUT/small.log"
-        done
-      fi ;;
+      # Issue 20's small-model decode: the Qwen2.5-1.5B shape against the
+      # copy roofline; the persistent decode kernel (opt-in) against the
+      # default kernel-by-kernel steps (CUDA graphs, PDL), and without its
+      # norm replication / L2 prefetch; the kernel breakdown of a decode step
+      # (each launch timed alone); gemma-3-270m's layout both ways.
+      R=${REPS:-3}
+      q15
+      hb small.log q15 -- -m "$H/q15.gguf" -p 512 -n 128 -r $R --roofline
+      hb small.log "q15 persistent" HEARTH_CUDA_PERSISTENT=1 -- -m "$H/q15.gguf" -p 0 -n 128 -r $R
+      hb small.log "q15 persistent, norms not replicated" HEARTH_CUDA_PERSISTENT=1 HEARTH_CUDA_REPLICATE=0 -- \
+        -m "$H/q15.gguf" -p 0 -n 128 -r $R
+      hb small.log "q15 persistent, no prefetch" HEARTH_CUDA_PERSISTENT=1 HEARTH_CUDA_PREFETCH=0 -- \
+        -m "$H/q15.gguf" -p 0 -n 128 -r $R
+      hb small.log "q15 profile" HEARTH_CUDA_PROFILE=1 -- -m "$H/q15.gguf" -p 0 -n 64 -r 1
+      g3like
+      hb small.log g3like -- -m "$H/g3like.gguf" -p 512 -n 128 -r $R
+      hb small.log "g3like persistent" HEARTH_CUDA_PERSISTENT=1 -- -m "$H/g3like.gguf" -p 0 -n 128 -r $R ;;
     llama-build)
       # llama.cpp 11434's CUDA llama-bench (the peer), built in the background
       # from .gpu/llama-src.tar.xz (its source without models, docs, tests and
@@ -257,91 +290,45 @@ PY
         echo "llama.cpp CUDA build started"
       fi ;;
     llama-bench)
-      # The peer on the same files, same machine (llama-bench -ngl 99 -fa 1).
-      while [[ ! -f "$H/BUILT" ]]; do sleep 5; done
-      echo "llama.cpp build exit status: $(cat "$H/BUILT")"; tail -2 "$H/build.log"
-      LB="$H/llama.cpp/build/bin/llama-bench"
-      for m in q15 g3like; do
-        [[ -f "$H/$m.gguf" ]] || continue
-        echo "== llama-bench $m" | tee -a "$OUT/llama-bench.log"
-        "$LB" -m "$H/$m.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r ${REPS:-3} 2>&1 | grep -E "model|---|pp512|tg128" |
-          tee -a "$OUT/llama-bench.log"
-      done
+      # The peer on the same files, same machine.
       q32
-      echo "== llama-bench q32" | tee -a "$OUT/llama-bench.log"
-      "$LB" -m "$H/q32.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>&1 | grep -E "model|---|pp512|tg128" | tee -a "$OUT/llama-bench.log"
-      "$LB" -m "$H/q32.gguf" -ngl 99 -fa 1 -p 0 -n 128 -d 32768 -r 2 2>&1 | grep -E "tg128" | tee -a "$OUT/llama-bench.log" ;;
+      llama_bench llama-bench.log ${REPS:-3} q15 g3like q32 ;;
     kvq32)
       # The Qwen2.5-32B shape decoding over 32K positions with f16 and q8_0 caches.
       q32
-      for ct in f16 q8_0; do
-        echo "== hearth q32 --cache-type-k/-v $ct" | tee -a "$OUT/kvq32.log"
-        "$H/hearth" bench --device cuda -m "$H/q32.gguf" -p 512 -n 128 -r ${REPS:-2} --depth 32768 \
-          --cache-type-k $ct --cache-type-v $ct 2>&1 | grep -vE "^cuda:   gemv" | tee -a "$OUT/kvq32.log"
-      done ;;
+      kv_types kvq32.log q32 "-p 512 -n 128 -r ${REPS:-2} --depth 32768" f16 q8_0 ;;
     round12)
       # Issue 20's measurements in one call, most important first (the call
-      # may end at its time limit): the llama.cpp build starts in the
-      # background, then hearth on the Qwen2.5-1.5B shape and gemma-3-270m's
-      # layout (default and HEARTH_CUDA_PERSISTENT=1), the Qwen2.5-32B shape
-      # with f16 and q8_0 caches at depth 32768, llama.cpp on the same three
-      # files, and the Muse-Glimmer-30B shape's KV cache at 130000 positions.
+      # may end at its time limit): hearth on the Qwen2.5-1.5B shape and
+      # gemma-3-270m's layout (default and HEARTH_CUDA_PERSISTENT=1), the
+      # Qwen2.5-32B shape with f16 and q8_0 caches at depth 32768, llama.cpp
+      # on the same three files where the llama-build phase ran on this
+      # machine, and with MG30=1 the Muse-Glimmer-30B shape's KV cache at
+      # 130000 positions.
       R=${REPS:-2}
-      [[ -f "$H/q15.gguf" ]] || "$H/hearth" synth --arch qwen2 --layers 28 --dim 1536 --heads 12 --kv-heads 2 \
-        --ffn 8960 --vocab 151936 --row-pool 64 -o "$H/q15.gguf" >&2
-      gunzip -c "$H/g3h.bin.gz" >"$H/g3h.bin"
-      python3 bench/cuda/scripts/like_gguf.py fill "$H/g3h.bin" "$H/g3like.gguf" >&2
+      q15
+      g3like
       for m in q15 g3like; do
-        echo "== hearth $m" | tee -a "$OUT/round12.log"
-        "$H/hearth" bench --device cuda -m "$H/$m.gguf" -p 512 -n 128 -r $R --roofline 2>&1 |
-          grep -vE "^cuda:   gemv" | tee -a "$OUT/round12.log"
-        echo "== hearth $m HEARTH_CUDA_PERSISTENT=1" | tee -a "$OUT/round12.log"
-        HEARTH_CUDA_PERSISTENT=1 "$H/hearth" bench --device cuda -m "$H/$m.gguf" -p 0 -n 128 -r $R 2>&1 |
-          grep -vE "^cuda:   gemv" | tee -a "$OUT/round12.log"
+        hb round12.log $m -- -m "$H/$m.gguf" -p 512 -n 128 -r $R --roofline
+        hb round12.log "$m persistent" HEARTH_CUDA_PERSISTENT=1 -- -m "$H/$m.gguf" -p 0 -n 128 -r $R
       done
       q32
-      for ct in f16 q8_0; do
-        echo "== hearth q32 --cache-type-k/-v $ct" | tee -a "$OUT/round12.log"
-        "$H/hearth" bench --device cuda -m "$H/q32.gguf" -p 512 -n 128 -r $R --depth 32768 \
-          --cache-type-k $ct --cache-type-v $ct 2>&1 | grep -vE "^cuda:   gemv" | tee -a "$OUT/round12.log"
-      done
-      if [[ -d "$H/llama.cpp" ]]; then  # the llama-build phase ran on this machine
-        while [[ ! -f "$H/BUILT" ]]; do sleep 5; done
-        echo "llama.cpp build exit status: $(cat "$H/BUILT")" | tee -a "$OUT/round12.log"
-        LB="$H/llama.cpp/build/bin/llama-bench"
-        for m in q15 g3like q32; do
-          echo "== llama-bench $m" | tee -a "$OUT/round12.log"
-          "$LB" -m "$H/$m.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r $R 2>&1 | grep -E "model|---|pp512|tg128" |
-            tee -a "$OUT/round12.log"
-        done
-        "$LB" -m "$H/q32.gguf" -ngl 99 -fa 1 -p 0 -n 128 -d 32768 -r 1 2>&1 | grep -E "tg128" | tee -a "$OUT/round12.log"
-      fi
-      [[ ${MG30:-0} == 1 ]] || exit 0
-      rm -f "$H/q32.gguf"
-      "$H/hearth" synth --preset muse-glimmer-30b --row-pool 64 --tokenizer-from "$H/tok.gguf" -o "$H/mg30.gguf" >&2
-      for ct in f16 q8_0; do
-        echo "== hearth mg30 --cache-type-k/-v $ct" | tee -a "$OUT/round12.log"
-        "$H/hearth" bench --device cuda -m "$H/mg30.gguf" -p 0 -n 32 -r 1 --depth 130000 \
-          --cache-type-k $ct --cache-type-v $ct 2>&1 | grep -vE "^cuda:   gemv" | tee -a "$OUT/round12.log"
-      done ;;
+      kv_types round12.log q32 "-p 512 -n 128 -r $R --depth 32768" f16 q8_0
+      [[ -d "$H/llama.cpp" ]] && llama_bench round12.log $R q15 g3like q32
+      if [[ ${MG30:-0} == 1 ]]; then
+        rm -f "$H/q32.gguf"
+        mg30
+        kv_types round12.log mg30 "-p 0 -n 32 -r 1 --depth 130000" f16 q8_0
+      fi ;;
     kvq)
       # Issue 20's quantized KV cache on CUDA: the Qwen2.5-32B shape decoding
       # over 32K positions (and prefilling 512 tokens after them) with f16,
       # q8_0 and q4_0 caches; the Muse-Glimmer-30B shape's KV bytes at 128K
       # (and its decode there) with f16 and q8_0.
       q32
-      for ct in f16 q8_0 q4_0; do
-        echo "== q32 --cache-type-k/-v $ct" | tee -a "$OUT/kvq.log"
-        "$H/hearth" bench --device cuda -m "$H/q32.gguf" -p 512 -n 128 -r ${REPS:-2} --depth 32768 \
-          --cache-type-k $ct --cache-type-v $ct 2>&1 | grep -vE "^cuda:   gemv" | tee -a "$OUT/kvq.log"
-      done
-      [[ -f "$H/mg30.gguf" ]] || "$H/hearth" synth --preset muse-glimmer-30b --row-pool 64 \
-        --tokenizer-from "$H/tok.gguf" -o "$H/mg30.gguf" >&2
-      for ct in f16 q8_0; do
-        echo "== mg30 --cache-type-k/-v $ct" | tee -a "$OUT/kvq.log"
-        "$H/hearth" bench --device cuda -m "$H/mg30.gguf" -p 0 -n 64 -r 1 --depth 130000 \
-          --cache-type-k $ct --cache-type-v $ct 2>&1 | grep -vE "^cuda:   gemv" | tee -a "$OUT/kvq.log"
-      done ;;
+      kv_types kvq.log q32 "-p 512 -n 128 -r ${REPS:-2} --depth 32768" f16 q8_0 q4_0
+      mg30
+      kv_types kvq.log mg30 "-p 0 -n 64 -r 1 --depth 130000" f16 q8_0 ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done
