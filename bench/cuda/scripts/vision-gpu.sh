@@ -6,7 +6,7 @@
 #   .gpu/hearth.gz, .gpu/gpu_tests.gz (stripped, gzipped), .gpu/vision_encode,
 #   .gpu/tok.gguf (SmolLM2's tokenizer keys only: the synthetic models' vocabulary).
 #
-#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server|ttft-prefix|small|llama-build|llama-bench|round12|kvq32|kvq ...
+#   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server|ttft-prefix|small|llama-build|llama-bench|round12|round13|kvq32|kvq ...
 #
 # Everything it writes goes to $OUT (logs) and /dev/shm/h (binaries, models),
 # which survives between calls while the machine stays warm.
@@ -320,6 +320,26 @@ PY
         mg30
         kv_types round12.log mg30 "-p 0 -n 32 -r 1 --depth 130000" f16 q8_0
       fi ;;
+    round13)
+      # Issue 20's measurements, same warm machine, hearth and llama.cpp one
+      # after the other (never together): the Qwen2.5-1.5B shape, gemma-3-270m's
+      # layout and the Qwen2.5-32B shape at depth 0, the 32B shape's decode at
+      # depth 32768 with f16 and q8_0 caches, llama.cpp on the same three
+      # files (llama-bench -ngl 99 -fa 1; -d 32768 on the 32B shape), and
+      # where a decode step's time goes (HEARTH_CUDA_PROFILE=1) on the 32B
+      # shape and gemma-3-270m's layout. Started in the background by
+      # real-model-agreement.sh while the real model's chunks travel.
+      R=${REPS:-3}
+      q15
+      g3like
+      q32
+      for m in q15 g3like q32; do
+        hb round13.log $m -- -m "$H/$m.gguf" -p 512 -n 128 -r $R --roofline
+      done
+      kv_types round13.log q32 "-p 0 -n 128 -r $R --depth 32768" f16 q8_0
+      llama_bench round13.log $R q15 g3like q32
+      hb round13.log "q32 profile" HEARTH_CUDA_PROFILE=1 -- -m "$H/q32.gguf" -p 0 -n 16 -r 1
+      hb round13.log "g3like profile" HEARTH_CUDA_PROFILE=1 -- -m "$H/g3like.gguf" -p 0 -n 64 -r 1 ;;
     kvq)
       # Issue 20's quantized KV cache on CUDA: the Qwen2.5-32B shape decoding
       # over 32K positions (and prefilling 512 tokens after them) with f16,
