@@ -21,8 +21,8 @@
 #        (stage moves them to /dev/shm/h, unpacks the binaries, starts the llama.cpp
 #        CUDA build in the background)
 #   2. carry .gpu = {part00}: real-model-agreement.sh stage bench
-#        (bench: once the build is done, vision-gpu.sh's `round13` measurements run
-#        in the background on the otherwise idle GPU while the chunks travel)
+#        (bench: vision-gpu.sh's `round13` measurements run in the background while
+#        the chunks travel; the llama.cpp build beside them runs at nice 19)
 #   3..10. carry .gpu = {part01 .. part08}: real-model-agreement.sh stage
 #   11. (drafter back in the tree) real-model-agreement.sh run
 #
@@ -54,7 +54,7 @@ stage() {
     setsid nohup bash -c "cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
       -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > $S/cmake.log 2>&1 \
-      && cmake --build build -j16 --target llama-bench llama > $S/build.log 2>&1; echo \$? > $S/BUILT" \
+      && nice -n 19 cmake --build build -j16 --target llama-bench llama > $S/build.log 2>&1; echo \$? > $S/BUILT" \
       > /dev/null 2>&1 < /dev/null &
     cd - > /dev/null
     echo "llama.cpp CUDA build started"
@@ -68,10 +68,10 @@ stage)
     # vision-gpu.sh round13 from a copy of the scripts (the tree is replaced by the next call).
     rm -rf $S/repo && mkdir -p $S/repo && cp -r bench $S/repo/
     touch $S/BG_STARTED
-    (cd $S/repo && setsid nohup bash -c "while [ ! -f $S/BUILT ]; do sleep 5; done; \
-      OUT=$S/bgout bash bench/cuda/scripts/vision-gpu.sh round13 > $S/bg.log 2>&1; echo \$? > $S/BG_DONE" \
-      > /dev/null 2>&1 < /dev/null &)
-    echo "round13 measurements start once the llama.cpp build is done"
+    # (a subshell around this launch kept the caller's stdout open: the call never ended)
+    setsid nohup bash -c "cd $S/repo && OUT=$S/bgout bash bench/cuda/scripts/vision-gpu.sh round13 \
+      > $S/bg.log 2>&1; echo \$? > $S/BG_DONE" > /dev/null 2>&1 < /dev/null &
+    echo "round13 measurements started in the background"
   fi
   ;;
 run)

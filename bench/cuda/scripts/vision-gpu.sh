@@ -322,23 +322,22 @@ PY
       fi ;;
     round13)
       # Issue 20's measurements, same warm machine, hearth and llama.cpp one
-      # after the other (never together): the Qwen2.5-1.5B shape, gemma-3-270m's
-      # layout and the Qwen2.5-32B shape at depth 0, the 32B shape's decode at
-      # depth 32768 with f16 and q8_0 caches, llama.cpp on the same three
+      # after the other (hearth beside the llama.cpp build at nice 19): gemma-3-270m's layout and the
+      # Qwen2.5-32B shape at depth 0, the 32B shape's decode at
+      # depth 32768 with f16 and q8_0 caches, llama.cpp on the same two
       # files (llama-bench -ngl 99 -fa 1; -d 32768 on the 32B shape), and
       # where a decode step's time goes (HEARTH_CUDA_PROFILE=1) on the 32B
       # shape and gemma-3-270m's layout. Started in the background by
       # real-model-agreement.sh while the real model's chunks travel.
-      R=${REPS:-3}
-      q15
+      R=${REPS:-2}
       g3like
       q32
-      for m in q15 g3like q32; do
+      for m in g3like q32; do
         hb round13.log $m -- -m "$H/$m.gguf" -p 512 -n 128 -r $R --roofline
       done
       kv_types round13.log q32 "-p 0 -n 128 -r $R --depth 32768" f16 q8_0
-      llama_bench round13.log $R q15 g3like q32
       hb round13.log "q32 profile" HEARTH_CUDA_PROFILE=1 -- -m "$H/q32.gguf" -p 0 -n 16 -r 1
+      llama_bench round13.log $R g3like q32
       hb round13.log "g3like profile" HEARTH_CUDA_PROFILE=1 -- -m "$H/g3like.gguf" -p 0 -n 64 -r 1 ;;
     kvq)
       # Issue 20's quantized KV cache on CUDA: the Qwen2.5-32B shape decoding
