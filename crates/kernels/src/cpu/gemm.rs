@@ -117,6 +117,7 @@ impl Kernel {
 /// Panels per micro tile of the AVX-512 kernel: 6 rows × 4 vectors of 16
 /// columns, 24 accumulators; per k 4 loads of B and 6 broadcasts of A for 24
 /// FMAs (the 6×16 AVX2 tile needs 8 loads for 12 FMAs of half the width).
+#[cfg(target_arch = "x86_64")]
 const WIDE512: usize = 4;
 
 /// Per-thread packing buffers, reusable across calls.

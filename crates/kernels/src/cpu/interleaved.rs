@@ -17,6 +17,7 @@
 
 use hearth_gguf::GgmlType;
 
+use super::ggml_order::q8_k_x86::quantize_row_q8_k_x86;
 use super::ggml_order::repack_q4_k::quantize_row_q8_k_mat_x86;
 use super::ggml_order::vec_dot::{quantize_row_q8_0_x86, quantize_row_q8_1_ref, BlockQ8_1};
 use super::matmul::{matmul_rows, QMatrix};
@@ -24,7 +25,6 @@ use super::simd::{scalar::Scalar, Isa, Simd};
 use super::RowOrder;
 use crate::pool::{self, SendPtr};
 use crate::quant::blocks::*;
-use crate::quant::quantize_row_q8_k_ref;
 
 /// Rows per group.
 pub const GROUP: usize = 8;
@@ -436,7 +436,7 @@ fn quantize_acts(ty: GgmlType, x: &[f32], n: usize, cols: usize, order: RowOrder
                 if t < gemm_rows {
                     quantize_row_q8_k_mat_x86(row(t), out);
                 } else {
-                    quantize_row_q8_k_ref(row(t), out);
+                    quantize_row_q8_k_x86(row(t), out);
                 }
             });
             let pair_sums = if ty == Q4_K {

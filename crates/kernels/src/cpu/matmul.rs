@@ -11,12 +11,13 @@ use hearth_gguf::GgmlType;
 use rayon::prelude::*;
 
 use super::ggml_order::half_dot::*;
+use super::ggml_order::q8_k_x86::quantize_row_q8_k_x86;
 use super::ggml_order::repack_q4_k::*;
 use super::ggml_order::tiled::*;
 use super::ggml_order::vec_dot::*;
 use super::RowOrder;
 use crate::quant::blocks::*;
-use crate::quant::{dequantize, quantize_row_q8_k_ref};
+use crate::quant::dequantize;
 
 /// A borrowed weight matrix of logical shape [rows, cols] in GGML format
 /// (each row `cols` values, contiguous).
@@ -94,7 +95,7 @@ fn quantize_activation(ty: GgmlType, x: &[f32], mode: Activations) -> QRow {
                 };
                 x.len() / QK_K
             ];
-            quantize_row_q8_k_ref(x, &mut b);
+            quantize_row_q8_k_x86(x, &mut b);
             QRow::Q8K(b)
         }
         other => panic!("matmul: unsupported weight type {other} (validated at load)"),

@@ -19,6 +19,7 @@ pub mod flash_attn;
 #[cfg(target_arch = "x86_64")]
 mod flash_tile_avx512;
 pub mod half_dot;
+pub mod q8_k_x86;
 pub mod repack_q4_k;
 pub mod tiled;
 pub mod vec_dot;

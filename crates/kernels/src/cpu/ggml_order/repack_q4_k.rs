@@ -14,6 +14,7 @@
 //! subtracted at the end. Integer partial sums are exact, so only these
 //! groupings decide the rounding.
 
+pub use super::q8_k_x86::quantize_row_q8_k_mat_x86;
 use crate::quant::blocks::*;
 
 /// Whether llama.cpp repacks a weight matrix of this type and row count on
@@ -25,8 +26,9 @@ pub fn is_repacked_q4_k(rows: usize) -> bool {
 /// Quantizes one row to Q8_K as llama.cpp's x86 `quantize_mat_q8_K_4x8` does
 /// for the gemm rows: the same values as the reference quantizer except for
 /// the sign of the scale when both +amax and -amax occur (here any +amax makes
-/// the scale negative; the reference follows the first extreme).
-pub fn quantize_row_q8_k_mat_x86(src: &[f32], dst: &mut [BlockQ8K]) {
+/// the scale negative; the reference follows the first extreme). One value at
+/// a time; [`quantize_row_q8_k_mat_x86`] is the same on AVX2 registers.
+pub fn quantize_row_q8_k_mat_x86_ref(src: &[f32], dst: &mut [BlockQ8K]) {
     for (x, y) in src.chunks_exact(QK_K).zip(dst.iter_mut()) {
         let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         if amax == 0.0 {
