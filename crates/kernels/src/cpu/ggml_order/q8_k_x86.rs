@@ -19,23 +19,17 @@ use crate::quant::quantize_row_q8_k_ref;
 
 /// [`quantize_row_q8_k_ref`] with AVX2 where the CPU has it.
 pub fn quantize_row_q8_k_x86(src: &[f32], dst: &mut [BlockQ8K]) {
-    assert_eq!(
-        src.len(),
-        dst.len() * QK_K,
-        "Q8_K: {} values for {} blocks",
-        src.len(),
-        dst.len()
-    );
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected.
-        return unsafe { avx2::quantize_row::<true>(src, dst) };
-    }
-    quantize_row_q8_k_ref(src, dst);
+    quantize_row::<true>(src, dst);
 }
 
 /// [`quantize_row_q8_k_mat_x86_ref`] with AVX2 where the CPU has it.
 pub fn quantize_row_q8_k_mat_x86(src: &[f32], dst: &mut [BlockQ8K]) {
+    quantize_row::<false>(src, dst);
+}
+
+/// FIRST: the reference quantizer's scale (-127 over the first value of
+/// largest magnitude); else the 4-row quantizer's (negative when +amax occurs).
+fn quantize_row<const FIRST: bool>(src: &[f32], dst: &mut [BlockQ8K]) {
     assert_eq!(
         src.len(),
         dst.len() * QK_K,
@@ -46,36 +40,27 @@ pub fn quantize_row_q8_k_mat_x86(src: &[f32], dst: &mut [BlockQ8K]) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 was detected.
-        return unsafe { avx2::quantize_row::<false>(src, dst) };
+        return unsafe { avx2::quantize_row::<FIRST>(src, dst) };
     }
-    quantize_row_q8_k_mat_x86_ref(src, dst);
+    scalar::<FIRST>(src, dst);
 }
 
-/// One block by the scalar quantizer `quantize_row::<FIRST>` stands for.
-#[cfg(target_arch = "x86_64")]
-fn scalar_block<const FIRST: bool>(x: &[f32], y: &mut BlockQ8K) {
+/// The scalar quantizer `quantize_row::<FIRST>` stands for.
+fn scalar<const FIRST: bool>(src: &[f32], dst: &mut [BlockQ8K]) {
     if FIRST {
-        quantize_row_q8_k_ref(x, std::slice::from_mut(y));
+        quantize_row_q8_k_ref(src, dst);
     } else {
-        quantize_row_q8_k_mat_x86_ref(x, std::slice::from_mut(y));
+        quantize_row_q8_k_mat_x86_ref(src, dst);
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    use super::super::vec_dot::x86_q8_0::hmax;
     use super::*;
     use std::arch::x86_64::*;
 
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn hmax(m: __m256) -> f32 {
-        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)))
-    }
-
-    /// FIRST: the reference's scale (-127 over the first value of largest
-    /// magnitude); else the 4-row quantizer's (negative when +amax occurs).
+    /// [`super::quantize_row`] on AVX2 registers.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn quantize_row<const FIRST: bool>(src: &[f32], dst: &mut [BlockQ8K]) {
         let sign = _mm256_set1_ps(-0.0);
@@ -90,7 +75,7 @@ mod avx2 {
             }
             let amax = hmax(m);
             if _mm256_movemask_ps(unordered) != 0 || !amax.is_finite() {
-                scalar_block::<FIRST>(x, y);
+                scalar::<FIRST>(x, std::slice::from_mut(y));
                 continue;
             }
             if amax == 0.0 {
@@ -128,7 +113,7 @@ mod avx2 {
             if !iscale.is_finite() {
                 // amax below ~3.7e-37: the scale overflows and the scalar
                 // conversions of infinite products decide the bytes.
-                scalar_block::<FIRST>(x, y);
+                scalar::<FIRST>(x, std::slice::from_mut(y));
                 continue;
             }
             let is = _mm256_set1_ps(iscale);

@@ -72,7 +72,7 @@ fn quantize_block_q8_0_x86(x: &[f32; QK], b: &mut BlockQ8_0) {
 /// to nearest even by `vroundps`, packed with saturation. Blocks holding a
 /// NaN or an infinity take the reference (Rust's `as i8` maps NaN to 0).
 #[cfg(target_arch = "x86_64")]
-mod x86_q8_0 {
+pub(super) mod x86_q8_0 {
     use super::*;
     use std::arch::x86_64::*;
 
@@ -93,9 +93,7 @@ mod x86_q8_0 {
                 m = _mm256_max_ps(a, m);
                 unordered = _mm256_or_ps(unordered, _mm256_cmp_ps::<_CMP_UNORD_Q>(vi, vi));
             }
-            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+            let amax = hmax(m);
             if _mm256_movemask_ps(unordered) != 0 || !amax.is_finite() {
                 quantize_block_q8_0_x86(x.try_into().expect("32 values"), b);
                 continue;
@@ -117,6 +115,15 @@ mod x86_q8_0 {
             let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256(b.qs.as_mut_ptr() as *mut __m256i, p);
         }
+    }
+
+    /// The largest of the 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn hmax(m: __m256) -> f32 {
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)))
     }
 
     #[inline]
