@@ -47,18 +47,8 @@ stage() {
   for b in hearth gpu_tests teacher_top1; do
     if [ -f $S/$b.gz ]; then gunzip -f $S/$b.gz && chmod +x $S/$b; fi
   done
-  if [ -f $S/llama-src.tar.xz ] && [ ! -d $S/llama.cpp ]; then
-    tar xJf $S/llama-src.tar.xz -C $S
-    cd $S/llama.cpp
-    # Shared libraries: teacher_dump links against libllama; llama-bench comes from the same build.
-    setsid nohup bash -c "cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-      -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > $S/cmake.log 2>&1 \
-      && nice -n 19 cmake --build build -j16 --target llama-bench llama > $S/build.log 2>&1; echo \$? > $S/BUILT" \
-      > /dev/null 2>&1 < /dev/null &
-    cd - > /dev/null
-    echo "llama.cpp CUDA build started"
-  fi
+  # The llama.cpp CUDA build (background, nice 19): vision-gpu.sh's llama-build phase.
+  [ -f $S/llama-src.tar.xz ] && bash bench/cuda/scripts/vision-gpu.sh llama-build
   ls -la $S | grep -vE " \.\.?$"
 }
 case "${1:-}" in

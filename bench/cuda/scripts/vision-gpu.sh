@@ -277,16 +277,22 @@ PY
       hb small.log g3like -- -m "$H/g3like.gguf" -p 512 -n 128 -r $R
       hb small.log "g3like persistent" HEARTH_CUDA_PERSISTENT=1 -- -m "$H/g3like.gguf" -p 0 -n 128 -r $R ;;
     llama-build)
-      # llama.cpp 11434's CUDA llama-bench (the peer), built in the background
-      # from .gpu/llama-src.tar.xz (its source without models, docs, tests and
-      # other backends) while later calls run; llama-bench waits for it.
+      # llama.cpp 11434's CUDA llama-bench and libllama (shared libraries:
+      # real-model-agreement.sh's teacher_dump links against them; it starts
+      # its build through this phase), built in the background at nice 19
+      # from $H/llama-src.tar.xz (its source without models, docs, tests and
+      # other backends) while later calls run; llama_bench waits for it.
       if [[ ! -d "$H/llama.cpp" ]]; then
         tar xJf "$H/llama-src.tar.xz" -C "$H"
-        (cd "$H/llama.cpp" && setsid nohup bash -c "cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+        # Launched without a subshell around it: a subshell kept the caller's
+        # stdout open, so a piped call never ended.
+        cd "$H/llama.cpp"
+        setsid nohup bash -c "cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
           -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-          -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > $H/cmake.log 2>&1 \
-          && cmake --build build -j16 --target llama-bench > $H/build.log 2>&1; echo \$? > $H/BUILT" \
-          >/dev/null 2>&1 </dev/null &)
+          -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > $H/cmake.log 2>&1 \
+          && nice -n 19 cmake --build build -j16 --target llama-bench llama > $H/build.log 2>&1; echo \$? > $H/BUILT" \
+          >/dev/null 2>&1 </dev/null &
+        cd - >/dev/null
         echo "llama.cpp CUDA build started"
       fi ;;
     llama-bench)
