@@ -36,6 +36,9 @@ const PREFILL_SLICE: usize = 128;
 /// a client that disconnects during its prefill still costs.
 const SOLO_PREFILL_SLICE: usize = hearth_models::MAX_CHUNK;
 
+/// The engine thread's stack (only what is touched is ever resident).
+pub const ENGINE_STACK_BYTES: usize = 64 << 20;
+
 /// Where a request's events go (the server's channel to its HTTP response).
 pub trait EventSink: Send {
     /// Delivers an event; false when the consumer is gone.
@@ -99,9 +102,64 @@ pub enum SchedulerError {
     /// The request's sampling settings are invalid.
     #[error("{0}")]
     InvalidSampling(String),
+    /// The request's output constraint failed during generation (its
+    /// grammar reached a limit of the constraint engine, or allows no
+    /// token): the request's own doing, not the server's.
+    #[error("{0}")]
+    Constraint(String),
     /// A model or drafter failure while serving.
     #[error("{0}")]
     Failed(String),
+    /// A panic while serving this request, caught: the other requests and
+    /// sessions carry on.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// Why a turn ended before its finish.
+#[derive(Debug)]
+enum Failure {
+    Constraint(String),
+    Model(String),
+    Panic(String),
+}
+
+impl From<crate::turn::TurnError> for Failure {
+    fn from(e: crate::turn::TurnError) -> Failure {
+        match e {
+            crate::turn::TurnError::Constraint(_) => Failure::Constraint(e.to_string()),
+            e => Failure::Model(e.to_string()),
+        }
+    }
+}
+
+impl From<Failure> for SchedulerError {
+    fn from(f: Failure) -> SchedulerError {
+        match f {
+            Failure::Constraint(m) => SchedulerError::Constraint(m),
+            Failure::Model(m) => SchedulerError::Failed(m),
+            Failure::Panic(m) => SchedulerError::Internal(m),
+        }
+    }
+}
+
+/// The text of a caught panic's payload.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string())
+}
+
+/// Runs `f`, turning a panic into this request's failure: the engine
+/// thread, the other requests and their sessions carry on (the failed
+/// request's session starts over, [`Scheduler::finish`]).
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, Failure>) -> Result<T, Failure> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => Err(Failure::Panic(format!("{what}: {}", panic_message(&*p)))),
+    }
 }
 
 /// Counters the scheduler keeps for `/metrics`.
@@ -172,6 +230,8 @@ type Done = Box<dyn FnOnce(bool) + Send>;
 pub use crate::session::SavedSession;
 type SaveDone = Box<dyn FnOnce(Result<SavedSession, StoreError>) + Send>;
 type RestoreDone = Box<dyn FnOnce(Result<usize, StoreError>) + Send>;
+/// Runs once every session is freed: how many were.
+type ClearDone = Box<dyn FnOnce(usize) + Send>;
 
 enum Command {
     Submit(Job),
@@ -179,6 +239,7 @@ enum Command {
     Close(String, Done),
     Save(String, SaveDone),
     Restore(String, SavedSession, RestoreDone),
+    Clear(ClearDone),
     Shutdown,
 }
 
@@ -245,6 +306,13 @@ impl SchedulerHandle {
     }
 
     /// Stops every request (they get an error event) and ends the thread.
+    /// Frees every session ([`SessionStore::clear`]).
+    pub fn clear(&self, done: impl FnOnce(usize) + Send + 'static) -> Result<(), SchedulerError> {
+        self.tx
+            .send(Command::Clear(Box::new(done)))
+            .map_err(|_| stopped())
+    }
+
     pub fn shutdown(&self) {
         let _ = self.tx.send(Command::Shutdown);
     }
@@ -278,6 +346,9 @@ pub fn spawn<B: Backend + 'static>(
     let (tx, rx) = mpsc::channel();
     let thread = std::thread::Builder::new()
         .name("hearth-engine".into())
+        // Output constraints compile (lazy tool-call grammars) and match
+        // here; llguidance recurses over a grammar's structure.
+        .stack_size(ENGINE_STACK_BYTES)
         .spawn(move || {
             Scheduler {
                 model: &*model,
@@ -302,6 +373,18 @@ struct Scheduler<'a, B: Backend> {
     drafters: Option<Arc<dyn MakeDrafter>>,
     batch_invariant: bool,
     rx: mpsc::Receiver<Command>,
+}
+
+/// What [`Scheduler::start`] takes of a [`Job`].
+struct Start {
+    prompt: Prompt,
+    sampling: SamplerConfig,
+    max_tokens: usize,
+    stop: Vec<String>,
+    ignore_eos: bool,
+    constraint: Option<Box<dyn TokenConstraint>>,
+    logprobs: Option<usize>,
+    cache_salt: Option<String>,
 }
 
 /// One admitted request: its session and its turn.
@@ -352,6 +435,10 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                     }
                     Command::Restore(id, saved, done) => {
                         done(self.store.restore(self.model, &id, saved));
+                        self.publish_store_counts();
+                    }
+                    Command::Clear(done) => {
+                        done(self.store.clear());
                         self.publish_store_counts();
                     }
                     Command::Shutdown => shutdown = true,
@@ -417,69 +504,107 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                         .send(Event::Failed(SchedulerError::Failed(e.to_string())));
                 }
                 Ok(Acquire::Ready(mut lease)) => {
-                    if let Err(e) = self.attach_drafter(&mut lease, &job.sampling) {
-                        job.events.send(Event::Failed(SchedulerError::Failed(e)));
-                        self.store.release(lease);
-                        continue;
-                    }
-                    let sampler = match Sampler::new(job.sampling) {
-                        Ok(s) => s,
+                    let Job {
+                        prompt,
+                        sampling,
+                        max_tokens,
+                        stop,
+                        ignore_eos,
+                        constraint,
+                        logprobs,
+                        cache_salt,
+                        events,
+                        ..
+                    } = job;
+                    let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.start(
+                            &mut lease,
+                            Start {
+                                prompt,
+                                sampling,
+                                max_tokens,
+                                stop,
+                                ignore_eos,
+                                constraint,
+                                logprobs,
+                                cache_salt,
+                            },
+                            &*events,
+                        )
+                    }))
+                    .unwrap_or_else(|p| {
+                        // A half-prepared session starts over.
+                        lease.session.reset();
+                        let m = format!("starting the turn: {}", panic_message(&*p));
+                        eprintln!("{m}");
+                        Err(SchedulerError::Internal(m))
+                    });
+                    match started {
+                        Ok((turn, resume_reason)) => active.push(Active {
+                            events,
+                            logprobs_sent: 0,
+                            lease,
+                            resume_reason,
+                            turn,
+                        }),
                         Err(e) => {
-                            job.events
-                                .send(Event::Failed(SchedulerError::InvalidSampling(
-                                    e.to_string(),
-                                )));
+                            events.send(Event::Failed(e));
                             self.store.release(lease);
-                            continue;
                         }
-                    };
-                    let shared = match lease.id {
-                        Some(_) => self.store.share_prefix(
-                            &mut lease.session,
-                            &job.prompt,
-                            job.cache_salt.as_deref(),
-                        ),
-                        None => None,
-                    };
-                    lease.session.cache_salt = job.cache_salt.clone();
-                    let mut resume = lease.session.prepare_prompt(&job.prompt);
-                    if let Some(n) = shared {
-                        self.stats
-                            .shared_prefix_tokens
-                            .fetch_add(n as u64, Ordering::Relaxed);
-                        resume.reason = crate::session::ResumeReason::SharedPrefix;
                     }
-                    job.events.send(Event::Admitted {
-                        cached_tokens: resume.reused,
-                    });
-                    let params = TurnParams {
-                        max_tokens: job.max_tokens,
-                        stop: job.stop,
-                        ignore_eos: job.ignore_eos,
-                        n_draft: self.drafters.as_ref().map_or(0, |d| d.n_draft()),
-                        // Special tokens are rendered: tool-call and channel markers (Qwen's
-                        // `<tool_call>`, Harmony's `<|channel|>`) are control tokens the
-                        // output parser must see. End-of-generation tokens never reach it.
-                        render_special: true,
-                        logprobs: job.logprobs,
-                    };
-                    let mut turn =
-                        Turn::new(self.tokenizer, job.prompt, resume.reused, sampler, params);
-                    if let Some(c) = job.constraint {
-                        turn = turn.constrained(c);
-                    }
-                    active.push(Active {
-                        events: job.events,
-                        logprobs_sent: 0,
-                        lease,
-                        resume_reason: resume.reason.as_str(),
-                        turn,
-                    });
                 }
             }
         }
         self.publish_store_counts();
         *waiting = still;
+    }
+
+    /// A leased session's turn for a job: the drafter and sampler, the
+    /// shared prefix, the prompt's resume point; sends `Admitted`.
+    fn start(
+        &self,
+        lease: &mut Lease<B::State>,
+        job: Start,
+        events: &dyn EventSink,
+    ) -> Result<(Turn<'a>, &'static str), SchedulerError> {
+        self.attach_drafter(lease, &job.sampling)
+            .map_err(SchedulerError::Failed)?;
+        let sampler = Sampler::new(job.sampling)
+            .map_err(|e| SchedulerError::InvalidSampling(e.to_string()))?;
+        let shared = match lease.id {
+            Some(_) => {
+                self.store
+                    .share_prefix(&mut lease.session, &job.prompt, job.cache_salt.as_deref())
+            }
+            None => None,
+        };
+        lease.session.cache_salt = job.cache_salt.clone();
+        let mut resume = lease.session.prepare_prompt(&job.prompt);
+        if let Some(n) = shared {
+            self.stats
+                .shared_prefix_tokens
+                .fetch_add(n as u64, Ordering::Relaxed);
+            resume.reason = crate::session::ResumeReason::SharedPrefix;
+        }
+        events.send(Event::Admitted {
+            cached_tokens: resume.reused,
+        });
+        let params = TurnParams {
+            max_tokens: job.max_tokens,
+            stop: job.stop,
+            ignore_eos: job.ignore_eos,
+            n_draft: self.drafters.as_ref().map_or(0, |d| d.n_draft()),
+            // Special tokens are rendered: tool-call and channel markers (Qwen's
+            // `<tool_call>`, Harmony's `<|channel|>`) are control tokens the
+            // output parser must see. End-of-generation tokens never reach it.
+            render_special: true,
+            logprobs: job.logprobs,
+        };
+        let mut turn = Turn::new(self.tokenizer, job.prompt, resume.reused, sampler, params);
+        if let Some(c) = job.constraint {
+            turn = turn.constrained(c);
+        }
+        Ok((turn, resume.reason.as_str()))
     }
 
     fn publish_store_counts(&self) {
@@ -527,8 +652,8 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         &self,
         active: &mut [Active<'a, B::State>],
         slice: usize,
-    ) -> Vec<Result<bool, String>> {
-        let mut outcomes: Vec<Result<bool, String>> = Vec::with_capacity(active.len());
+    ) -> Vec<Result<bool, Failure>> {
+        let mut outcomes: Vec<Result<bool, Failure>> = Vec::with_capacity(active.len());
         let mut feeds: Vec<Option<Feed>> = Vec::with_capacity(active.len());
         let verify_batched = self.model.batches_verify();
         for a in active.iter_mut() {
@@ -537,27 +662,28 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 a.turn.cancel();
                 Ok(true)
             } else if a.lease.session.drafter.is_some() && !verify_batched {
-                self.solo_step(a, slice)
+                guarded("stepping the turn", || self.solo_step(a, slice))
             } else {
-                let Active {
-                    turn,
-                    lease,
-                    events,
-                    ..
-                } = &mut *a;
-                let session = &mut lease.session;
-                let (pos, max_ctx) = (session.state.pos(), session.state.max_ctx());
-                let drafter = as_drafter(&mut session.drafter);
-                let begun =
-                    turn.begin_step(pos, max_ctx, slice, drafter, &mut text_sink(&**events));
-                match begun {
-                    Ok(Begin::Feed(f)) => {
-                        feed = Some(f);
-                        Ok(false)
-                    }
-                    Ok(Begin::Done(out)) => Ok(self.after_step(a, out, false)),
-                    Err(e) => Err(e.to_string()),
-                }
+                guarded("stepping the turn", || {
+                    let Active {
+                        turn,
+                        lease,
+                        events,
+                        ..
+                    } = &mut *a;
+                    let session = &mut lease.session;
+                    let (pos, max_ctx) = (session.state.pos(), session.state.max_ctx());
+                    let drafter = as_drafter(&mut session.drafter);
+                    let begun =
+                        turn.begin_step(pos, max_ctx, slice, drafter, &mut text_sink(&**events))?;
+                    Ok(match begun {
+                        Begin::Feed(f) => {
+                            feed = Some(f);
+                            false
+                        }
+                        Begin::Done(out) => self.after_step(a, out, false),
+                    })
+                })
             };
             outcomes.push(outcome);
             feeds.push(feed);
@@ -586,7 +712,23 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 items.push(BatchItem::new(&mut lease.session.state, input, feed.want).tapped(taps));
             }
             let rows: usize = items.iter().map(|it| it.input.len(dim)).sum();
-            let results = self.model.forward_batch(&mut items, invariant);
+            // A panic in the pass fails every member (their states may be
+            // half-written; each starts over), not the engine.
+            let results: Vec<Result<_, Failure>> =
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.model.forward_batch(&mut items, invariant)
+                })) {
+                    Ok(r) => r
+                        .into_iter()
+                        .map(|r| r.map_err(|e| Failure::Model(e.to_string())))
+                        .collect(),
+                    Err(p) => {
+                        let m = format!("in a forward pass: {}", panic_message(&*p));
+                        (0..members.len())
+                            .map(|_| Err(Failure::Panic(m.clone())))
+                            .collect()
+                    }
+                };
             let hidden: Vec<Vec<f32>> = items
                 .iter_mut()
                 .map(|it| std::mem::take(&mut it.hidden))
@@ -602,7 +744,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 let feed = feeds[i].take().expect("a fed member");
                 let a = &mut active[i];
                 outcomes[i] = match result {
-                    Ok(logits) => {
+                    Ok(logits) => guarded("ending the step", || {
                         let was_prefilling = a.turn.prefilling();
                         let Active {
                             turn,
@@ -612,20 +754,17 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                         } = &mut *a;
                         let session = &mut lease.session;
                         let drafter = as_drafter(&mut session.drafter);
-                        let ended = turn.end_step(
+                        let out = turn.end_step(
                             feed,
                             Scored::Logits(logits),
                             &hidden,
                             &mut session.state,
                             drafter,
                             &mut text_sink(&**events),
-                        );
-                        match ended {
-                            Ok(out) => Ok(self.after_step(a, out, was_prefilling)),
-                            Err(e) => Err(e.to_string()),
-                        }
-                    }
-                    Err(e) => Err(e.to_string()),
+                        )?;
+                        Ok(self.after_step(a, out, was_prefilling))
+                    }),
+                    Err(e) => Err(e),
                 };
             }
         }
@@ -687,15 +826,14 @@ impl<'a, B: Backend> Scheduler<'a, B> {
     }
 
     /// A whole step of a turn on its own (a speculating session's).
-    fn solo_step(&self, a: &mut Active<'a, B::State>, slice: usize) -> Result<bool, String> {
+    fn solo_step(&self, a: &mut Active<'a, B::State>, slice: usize) -> Result<bool, Failure> {
         let session = &mut a.lease.session;
         let drafter = as_drafter(&mut session.drafter);
         let was_prefilling = a.turn.prefilling();
         let mut sink = text_sink(&*a.events);
         let out = a
             .turn
-            .step(self.model, &mut session.state, drafter, slice, &mut sink)
-            .map_err(|e| e.to_string())?;
+            .step(self.model, &mut session.state, drafter, slice, &mut sink)?;
         drop(sink);
         Ok(self.after_step(a, out, was_prefilling))
     }
@@ -722,7 +860,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         out.finished.is_some()
     }
 
-    fn finish(&mut self, mut a: Active<'a, B::State>, error: Option<String>) {
+    fn finish(&mut self, mut a: Active<'a, B::State>, error: Option<Failure>) {
         let s: &TurnStats = a.turn.stats();
         // The turn's last event goes out after its stats line is logged, so a
         // client that has its response finds the turn in the log.
@@ -730,7 +868,13 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             (Some(e), _) => {
                 // The state may be half-written: start this session over.
                 a.lease.session.reset();
-                ("error", Some(Event::Failed(SchedulerError::Failed(e))))
+                if let Failure::Panic(m) = &e {
+                    eprintln!(
+                        "session {}: {m}",
+                        a.lease.id.as_deref().unwrap_or("<scratch>")
+                    );
+                }
+                ("error", Some(Event::Failed(e.into())))
             }
             (None, Some(FinishReason::Cancelled)) => ("cancelled", None),
             (None, Some(f)) => (

@@ -492,6 +492,8 @@ pub trait SessionSpill: Send {
     fn take(&mut self, id: &str) -> Option<Result<SavedSession, String>>;
     /// Drops session `id`'s saved form; false when none was kept.
     fn forget(&mut self, id: &str) -> bool;
+    /// Drops every kept form; how many there were.
+    fn forget_all(&mut self) -> usize;
 }
 
 /// Many sessions on one model load. Named sessions live until closed or
@@ -706,6 +708,21 @@ impl<S: BackendState> SessionStore<S> {
             return self.spill.as_mut().is_some_and(|s| s.forget(id));
         }
         true
+    }
+
+    /// Frees every session: idle ones now (their KV memory goes), busy
+    /// ones when their turn ends, spilled ones from the spill. The number
+    /// of sessions it frees or will free.
+    pub fn clear(&mut self) -> usize {
+        let idle = self.idle.len();
+        self.live -= idle;
+        self.idle.clear();
+        let mut n = idle;
+        for key in &self.busy {
+            self.pending.insert(key.clone(), Pending::Close);
+            n += 1;
+        }
+        n + self.spill.as_mut().map_or(0, |s| s.forget_all())
     }
 
     /// The shared prefix cache: when another named idle session holds a

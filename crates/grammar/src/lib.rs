@@ -17,6 +17,8 @@
 //! JSON is generated compactly on one line (`", "` and `": "` separators, no
 //! free whitespace): a small model cannot loop on newlines inside an object.
 
+pub mod limits;
+
 use std::sync::Arc;
 
 use hearth_chat::parser::OutputFormat;
@@ -147,13 +149,23 @@ impl Grammars {
         }
     }
 
+    /// A matcher for `g`, with its first mask computed: a grammar whose
+    /// start already exceeds llguidance's limits (items per row, lexer
+    /// fuel) fails here, before the request is admitted, not at its first
+    /// token.
     fn matcher(&self, g: &TopLevelGrammar) -> Result<Matcher, GrammarError> {
         let parser = self.factory.create_parser(g.clone()).map_err(err)?;
-        let m = Matcher::new(Ok(parser));
-        match m.get_error() {
-            Some(e) => Err(GrammarError(e)),
-            None => Ok(m),
+        let mut m = Matcher::new(Ok(parser));
+        if let Some(e) = m.get_error() {
+            return Err(GrammarError(e));
         }
+        m.compute_mask().map_err(|e| {
+            GrammarError(format!(
+                "the constraint engine cannot run this grammar ({})",
+                e.to_string().lines().next().unwrap_or_default()
+            ))
+        })?;
+        Ok(m)
     }
 
     /// How a literal marker is written in a Lark grammar: a control token by
@@ -305,6 +317,7 @@ impl Grammars {
         if !schema.is_object() && !schema.is_boolean() {
             return Err(err("the schema must be a JSON object"));
         }
+        limits::check_schema(schema)?;
         let lark = format!(
             "%llguidance {{}}\nstart: {} {}\n",
             self.prefix(format),
@@ -360,6 +373,8 @@ impl Grammars {
         for (i, t) in tools.iter().enumerate() {
             let strict = req.strict.get(t.name.as_str()).copied().unwrap_or(true);
             let args = if strict && t.parameters.is_object() {
+                limits::check_schema(&t.parameters)
+                    .map_err(|e| err(format!("tool {:?}'s parameters: {e}", t.name)))?;
                 t.parameters.clone()
             } else {
                 json!({"type": "object"})

@@ -284,3 +284,54 @@ fn bad_schemas_and_grammars_are_errors_that_say_why() {
     assert!(e.0.contains("undefined_rule"), "{}", e.0);
     g.lark("start: \"yes\" | \"no\"").unwrap();
 }
+
+/// Schemas past the limits (hearth_grammar::limits) are refused before
+/// compiling, with the limit named, as response formats and as strict tool
+/// parameters; a grammar whose start overflows llguidance's own limits
+/// (here: ~2,000 optional properties put ~8,000 Earley items in the first
+/// row, against its 2,000) is refused when the constraint is built, not at
+/// the turn's first token. All on the request's thread: the wide schema
+/// that used to overflow the stack (10,000 required properties) is refused
+/// before llguidance recurses over it.
+#[test]
+fn oversized_schemas_are_refused_before_generation() {
+    let t = tokenizer();
+    let g = grammars(&t);
+    let props = |n: usize, required: bool| {
+        let p: serde_json::Map<String, Value> = (0..n)
+            .map(|i| (format!("k{i}"), json!({"type": "integer"})))
+            .collect();
+        let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+        match required {
+            true => json!({"type": "object", "properties": p, "required": names}),
+            false => json!({"type": "object", "properties": p}),
+        }
+    };
+    let enum_of = |n: usize| json!({"enum": (0..n).map(|i| format!("v{i}")).collect::<Vec<_>>()});
+    let fmt = OutputFormat::Hermes;
+    for (schema, named) in [
+        (props(10_000, true), "object properties"),
+        (props(100_000, true), "object properties"),
+        (enum_of(100_000), "enum values"),
+        (props(2_000, false), "constraint engine cannot run"),
+    ] {
+        let e = g.json_schema(fmt, &schema).unwrap_err().0;
+        assert!(e.contains(named), "{e}");
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": schema}}]);
+        let tools = ToolSet::from_json(&tools).unwrap();
+        let strict = HashMap::from([("f", true)]);
+        let req = ToolCallGrammar {
+            format: fmt,
+            tools: &tools,
+            strict,
+            only: None,
+            lazy: false,
+            parallel: false,
+        };
+        let e = g.tool_calls(&req).err().expect("refused").0;
+        assert!(e.contains(named), "{e}");
+    }
+    // Within the limits, wide schemas still compile.
+    g.json_schema(fmt, &props(3_000, true)).unwrap();
+    g.json_schema(fmt, &enum_of(10_000)).unwrap();
+}

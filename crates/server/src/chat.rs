@@ -56,6 +56,7 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    crate::fault::maybe_panic_in_handler(&headers);
     let (req, ids, constraint) = prepare(&app, &headers, body, |prep, obj, session| {
         let req = parse_chat(obj, &prep.model_id, session)?;
         let constraint = output_constraint(prep, &req)?;
@@ -97,6 +98,7 @@ pub async fn chat_completions(
         tokenizer: app.tokenizer.clone(),
         image_tokens: prompt.images.iter().map(|s| s.image.n).collect(),
     };
+    let constraint = crate::fault::engine_constraint(&headers, constraint);
     let rx = submit(&app, &req.common, prompt, constraint).await?;
     if req.common.stream {
         Ok(sse(chat_stream(

@@ -53,6 +53,7 @@ pub async fn serve(
     listener: TcpListener,
     router: Router,
     timeouts: Timeouts,
+    max_body_bytes: usize,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -63,7 +64,7 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    conns.spawn(serve_one(stream, router.clone(), timeouts, stop_rx.clone()));
+                    conns.spawn(serve_one(stream, router.clone(), timeouts, max_body_bytes, stop_rx.clone()));
                 }
                 // Out of file descriptors and the like: back off a little.
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
@@ -134,6 +135,7 @@ async fn serve_one(
     stream: TcpStream,
     router: Router,
     timeouts: Timeouts,
+    max_body_bytes: usize,
     mut stop: watch::Receiver<bool>,
 ) {
     let state = Arc::new(ConnState {
@@ -143,6 +145,7 @@ async fn serve_one(
     let io = TokioIo::new(Watched {
         inner: stream,
         state: state.clone(),
+        framing: Framing::new(max_body_bytes as u64),
     });
     let svc_state = state.clone();
     let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
@@ -190,10 +193,14 @@ async fn serve_one(
     }
 }
 
-/// A TCP stream that tells the connection state when request bytes arrive.
+/// A TCP stream that tells the connection state when request bytes arrive,
+/// and follows the requests' framing ([`Framing`]) to refuse a chunk that
+/// declares more bytes than any body may have the moment its size line
+/// arrives (hyper would wait for the bytes until the body timeout).
 struct Watched {
     inner: TcpStream,
     state: Arc<ConnState>,
+    framing: Framing,
 }
 
 impl AsyncRead for Watched {
@@ -202,12 +209,289 @@ impl AsyncRead for Watched {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if let Some(size) = self.framing.oversized {
+            return Poll::Ready(Err(OversizedChunk(size).into()));
+        }
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             self.state.saw_bytes();
+            // What was read is hyper's to parse up to the size line; a size
+            // over the limit fails the next read, and so the body.
+            let this = &mut *self;
+            this.framing.feed(&buf.filled()[before..]);
         }
         r
+    }
+}
+
+/// A chunk whose size line declares more bytes than the body limit.
+#[derive(Debug)]
+pub struct OversizedChunk(pub u64);
+
+impl std::fmt::Display for OversizedChunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a chunk of {} bytes is larger than the body limit",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for OversizedChunk {}
+
+impl From<OversizedChunk> for std::io::Error {
+    fn from(e: OversizedChunk) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, e)
+    }
+}
+
+/// Where [`Framing`] is in the byte stream of a connection's requests.
+#[derive(Debug, PartialEq)]
+enum Frame {
+    /// In a request head: the current line's length, whether a line of
+    /// this head was seen, and what its headers said so far.
+    Head {
+        line: Vec<u8>,
+        started: bool,
+        chunked: bool,
+        length: u64,
+    },
+    /// A body of a declared length: bytes left.
+    Fixed(u64),
+    /// A chunk size line: the size so far, and whether an extension began.
+    Size {
+        size: u64,
+        extension: bool,
+    },
+    /// A chunk's data: bytes left; then its CRLF (bytes left of it).
+    Data(u64),
+    DataEnd(u8),
+    /// After the last chunk: the trailer lines, up to the empty one.
+    Trailer {
+        empty: bool,
+    },
+    /// Something this tracker does not follow (hyper will refuse it or it
+    /// is beyond this check): it stops looking at this connection.
+    Lost,
+}
+
+/// A minimal follower of HTTP/1.1 request framing (heads, Content-Length
+/// and chunked bodies, trailers), only to see chunk sizes as they arrive.
+/// hyper does the real parsing; anything unusual here just stops the
+/// tracking (hyper then answers as it would).
+struct Framing {
+    frame: Frame,
+    limit: u64,
+    /// Set when a chunk size over the limit arrives.
+    oversized: Option<u64>,
+}
+
+/// Longest head line followed (hyper's own head limit is smaller).
+const MAX_TRACKED_LINE: usize = 64 * 1024;
+
+impl Framing {
+    fn new(limit: u64) -> Framing {
+        Framing {
+            frame: Framing::head(),
+            limit,
+            oversized: None,
+        }
+    }
+
+    fn head() -> Frame {
+        Frame::Head {
+            line: Vec::new(),
+            started: false,
+            chunked: false,
+            length: 0,
+        }
+    }
+
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() && self.oversized.is_none() {
+            let (next, used) = self.step(bytes);
+            if let Some(f) = next {
+                self.frame = f;
+            }
+            bytes = &bytes[used..];
+        }
+    }
+
+    /// One step over the front of `bytes`: the next frame (if it changes)
+    /// and the bytes consumed (at least one, except into `Lost`).
+    fn step(&mut self, bytes: &[u8]) -> (Option<Frame>, usize) {
+        let b = bytes[0];
+        match &mut self.frame {
+            Frame::Lost => (None, bytes.len()),
+            Frame::Fixed(left) => {
+                let n = (*left).min(bytes.len() as u64);
+                *left -= n;
+                let next = (*left == 0).then(Framing::head);
+                (next, n as usize)
+            }
+            Frame::Data(left) => {
+                let n = (*left).min(bytes.len() as u64);
+                *left -= n;
+                let next = (*left == 0).then_some(Frame::DataEnd(2));
+                (next, n as usize)
+            }
+            Frame::DataEnd(left) => {
+                let want = if *left == 2 { b'\r' } else { b'\n' };
+                if b != want {
+                    return (Some(Frame::Lost), 0);
+                }
+                *left -= 1;
+                let next = (*left == 0).then_some(Frame::Size {
+                    size: 0,
+                    extension: false,
+                });
+                (next, 1)
+            }
+            Frame::Size { size, extension } => {
+                match b {
+                    b'\n' => {
+                        let size = *size;
+                        if size == 0 {
+                            return (Some(Frame::Trailer { empty: true }), 1);
+                        }
+                        if size > self.limit {
+                            self.oversized = Some(size);
+                        }
+                        return (Some(Frame::Data(size)), 1);
+                    }
+                    _ if *extension => {}
+                    b';' => *extension = true,
+                    b'\r' | b' ' | b'\t' => {}
+                    _ => match (b as char).to_digit(16) {
+                        Some(d) => *size = size.saturating_mul(16).saturating_add(d as u64),
+                        None => return (Some(Frame::Lost), 0),
+                    },
+                }
+                (None, 1)
+            }
+            Frame::Trailer { empty } => {
+                match b {
+                    b'\n' if *empty => return (Some(Framing::head()), 1),
+                    b'\n' => *empty = true,
+                    b'\r' => {}
+                    _ => *empty = false,
+                }
+                (None, 1)
+            }
+            Frame::Head {
+                line,
+                started,
+                chunked,
+                length,
+            } => {
+                if b != b'\n' {
+                    if line.len() >= MAX_TRACKED_LINE {
+                        return (Some(Frame::Lost), 0);
+                    }
+                    line.push(b);
+                    return (None, 1);
+                }
+                let text = line.strip_suffix(b"\r").unwrap_or(line);
+                if text.is_empty() {
+                    if !*started {
+                        // Empty lines before a request line are allowed.
+                        return (None, 1);
+                    }
+                    let next = if *chunked {
+                        Frame::Size {
+                            size: 0,
+                            extension: false,
+                        }
+                    } else if *length > 0 {
+                        Frame::Fixed(*length)
+                    } else {
+                        Framing::head()
+                    };
+                    return (Some(next), 1);
+                }
+                if *started {
+                    if let Some((name, value)) = split_header(text) {
+                        if name.eq_ignore_ascii_case(b"transfer-encoding") {
+                            *chunked = value
+                                .rsplit(|&c| c == b',')
+                                .next()
+                                .is_some_and(|v| v.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+                        } else if name.eq_ignore_ascii_case(b"content-length") {
+                            match std::str::from_utf8(value.trim_ascii())
+                                .ok()
+                                .and_then(|v| v.parse::<u64>().ok())
+                            {
+                                Some(n) => *length = n,
+                                None => return (Some(Frame::Lost), 0),
+                            }
+                        }
+                    }
+                }
+                *started = true;
+                line.clear();
+                (None, 1)
+            }
+        }
+    }
+}
+
+fn split_header(line: &[u8]) -> Option<(&[u8], &[u8])> {
+    let at = line.iter().position(|&c| c == b':')?;
+    Some((&line[..at], &line[at + 1..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fed(limit: u64, pieces: &[&[u8]]) -> Framing {
+        let mut f = Framing::new(limit);
+        for p in pieces {
+            f.feed(p);
+        }
+        f
+    }
+
+    #[test]
+    fn an_oversized_chunk_is_seen_at_its_size_line() {
+        let head = b"POST /v1/x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let f = fed(1000, &[head, b"ffffffffffffffff\r\n", b"abc"]);
+        assert_eq!(f.oversized, Some(u64::MAX));
+        // Split anywhere, with an extension, after a first small chunk.
+        let f = fed(
+            1000,
+            &[&head[..7], &head[7..], b"5\r\nhello\r\n3e9;x=y", b"\r\n"],
+        );
+        assert_eq!(f.oversized, Some(1001));
+        // At the limit, and a second request after a complete first one.
+        let f = fed(1000, &[head, b"3e8\r\n"]);
+        assert_eq!(f.oversized, None);
+        let two = [
+            &b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"[..],
+            head,
+            b"2\r\nhi\r\n0\r\nX-T: 1\r\n\r\n",
+            head,
+            b"10000\r\n",
+        ];
+        assert_eq!(fed(1000, &two).oversized, Some(65536));
+    }
+
+    #[test]
+    fn framing_it_does_not_follow_stops_the_tracking() {
+        let head = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let f = fed(10, &[head, b"zz\r\n", b"ffffff\r\n"]);
+        assert_eq!((f.frame, f.oversized), (Frame::Lost, None));
+        let f = fed(10, &[b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n"]);
+        assert_eq!(f.frame, Frame::Lost);
+        // A body of a declared length is skipped, whatever it holds.
+        let f = fed(
+            10,
+            &[b"POST / HTTP/1.1\r\nContent-Length: 8\r\n\r\nffffff\r\n"],
+        );
+        assert_eq!(f.oversized, None);
+        assert!(matches!(f.frame, Frame::Head { .. }));
     }
 }
 

@@ -27,7 +27,12 @@ impl From<SchedulerError> for ApiError {
             SchedulerError::Unavailable(m) => ApiError::unavailable(m),
             SchedulerError::Capacity(m) => ApiError::capacity(m),
             SchedulerError::InvalidSampling(m) => ApiError::invalid("invalid_value", m),
+            SchedulerError::Constraint(m) => ApiError::invalid(
+                "output_constraint_failed",
+                format!("{m} (during generation; simplify the schema or grammar)"),
+            ),
             SchedulerError::Failed(m) => ApiError::server(m),
+            SchedulerError::Internal(m) => ApiError::internal(m),
         }
     }
 }
@@ -90,6 +95,16 @@ impl EngineHandle {
         })?;
         rx.await
             .map_err(|_| ApiError::server("session close did not complete"))
+    }
+
+    /// Frees every session; how many it freed (or will, once generating).
+    pub async fn clear(&self) -> Result<usize, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        self.0.clear(move |n| {
+            let _ = tx.send(n);
+        })?;
+        rx.await
+            .map_err(|_| ApiError::server("clearing the sessions did not complete"))
     }
 
     /// Stops every request (they get an error event) and ends the thread.

@@ -134,6 +134,18 @@ impl ApiError {
     }
 
     /// 500 server_error: generation, worker or session-op failure.
+    /// A panic while handling one request (caught: the server carries on).
+    pub fn internal(detail: impl std::fmt::Display) -> ApiError {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            Some("internal_error"),
+            format!(
+                "Internal error while handling this request ({detail}); the server carries on."
+            ),
+        )
+    }
+
     pub fn server(detail: impl std::fmt::Display) -> ApiError {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,

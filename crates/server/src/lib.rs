@@ -16,6 +16,7 @@ pub mod chat;
 pub mod conn;
 pub mod engine;
 pub mod error;
+pub mod fault;
 pub mod images;
 pub mod metrics;
 pub mod request;
@@ -37,6 +38,9 @@ use hearth_tokenizer::Tokenizer;
 use crate::metrics::Metrics;
 use crate::routes::AppState;
 use hearth_chat::prompter::Prompter;
+
+/// The stack of the threads that handle requests.
+pub const REQUEST_STACK_BYTES: usize = 64 << 20;
 
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
@@ -271,6 +275,9 @@ pub fn run_on<B: Backend + 'static>(
         .worker_threads(2)
         // Request preparation (JSON, template, tokenizer) runs here, bounded.
         .max_blocking_threads(4)
+        // Structured output's grammars compile on these threads (llguidance
+        // recurses over a schema's structure); only what is touched is resident.
+        .thread_stack_size(REQUEST_STACK_BYTES)
         .enable_all()
         .build()?;
     let result = runtime.block_on(async move {
@@ -327,13 +334,19 @@ pub fn run_on<B: Backend + 'static>(
         }
         stdout_line("hearth serve: ready");
         let shutdown_engine = engine.clone();
-        conn::serve(listener, routes::router(app), opts.timeouts, async move {
-            shutdown_signal().await;
-            eprintln!("hearth serve: shutting down");
-            // Ends every generation, so open streams finish and the
-            // graceful shutdown does not wait on them.
-            shutdown_engine.shutdown();
-        })
+        conn::serve(
+            listener,
+            routes::router(app),
+            opts.timeouts,
+            opts.max_body_bytes,
+            async move {
+                shutdown_signal().await;
+                eprintln!("hearth serve: shutting down");
+                // Ends every generation, so open streams finish and the
+                // graceful shutdown does not wait on them.
+                shutdown_engine.shutdown();
+            },
+        )
         .await;
         Ok::<(), ServerError>(())
     });

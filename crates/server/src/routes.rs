@@ -82,24 +82,53 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(chat::completions))
         .route("/apply-template", post(chat::apply_template))
+        .route("/v1/sessions", axum::routing::delete(clear_sessions))
         .route("/v1/sessions/{id}/reset", post(reset_session))
         .route("/v1/sessions/{id}", axum::routing::delete(close_session))
         .route("/v1/sessions/{id}/save", post(save_session))
         .route("/v1/sessions/{id}/restore", post(restore_session))
         .route("/metrics", get(metrics))
         .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
+        .layer(middleware::from_fn(catch_panic))
         .layer(middleware::from_fn_with_state(app.clone(), guard))
         .with_state(app)
+}
+
+/// A panic in a handler answers 500 for that request alone (counted by
+/// [`guard`], which runs around this); the connection, the process and the
+/// other requests carry on.
+async fn catch_panic(req: Request, next: Next) -> Response {
+    use futures_util::FutureExt;
+    let path = req.uri().path().to_string();
+    match std::panic::AssertUnwindSafe(next.run(req))
+        .catch_unwind()
+        .await
+    {
+        Ok(r) => r,
+        Err(p) => {
+            let m = hearth_engine::scheduler::panic_message(&*p);
+            eprintln!("request to {path}: handler panicked: {m}");
+            ApiError::internal(m).into_response()
+        }
+    }
 }
 
 /// The access checks ([`Access::check`]), CORS headers for an allowed
 /// cross-origin caller, and per-status request counting.
 async fn guard(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    let endpoint = if path.starts_with("/v1/sessions/") {
+    // Counted by route, never by the raw path: a client must not be able
+    // to grow the metrics (and the server's memory) with made-up paths.
+    let endpoint = if path.starts_with("/v1/sessions") {
         "/v1/sessions".to_string()
-    } else {
+    } else if req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .is_some()
+    {
         path.to_string()
+    } else {
+        "(no route)".to_string()
     };
     let origin = req.headers().get(header::ORIGIN).cloned();
     let mut response = match app.access.check(req.method(), path, req.headers()) {
@@ -144,6 +173,26 @@ async fn reset_session(
         return Err(ApiError::session_not_found(&id));
     }
     Ok(Json(json!({"reset": true, "session_id": id})))
+}
+
+/// `DELETE /v1/sessions`: frees every session's KV (those generating when
+/// their turn ends) and forgets the evicted ones kept on disk.
+async fn clear_sessions(
+    State(app): State<Arc<AppState>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let n = app.engine.clear().await?;
+    release_free_memory();
+    Ok(Json(json!({"cleared": true, "sessions": n})))
+}
+
+/// Hands the allocator's free pages back to the system (glibc keeps freed
+/// KV buffers in its heaps otherwise, and the process stays at its peak).
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own heaps.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 async fn close_session(
@@ -275,9 +324,40 @@ pub async fn read_body(
     }
     match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(_)) => Err(ApiError::payload_too_large(limit)),
+        Ok(Err(e)) => Err(body_error(e, limit)),
         Err(_) => Err(ApiError::request_timeout(app.body_timeout.as_secs_f64())),
     }
+}
+
+/// A body that could not be read: past the size limit (413), or framed
+/// wrongly (400: a malformed chunked encoding, a connection that ended
+/// inside the body).
+fn body_error(e: axum::Error, limit: usize) -> ApiError {
+    let e = e.into_inner();
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*e);
+    while let Some(c) = cause {
+        if c.is::<http_body_util::LengthLimitError>() {
+            return ApiError::payload_too_large(limit);
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if let Some(chunk) = io
+                .get_ref()
+                .and_then(|e| e.downcast_ref::<crate::conn::OversizedChunk>())
+            {
+                return ApiError::new(
+                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                    "invalid_request_error",
+                    Some("request_too_large"),
+                    format!("Request body exceeds the {limit}-byte limit: {chunk}."),
+                );
+            }
+        }
+        cause = c.source();
+    }
+    ApiError::invalid(
+        "invalid_body",
+        format!("The request body could not be read: {e}."),
+    )
 }
 
 /// `application/json`, parameters (`; charset=utf-8`) allowed.

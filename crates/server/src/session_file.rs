@@ -113,6 +113,14 @@ impl SessionSpill for DirSpill {
         }
         kept
     }
+
+    fn forget_all(&mut self) -> usize {
+        let ids: Vec<String> = self.kept.drain().collect();
+        for id in &ids {
+            let _ = std::fs::remove_file(self.path(id));
+        }
+        ids.len()
+    }
 }
 
 /// What identifies a model for its sessions: the GGUF bytes before the
