@@ -146,5 +146,10 @@ part "server: structured output (JSON schema, tool_choice, Pydantic parse, logpr
   python3 tests/server/test_structured.py
 part "server: security (Host, Origin, content type, API key, time limits, validation)" \
   python3 tests/server/test_security.py
+part "server: robustness (hostile schemas, injected panics, chunked framing, session clear)" \
+  python3 tests/server/test_robustness.py
+# ~1,000 hostile requests in 15 categories against one server (the full
+# 10,000-request run is in BENCHMARKS.md).
+part "server: hostile-request fuzz (1,000 requests)" python3 tests/server/fuzz_server.py --requests 1000
 # The Pi coding agent (npm, pinned in tests/server/pi) completing a turn against hearth.
 part "server: the Pi coding agent" python3 tests/server/test_pi_agent.py

@@ -7,9 +7,10 @@ binary over raw HTTP:
   the structured-output limits (100,000 properties, 100,000 enum values, a
   200-level nested schema), as response formats and as strict tool
   parameters, answer 400 naming the limit, and the server keeps serving;
-- a schema whose grammar the constraint engine cannot start (2,000
-  optional properties: too many parser items in its first row) answers 400
-  before generation, streamed or not (never a 200 and an error event);
+- a schema whose grammar the constraint engine cannot run (2,000
+  optional properties: too many parser items in the row after its `{`)
+  answers 400 before generation, streamed or not (never a 200 and an
+  error event mid-answer);
 - a panic in a request's handler and in the engine's step of its turn
   (fault injection, HEARTH_FAULT_INJECTION=1) answer 500 for that request
   alone; another session's KV stays resident (its next turn reuses it);
@@ -117,7 +118,7 @@ def test_schemas_the_constraint_engine_cannot_start_are_refused_before_generatio
     for stream in (False, True):
         status, _, text = chat(response_format=response_format(wide), stream=stream)
         assert status == 400, (stream, status, text[:300])
-        assert "constraint engine cannot run" in message(text), message(text)
+        assert "optional properties" in message(text), message(text)
         status, _, text = chat(stream=stream, **strict_tool(wide))
         assert status == 400, (stream, status, text[:300])
     # Wide schemas within the limits still run.

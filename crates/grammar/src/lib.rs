@@ -35,8 +35,15 @@ use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 #[error("{0}")]
 pub struct GrammarError(pub String);
 
+/// An error for the API: its first line only. llguidance reports an
+/// internal panic with the panic's backtrace after the message; that is
+/// for a developer's log, not for a client.
 fn err(e: impl std::fmt::Display) -> GrammarError {
-    GrammarError(e.to_string())
+    GrammarError(first_line(&e.to_string()))
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or_default().to_string()
 }
 
 /// The vocabulary as llguidance sees it: every token's bytes (control
@@ -157,7 +164,7 @@ impl Grammars {
         let parser = self.factory.create_parser(g.clone()).map_err(err)?;
         let mut m = Matcher::new(Ok(parser));
         if let Some(e) = m.get_error() {
-            return Err(GrammarError(e));
+            return Err(err(e));
         }
         m.compute_mask().map_err(|e| {
             GrammarError(format!(
@@ -222,7 +229,9 @@ impl TokenConstraint for Constraint {
         let Some(m) = self.matcher.as_mut() else {
             return Ok(());
         };
-        let allowed = m.compute_mask_or_eos().map_err(|e| e.to_string())?;
+        let allowed = m
+            .compute_mask_or_eos()
+            .map_err(|e| first_line(&e.to_string()))?;
         for (i, l) in logits.iter_mut().enumerate() {
             if !allowed.is_allowed(i as u32) {
                 *l = f32::NEG_INFINITY;
@@ -237,7 +246,9 @@ impl TokenConstraint for Constraint {
                 // The grammar is complete: only end-of-generation was allowed.
                 return Ok(());
             }
-            return m.consume_token(token).map_err(|e| e.to_string());
+            return m
+                .consume_token(token)
+                .map_err(|e| first_line(&e.to_string()));
         }
         let Some(lazy) = self.lazy.as_mut() else {
             return Ok(());
@@ -264,7 +275,8 @@ impl TokenConstraint for Constraint {
             let mut m = lazy.grammars.matcher(&lazy.grammar).map_err(|e| e.0)?;
             if !rest.is_empty() {
                 let ids = lazy.grammars.factory.tok_env().tokenize_bytes(&rest);
-                m.consume_tokens(&ids).map_err(|e| e.to_string())?;
+                m.consume_tokens(&ids)
+                    .map_err(|e| first_line(&e.to_string()))?;
             }
             self.matcher = Some(m);
         }
@@ -370,11 +382,19 @@ impl Grammars {
         let syntax = CallSyntax::of(req.format)?;
         let mut rules = Vec::new();
         let mut calls = Vec::new();
+        // The tools compile into one grammar: their schemas share one budget.
+        let mut budget = limits::Budget::default();
         for (i, t) in tools.iter().enumerate() {
             let strict = req.strict.get(t.name.as_str()).copied().unwrap_or(true);
             let args = if strict && t.parameters.is_object() {
-                limits::check_schema(&t.parameters)
-                    .map_err(|e| err(format!("tool {:?}'s parameters: {e}", t.name)))?;
+                budget.spend(&t.parameters).map_err(|e| {
+                    let all = if i > 0 {
+                        " (all tools' parameters together)"
+                    } else {
+                        ""
+                    };
+                    err(format!("tool {:?}'s parameters: {e}{all}", t.name))
+                })?;
                 t.parameters.clone()
             } else {
                 json!({"type": "object"})

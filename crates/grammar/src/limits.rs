@@ -18,6 +18,12 @@ use crate::GrammarError;
 
 /// The most object properties in one schema (all objects together).
 pub const MAX_PROPERTIES: usize = 5_000;
+/// The most optional properties (those not in `required`) of one object.
+/// llguidance's Earley parser holds about four items per optional property
+/// in the row after the object's `{`, and refuses a row of more than 2,000
+/// items mid-answer; 450 keeps that row under its limit (measured: 490
+/// optional properties run, 600 fail at the first property).
+pub const MAX_OPTIONAL_PROPERTIES: usize = 450;
 /// The most `enum` values in one schema (all enums together).
 pub const MAX_ENUM_VALUES: usize = 10_000;
 /// The most alternatives under `anyOf` / `oneOf` / `allOf` in one schema.
@@ -43,87 +49,122 @@ enum Role {
 
 /// Checks `schema` against the limits above; the error names the limit.
 pub fn check_schema(schema: &Value) -> Result<(), GrammarError> {
-    let mut properties = 0usize;
-    let mut enum_values = 0usize;
-    let mut alternatives = 0usize;
-    let mut values = 0usize;
-    let mut stack: Vec<(&Value, usize, Role)> = vec![(schema, 1, Role::Schema)];
-    while let Some((v, depth, role)) = stack.pop() {
-        values += 1;
-        if values > MAX_VALUES {
-            return Err(GrammarError(format!(
-                "the schema has more than {MAX_VALUES} JSON values; at most {MAX_VALUES} are supported"
-            )));
-        }
-        if depth > MAX_DEPTH {
-            return Err(GrammarError(format!(
-                "the schema is nested more than {MAX_DEPTH} levels deep; at most {MAX_DEPTH} are supported"
-            )));
-        }
-        match v {
-            Value::Object(o) => {
-                if role == Role::Schema {
-                    if let Some(Value::Object(p)) = o.get("properties") {
-                        properties += p.len();
-                        if properties > MAX_PROPERTIES {
-                            return Err(GrammarError(format!(
-                                "the schema has more than {MAX_PROPERTIES} object properties; at most {MAX_PROPERTIES} are supported"
-                            )));
-                        }
-                    }
-                    if let Some(Value::Array(e)) = o.get("enum") {
-                        enum_values += e.len();
-                        if enum_values > MAX_ENUM_VALUES {
-                            return Err(GrammarError(format!(
-                                "the schema has more than {MAX_ENUM_VALUES} enum values; at most {MAX_ENUM_VALUES} are supported"
-                            )));
-                        }
-                    }
-                    for key in ["anyOf", "oneOf", "allOf"] {
-                        if let Some(Value::Array(a)) = o.get(key) {
-                            alternatives += a.len();
-                        }
-                    }
-                    if alternatives > MAX_ALTERNATIVES {
-                        return Err(GrammarError(format!(
-                            "the schema has more than {MAX_ALTERNATIVES} anyOf/oneOf/allOf alternatives; at most {MAX_ALTERNATIVES} are supported"
-                        )));
-                    }
-                    for key in ["pattern", "format"] {
-                        if let Some(Value::String(p)) = o.get(key) {
-                            if p.len() > MAX_PATTERN_BYTES {
-                                return Err(GrammarError(format!(
-                                    "a `{key}` of the schema is {} bytes long; at most {MAX_PATTERN_BYTES} are supported",
-                                    p.len()
-                                )));
-                            }
-                        }
-                    }
-                }
-                for (k, child) in o {
-                    let role = match role {
-                        Role::Data => Role::Data,
-                        Role::Names => Role::Schema,
-                        Role::Schema => match k.as_str() {
-                            "properties" | "patternProperties" | "$defs" | "definitions"
-                            | "dependentSchemas" => Role::Names,
-                            "enum" | "const" | "examples" | "default" => Role::Data,
-                            _ => Role::Schema,
-                        },
-                    };
-                    stack.push((child, depth + 1, role));
-                }
+    Budget::default().spend(schema)
+}
+
+/// What the schemas of one request have used of the limits so far: the
+/// parameter schemas of a request's tools compile into one grammar, so they
+/// share one budget (200 copies of a 3,000-property tool are one
+/// 600,000-property grammar).
+#[derive(Debug, Default)]
+pub struct Budget {
+    properties: usize,
+    enum_values: usize,
+    alternatives: usize,
+    values: usize,
+}
+
+impl Budget {
+    /// Counts `schema` against what is left; the error names the limit.
+    pub fn spend(&mut self, schema: &Value) -> Result<(), GrammarError> {
+        let mut stack: Vec<(&Value, usize, Role)> = vec![(schema, 1, Role::Schema)];
+        while let Some((v, depth, role)) = stack.pop() {
+            self.values += 1;
+            if self.values > MAX_VALUES {
+                return Err(GrammarError(format!(
+                    "the schema has more than {MAX_VALUES} JSON values; at most {MAX_VALUES} are supported"
+                )));
             }
-            Value::Array(a) => {
-                // `anyOf`'s list holds schemas, `enum`'s data: as the array's.
-                for child in a {
-                    stack.push((child, depth + 1, role));
-                }
+            if depth > MAX_DEPTH {
+                return Err(GrammarError(format!(
+                    "the schema is nested more than {MAX_DEPTH} levels deep; at most {MAX_DEPTH} are supported"
+                )));
             }
-            _ => {}
+            match v {
+                Value::Object(o) => {
+                    if role == Role::Schema {
+                        self.keywords(o)?;
+                    }
+                    for (k, child) in o {
+                        let role = match role {
+                            Role::Data => Role::Data,
+                            Role::Names => Role::Schema,
+                            Role::Schema => match k.as_str() {
+                                "properties" | "patternProperties" | "$defs" | "definitions"
+                                | "dependentSchemas" => Role::Names,
+                                "enum" | "const" | "examples" | "default" => Role::Data,
+                                _ => Role::Schema,
+                            },
+                        };
+                        stack.push((child, depth + 1, role));
+                    }
+                }
+                Value::Array(a) => {
+                    // `anyOf`'s list holds schemas, `enum`'s data: as the array's.
+                    for child in a {
+                        stack.push((child, depth + 1, role));
+                    }
+                }
+                _ => {}
+            }
         }
+        Ok(())
     }
-    Ok(())
+
+    /// The counted keywords of one (sub)schema.
+    fn keywords(&mut self, o: &serde_json::Map<String, Value>) -> Result<(), GrammarError> {
+        if let Some(Value::Object(p)) = o.get("properties") {
+            self.properties += p.len();
+            if self.properties > MAX_PROPERTIES {
+                return Err(GrammarError(format!(
+                    "the schema has more than {MAX_PROPERTIES} object properties; at most {MAX_PROPERTIES} are supported"
+                )));
+            }
+            let required = match o.get("required") {
+                Some(Value::Array(r)) => r
+                    .iter()
+                    .filter(|k| k.as_str().is_some_and(|k| p.contains_key(k)))
+                    .collect::<std::collections::HashSet<_>>()
+                    .len(),
+                _ => 0,
+            };
+            let optional = p.len() - required;
+            if optional > MAX_OPTIONAL_PROPERTIES {
+                return Err(GrammarError(format!(
+                    "an object of the schema has {optional} optional properties (not in `required`); at most {MAX_OPTIONAL_PROPERTIES} are supported"
+                )));
+            }
+        }
+        if let Some(Value::Array(e)) = o.get("enum") {
+            self.enum_values += e.len();
+            if self.enum_values > MAX_ENUM_VALUES {
+                return Err(GrammarError(format!(
+                    "the schema has more than {MAX_ENUM_VALUES} enum values; at most {MAX_ENUM_VALUES} are supported"
+                )));
+            }
+        }
+        for key in ["anyOf", "oneOf", "allOf"] {
+            if let Some(Value::Array(a)) = o.get(key) {
+                self.alternatives += a.len();
+            }
+        }
+        if self.alternatives > MAX_ALTERNATIVES {
+            return Err(GrammarError(format!(
+                "the schema has more than {MAX_ALTERNATIVES} anyOf/oneOf/allOf alternatives; at most {MAX_ALTERNATIVES} are supported"
+            )));
+        }
+        for key in ["pattern", "format"] {
+            if let Some(Value::String(p)) = o.get(key) {
+                if p.len() > MAX_PATTERN_BYTES {
+                    return Err(GrammarError(format!(
+                        "a `{key}` of the schema is {} bytes long; at most {MAX_PATTERN_BYTES} are supported",
+                        p.len()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -135,7 +176,8 @@ mod tests {
         let p: serde_json::Map<String, Value> = (0..n)
             .map(|i| (format!("k{i}"), json!({"type": "integer"})))
             .collect();
-        json!({"type": "object", "properties": p})
+        let required: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+        json!({"type": "object", "properties": p, "required": required})
     }
 
     #[test]
@@ -144,6 +186,9 @@ mod tests {
         let e: Vec<Value> = (0..MAX_ENUM_VALUES).map(|i| json!(i)).collect();
         check_schema(&json!({"enum": e})).unwrap();
         check_schema(&json!(true)).unwrap();
+        let mut some = props(MAX_OPTIONAL_PROPERTIES + 10);
+        some["required"] = json!(["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"]);
+        check_schema(&some).unwrap();
     }
 
     #[test]
@@ -163,6 +208,9 @@ mod tests {
         assert!(msg(deep).contains("64 levels"));
         let long = "a".repeat(MAX_PATTERN_BYTES + 1);
         assert!(msg(json!({"type": "string", "pattern": long})).contains("`pattern`"));
+        let mut optional = props(MAX_OPTIONAL_PROPERTIES + 1);
+        optional["required"] = json!(["nope"]);
+        assert!(msg(optional).contains("451 optional properties"));
         // Nested objects count their properties together.
         let two = json!({"type": "object", "properties": {"a": props(3000), "b": props(3000)}});
         assert!(msg(two).contains("object properties"));

@@ -313,9 +313,13 @@ fn oversized_schemas_are_refused_before_generation() {
         (props(10_000, true), "object properties"),
         (props(100_000, true), "object properties"),
         (enum_of(100_000), "enum values"),
-        (props(2_000, false), "constraint engine cannot run"),
+        (props(2_000, false), "optional properties"),
     ] {
-        let e = g.json_schema(fmt, &schema).unwrap_err().0;
+        let e = g
+            .json_schema(fmt, &schema)
+            .err()
+            .unwrap_or_else(|| panic!("{named}: accepted"))
+            .0;
         assert!(e.contains(named), "{e}");
         let tools = json!([{"type": "function", "function": {"name": "f", "parameters": schema}}]);
         let tools = ToolSet::from_json(&tools).unwrap();
@@ -334,4 +338,70 @@ fn oversized_schemas_are_refused_before_generation() {
     // Within the limits, wide schemas still compile.
     g.json_schema(fmt, &props(3_000, true)).unwrap();
     g.json_schema(fmt, &enum_of(10_000)).unwrap();
+    // At the optional-property limit, an answer still runs past the `{`.
+    let wide = g.json_schema(fmt, &props(450, false)).unwrap();
+    walk(&g, &t, &wide, "{\"k5\": 1, \"k449\": 2}").unwrap();
+}
+
+/// A request's tools compile into one grammar, so their schemas share one
+/// budget: 200 copies of a 3,000-property tool are refused by name, and
+/// the widest tool sets within the budget, in every call syntax, either
+/// compile or are refused in one line (never llguidance's internal panic
+/// with its backtrace as the message).
+#[test]
+fn a_requests_tools_share_one_schema_budget() {
+    let t = tokenizer();
+    let g = grammars(&t);
+    let props = |n: usize, required: bool| {
+        let p: serde_json::Map<String, Value> = (0..n)
+            .map(|i| (format!("k{i}"), json!({"type": "integer"})))
+            .collect();
+        let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+        match required {
+            true => json!({"type": "object", "properties": p, "required": names}),
+            false => json!({"type": "object", "properties": p}),
+        }
+    };
+    let request = |copies: usize, schema: &Value, format: OutputFormat| {
+        let tools: Vec<Value> = (0..copies)
+            .map(|i| json!({"type": "function", "function": {"name": format!("f{i}"), "parameters": schema}}))
+            .collect();
+        let tools = ToolSet::from_json(&Value::Array(tools)).unwrap();
+        let strict = HashMap::new();
+        let req = ToolCallGrammar {
+            format,
+            tools: &tools,
+            strict,
+            only: None,
+            lazy: false,
+            parallel: true,
+        };
+        g.tool_calls(&req).err().map(|e| e.0)
+    };
+    let e = request(200, &props(3_000, true), OutputFormat::Hermes).expect("refused");
+    assert!(
+        e.contains("object properties") && e.contains("all tools"),
+        "{e}"
+    );
+    let anyof = json!({"type": "object", "properties": {"a": {"anyOf": (0..2_500)
+        .map(|i| json!({"const": i})).collect::<Vec<_>>()}}});
+    for format in OutputFormat::ALL {
+        if format == OutputFormat::Plain {
+            continue;
+        }
+        for (copies, schema) in [
+            (5, props(1_000, true)),
+            (1, props(5_000, true)),
+            (50, props(100, false)),
+            (1, props(450, false)),
+            (2, anyof.clone()),
+        ] {
+            if let Some(e) = request(copies, &schema, format) {
+                assert!(
+                    !e.contains('\n') && !e.contains("panic"),
+                    "{format:?} x{copies}: {e}"
+                );
+            }
+        }
+    }
 }
