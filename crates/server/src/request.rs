@@ -72,8 +72,18 @@ const HONORED: &str = "This server honors temperature, top_p, top_k, min_p, pres
 
 /// Parses the body as a JSON object (400 on anything else).
 pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid_request(format!("Request body is not valid JSON: {e}")))?;
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        // serde_json stops at 128 levels of nesting (its recursion limit).
+        if e.to_string().starts_with("recursion limit exceeded") {
+            ApiError::invalid_request(format!(
+                "Request body is nested more than 128 levels deep (JSON arrays and objects), at line {} column {}; at most 128 are supported.",
+                e.line(),
+                e.column()
+            ))
+        } else {
+            ApiError::invalid_request(format!("Request body is not valid JSON: {e}"))
+        }
+    })?;
     match v {
         Value::Object(m) => Ok(m),
         _ => Err(ApiError::invalid_request(
