@@ -332,7 +332,7 @@ fn oversized_schemas_are_refused_before_generation() {
             lazy: false,
             parallel: false,
         };
-        let e = g.tool_calls(&req).err().expect("refused").0;
+        let e = g.tool_calls(&req).expect_err("refused").0;
         assert!(e.contains(named), "{e}");
     }
     // Within the limits, wide schemas still compile.
