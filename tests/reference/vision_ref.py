@@ -1,6 +1,6 @@
 """numpy reference of the Muse Glimmer vision tower as ../shared/spec/vision.md describes the
 model's reference (§5-§9), in float64, on the weights of an mmproj GGUF (llama.cpp layout,
-read with gguf-py). Used by scripts/make_vision_fixtures.py for the fixtures of the
+read with gguf-py). Used by scripts/fixtures/make_vision_fixtures.py for the fixtures of the
 reference rules (the grid of a tie, the transposed zero-padded position table), which
 llama.cpp does not implement.
 

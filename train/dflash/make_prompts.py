@@ -13,7 +13,7 @@ Held out, never used here: bench/prompts/*.txt and bench/prompts-heldout/*.txt
 
     python3 train/dflash/make_prompts.py --tokenizer TOKENIZER.json --out prompts.jsonl [--n 6000]
 
-TOKENIZER.json is the packaged model's HF tokenizer (scripts/make_tokenizer_fixtures.py
+TOKENIZER.json is the packaged model's HF tokenizer (scripts/fixtures/make_tokenizer_fixtures.py
 writes it beside the GGUF). Output lines: {"ids": [...], "kind": "chat"|"raw", "temp": T}.
 """
 import argparse

@@ -29,7 +29,7 @@
 # `run` joins the chunks, checks the sha256, waits for the build and the
 # background benchmarks, then:
 #   - llama.cpp CUDA (-ngl 99, flash attention) greedily continues each prompt of
-#     bench/cuda/prompts-agreement.txt for 256 tokens (scripts/teacher_dump.cpp);
+#     bench/cuda/prompts-agreement.txt for 256 tokens (scripts/reference/teacher_dump.cpp);
 #     the same with -ngl 0 (llama.cpp's CPU backend) as a control;
 #   - hearth --device cuda, teacher-forced on llama.cpp's tokens: top-1 agreement
 #     over the 6 x 256 positions, and its own greedy 64 tokens vs llama.cpp's;
@@ -79,7 +79,7 @@ run)
     mkdir -p $O && cp $S/bgout/*.log $O/ 2>/dev/null; tail -5 $S/bg.log
   fi
   L=$S/llama.cpp
-  g++ -O2 -std=c++17 scripts/teacher_dump.cpp -I$L/include -I$L/ggml/include -L$L/build/bin \
+  g++ -O2 -std=c++17 scripts/reference/teacher_dump.cpp -I$L/include -I$L/ggml/include -L$L/build/bin \
     -lllama -lggml -lggml-base -Wl,-rpath,$L/build/bin -o $S/teacher_dump || exit 1
   P=bench/cuda/prompts-agreement.txt
   {

@@ -26,7 +26,7 @@
 //! (transformers leaves roles to the template).
 //!
 //! Checked byte for byte against transformers by tests/template_fixtures.rs
-//! (fixtures from scripts/make_template_fixtures.py). Known gaps, none used by
+//! (fixtures from scripts/fixtures/make_template_fixtures.py). Known gaps, none used by
 //! the packaged models' templates: Python `%` string formatting (`'%s' % x`;
 //! the `format` filter and `.format()` work), and tuples, which minijinja does
 //! not have (`dictsort`/`items` results print as lists when printed whole).

@@ -2,8 +2,8 @@
 //! (llama.cpp 11434's models/templates/muse-glimmer.jinja, the released
 //! model's), byte for byte as llama.cpp renders them: the expected prompts in
 //! tests/fixtures/muse_glimmer/chat/render.json come from llama.cpp's own
-//! chat code (scripts/muse_chat_dump.cpp against libllama-common, with
-//! llama-server's request handling; scripts/make_muse_chat_fixtures.py), the
+//! chat code (scripts/reference/muse_chat_dump.cpp against libllama-common, with
+//! llama-server's request handling; scripts/fixtures/make_muse_chat_fixtures.py), the
 //! clock fixed at 2026-03-14 12:00 UTC. Conversations cover tools, tool calls
 //! with every argument type and their results (named and found by
 //! tool_call_id), parallel namespaced calls, reasoning, an image marker, the

@@ -2,7 +2,7 @@
 //! reference): tests/fixtures/templates/<model>.json holds each packaged
 //! model's template, its special tokens, and conversations rendered by
 //! transformers' `apply_chat_template(tokenize=False)`
-//! (scripts/make_template_fixtures.py). Ours must be byte-identical, and must
+//! (scripts/fixtures/make_template_fixtures.py). Ours must be byte-identical, and must
 //! fail wherever transformers failed (with the same message when the template
 //! itself called `raise_exception`).
 
@@ -27,7 +27,7 @@ fn load_fixture(model: &str) -> Value {
     let path = workspace_root().join(format!("tests/fixtures/templates/{model}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
-            "{}: {e}; regenerate with `python3 scripts/make_template_fixtures.py`",
+            "{}: {e}; regenerate with `python3 scripts/fixtures/make_template_fixtures.py`",
             path.display()
         )
     });

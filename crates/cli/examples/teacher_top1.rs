@@ -2,7 +2,7 @@
 //!
 //!   teacher_top1 MODEL.gguf DUMP.json [cpu|cuda] [GREEDY_N=64]
 //!
-//! DUMP.json is `scripts/teacher_dump.cpp`'s output: prompts as token ids and
+//! DUMP.json is `scripts/reference/teacher_dump.cpp`'s output: prompts as token ids and
 //! the reference's greedy continuation of each. For every prompt this runs
 //!
 //! - teacher forcing: the prompt plus the reference's continuation in one

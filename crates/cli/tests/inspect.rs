@@ -1,5 +1,5 @@
 //! `hearth inspect --json` on the packaged models agrees with the `gguf` Python
-//! package (tests/fixtures/gguf/models.json, made by scripts/make_gguf_fixtures.py).
+//! package (tests/fixtures/gguf/models.json, made by scripts/fixtures/make_gguf_fixtures.py).
 
 mod common;
 

@@ -1,6 +1,6 @@
 //! `hearth synth` writes the Muse Glimmer, DFlash and DFlash2 files that
 //! llama.cpp 11434 was shown to load and run (tests/fixtures/muse_glimmer/
-//! interop.json, made by scripts/check_muse_interop.py with the reference
+//! interop.json, made by scripts/reference/check_muse_interop.py with the reference
 //! build: llama-completion on the model, llama-speculative-simple with each
 //! draft, the same greedy text as `hearth run`): the same flags must still
 //! give the same bytes (sha256). A regression guard of hearth's writer; the

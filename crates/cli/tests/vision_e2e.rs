@@ -1,5 +1,5 @@
 //! Images end to end against llama.cpp 11434 (tests/fixtures/vision/e2e,
-//! scripts/make_vision_e2e_fixtures.py): a synthetic Muse Glimmer text model
+//! scripts/fixtures/make_vision_e2e_fixtures.py): a synthetic Muse Glimmer text model
 //! and a synthetic mmproj (re-synthesized here, checked byte-identical by
 //! sha256), `llama-mtmd-cli --temp 0 -n 32 --jinja` per image, for 3 images.
 //!

@@ -1,5 +1,5 @@
 //! GGUF reader/writer against files written and read by the independent `gguf`
-//! Python package (scripts/make_gguf_fixtures.py), plus corruption tests.
+//! Python package (scripts/fixtures/make_gguf_fixtures.py), plus corruption tests.
 
 use std::path::PathBuf;
 

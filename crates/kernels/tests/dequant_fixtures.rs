@@ -1,7 +1,7 @@
 //! Reference dequantization against the `gguf` Python package (and, through the fixture
 //! script's own check, ggml's `dequantize_row_*`): bit-exact, on blocks from the packaged
 //! models and on random blocks. Fixtures: tests/fixtures/quant, written by
-//! scripts/make_quant_fixtures.py.
+//! scripts/fixtures/make_quant_fixtures.py.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

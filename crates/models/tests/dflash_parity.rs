@@ -1,7 +1,7 @@
 //! DFlash and DFlash2 drafters against llama.cpp 11434 (the reference): the
 //! fixtures tests/fixtures/muse_glimmer/dflash{,2}-a.json record, for every
 //! drafting round of llama-speculative-simple's loop (target muse-a, drafts
-//! from scripts/muse_synth.py), what llama.cpp's drafter computed: the raw
+//! from scripts/fixtures/muse_synth.py), what llama.cpp's drafter computed: the raw
 //! draft logits of each block row (DFlash1: top 8 per row, two rows in full)
 //! or the selector lattice (DFlash2: candidates and scores), and the drafted
 //! tokens. The test replays the same loop with hearth's target and drafter:

@@ -1,6 +1,6 @@
 //! Forward-pass parity with llama.cpp (the reference): for every packaged model
 //! and every prompt in tests/fixtures/parity/<model>.json (made by
-//! scripts/make_parity_fixtures.py from llama.cpp's CPU backend):
+//! scripts/fixtures/make_parity_fixtures.py from llama.cpp's CPU backend):
 //! - the last prompt position's logits: top-10 ids identical, top-100 values
 //!   within max |diff| <= 0.02 * max |logit|;
 //! - the greedy 64-token continuation, token for token.

@@ -3,7 +3,7 @@
 //! 7,838 positions (30 layers, 3 KV heads of 64, f16, 8192 slots: ~181 MB),
 //! saved to bytes, written as a session file, read back and loaded, with
 //! each stage timed. The whole server path (with the engine thread and HTTP)
-//! is scripts/bench-session-save.py.
+//! is bench/session-save.py.
 //!
 //! Run: cargo run --profile ci -p hearth-server --example session_file_bench [REPS]
 //! (the file goes under $TMPDIR).

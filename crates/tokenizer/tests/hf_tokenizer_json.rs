@@ -4,7 +4,7 @@
 //! The tokenizer.json is built from the GGUF's vocabulary and merges by the Python
 //! `tokenizers` package, laid out as Qwen2.5 ships it (NFC normalizer, Qwen2 split
 //! regex, byte-level BPE, control tokens as special added tokens), by
-//! scripts/make_tokenizer_fixtures.py into the models dir. Reference ids: the
+//! scripts/fixtures/make_tokenizer_fixtures.py into the models dir. Reference ids: the
 //! llama-tokenize fixture of qwen2.5-coder-0.5b.
 //!
 //! Two documented differences between a real tokenizer.json and llama.cpp decide
@@ -27,7 +27,7 @@ fn hf_tokenizer_json_matches_llama_cpp_for_qwen() {
     let json = gguf.with_extension("tokenizer.json");
     assert!(
         json.exists(),
-        "{} is missing: run `python3 scripts/make_tokenizer_fixtures.py --parts hf` \
+        "{} is missing: run `python3 scripts/fixtures/make_tokenizer_fixtures.py --parts hf` \
          (needs `pip install tokenizers gguf`)",
         json.display()
     );

@@ -1,7 +1,7 @@
 //! Token ids and detokenization equal llama.cpp's, for the four registry models.
 //!
 //! Independent reference: tests/fixtures/tokenizer/<model>.json, recorded from
-//! llama.cpp's `llama-tokenize` by scripts/make_tokenizer_fixtures.py (the exact
+//! llama.cpp's `llama-tokenize` by scripts/fixtures/make_tokenizer_fixtures.py (the exact
 //! commands are in each fixture's "commands").
 //!
 //! Per string we assert:

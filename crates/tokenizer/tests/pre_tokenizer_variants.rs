@@ -3,7 +3,7 @@
 //! Independent reference: tests/fixtures/tokenizer/pre-variants.json, where
 //! llama.cpp tokenized a set of strings with SmolLM2's vocabulary relabelled
 //! with other `tokenizer.ggml.pre` values (a vocab-only GGUF per value, made by
-//! scripts/make_tokenizer_fixtures.py). Same vocabulary and merges, different
+//! scripts/fixtures/make_tokenizer_fixtures.py). Same vocabulary and merges, different
 //! splitting regexes: the ids differ only through pre-tokenization.
 
 mod common;

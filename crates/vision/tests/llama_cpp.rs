@@ -1,6 +1,6 @@
 //! hearth's vision tower against llama.cpp 11434's libmtmd, Pillow and CPython
-//! (tests/fixtures/vision, made by scripts/make_vision_fixtures.py with
-//! scripts/mtmd_vision_dump.cpp).
+//! (tests/fixtures/vision, made by scripts/fixtures/make_vision_fixtures.py with
+//! scripts/reference/mtmd_vision_dump.cpp).
 //!
 //! - Preprocessing: on every size, the llama.cpp rule gives llama.cpp's size
 //!   and its resized bytes (which the script checked equal Pillow's LANCZOS);
@@ -70,7 +70,7 @@ fn preprocessing_matches_llama_cpp_pillow_and_cpython() {
     assert!(ties >= 2, "the sizes include ties (225x225, 29x29, ...)");
 }
 
-/// The three shapes of scripts/make_vision_fixtures.py (SHAPES).
+/// The three shapes of scripts/fixtures/make_vision_fixtures.py (SHAPES).
 fn shape(name: &str) -> (MmprojShape, u64) {
     let mut s = MmprojShape::tiny();
     let seed = match name {

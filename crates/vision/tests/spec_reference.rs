@@ -1,7 +1,7 @@
 //! hearth's vision tower under the model reference's rules against a numpy
 //! float64 reference written from the spec (tests/reference/vision_ref.py;
 //! fixtures tests/fixtures/vision/reference-vit-a*, made by
-//! scripts/make_vision_fixtures.py with Pillow's resize and the reference's
+//! scripts/fixtures/make_vision_fixtures.py with Pillow's resize and the reference's
 //! grid rule run in CPython). Covers what llama.cpp cannot: a grid tie
 //! (225×225 → 8×8 cells) and the transposed, zero-padded position table on
 //! non-square and upsampled grids.
@@ -19,7 +19,7 @@ const TOLERANCE: f64 = 1e-5;
 #[test]
 fn reference_rules_match_the_numpy_spec_reference() {
     let fx = json("reference-vit-a.json");
-    // vit-a of scripts/make_vision_fixtures.py.
+    // vit-a of scripts/fixtures/make_vision_fixtures.py.
     let mut shape = MmprojShape::tiny();
     shape.projection_dim = 576;
     let path = std::env::temp_dir().join(format!("hearth-vision-ref-{}.gguf", std::process::id()));

@@ -1,7 +1,7 @@
 //! Fixture and model loading shared by the integration tests.
 //!
 //! Fixtures (tests/fixtures/tokenizer/*.json) are llama.cpp's own outputs, made by
-//! scripts/make_tokenizer_fixtures.py; the models come from scripts/fetch_models.py.
+//! scripts/fixtures/make_tokenizer_fixtures.py; the models come from scripts/fetch_models.py.
 //! A missing model is a test failure that says how to fetch it, never a skip.
 
 #![allow(dead_code)]
@@ -96,7 +96,7 @@ pub fn load_json<T: for<'de> Deserialize<'de>>(name: &str) -> T {
     let path = fixture_path(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
-            "{}: {e}; regenerate with `python3 scripts/make_tokenizer_fixtures.py`",
+            "{}: {e}; regenerate with `python3 scripts/fixtures/make_tokenizer_fixtures.py`",
             path.display()
         )
     });

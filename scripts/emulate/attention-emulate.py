@@ -5,7 +5,7 @@ masks, online softmax, P hi/lo split, key-warp merge and attn_combine, against a
 plain reference. Catches indexing bugs without a GPU (not races or timing).
 Keep it in step with the kernel by hand.
 
-    python3 scripts/attention-emulate.py
+    python3 scripts/emulate/attention-emulate.py
 """
 import numpy as np, math
 rng = np.random.default_rng(1)

@@ -1,5 +1,5 @@
 // mtmd_vision_dump: what llama.cpp 11434's libmtmd makes of images, for hearth's vision
-// fixtures (scripts/make_vision_fixtures.py) and the encode benchmark.
+// fixtures (scripts/fixtures/make_vision_fixtures.py) and the encode benchmark.
 //
 //   mtmd_vision_dump TEXT.gguf MMPROJ.gguf OUT_DIR [-t THREADS] [--no-encode] [--tensors DIR] INPUT...
 //

@@ -1,6 +1,6 @@
 // muse_spec_dump: llama-speculative-simple (examples/speculative-simple in llama.cpp 11434)
 // with a dump of what the DFlash / DFlash2 drafter computes, for hearth's Muse Glimmer
-// speculative fixtures (scripts/make_muse_fixtures.py).
+// speculative fixtures (scripts/fixtures/make_muse_fixtures.py).
 //
 //   muse_spec_dump OUT_PREFIX [llama-speculative-simple arguments: -m TARGET -md DRAFT -f PROMPT ...]
 //

@@ -1,7 +1,7 @@
 // muse_chat_dump: renders conversations through a chat template with llama.cpp 11434's own
 // chat code (libllama-common: common_chat_templates_init + common_chat_templates_apply, the
 // path llama-server takes), for hearth's Muse Glimmer template fixtures
-// (scripts/make_muse_chat_fixtures.py).
+// (scripts/fixtures/make_muse_chat_fixtures.py).
 //
 //   muse_chat_dump TEMPLATE.jinja BOS EOS CASES.json OUT.json
 //

@@ -14,7 +14,7 @@
 // Flash attention is on, as in hearth's `--device cuda` and `llama-bench -fa 1`.
 //
 // Built against the static or shared libraries of a llama.cpp build:
-//   g++ -O2 -std=c++17 scripts/teacher_dump.cpp -I$SRC/include -I$SRC/ggml/include \
+//   g++ -O2 -std=c++17 scripts/reference/teacher_dump.cpp -I$SRC/include -I$SRC/ggml/include \
 //       -L$BUILD/bin -lllama -lggml -lggml-base -o teacher_dump
 
 #include "llama.h"

@@ -15,7 +15,7 @@ files recorded here (sha256), i.e. the files llama.cpp loaded.
 
 Needs the reference build's tools (scripts/build-llamacpp.sh; an existing build is used as is)
 and a release build of hearth (cargo build --release -p hearth --example logits).
-Usage: python3 scripts/check_muse_interop.py
+Usage: python3 scripts/reference/check_muse_interop.py
 """
 
 import hashlib
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "fixtures" / "muse_glimmer" / "interop.json"
 PROMPT = "The capital of France is"
 N = 16

@@ -1,5 +1,5 @@
 // parity_dump: a stripped-down llama-completion that records what llama.cpp
-// computes, for hearth's forward-pass parity fixtures (scripts/make_parity_fixtures.py).
+// computes, for hearth's forward-pass parity fixtures (scripts/fixtures/make_parity_fixtures.py).
 //
 //   parity_dump OUT.json TOP_K [llama-completion arguments: -m, -f, -n, -c, -t, --temp 0, ...]
 //
@@ -13,7 +13,7 @@
 // Unlike llama-completion it writes token ids and raw logits (llama_get_logits_ith,
 // before any sampler) as JSON. Floats are printed with %.9g, which round-trips f32.
 // With PARITY_DUMP_LOGITS=FILE in the environment it also writes all n_vocab raw logits
-// of the last prompt position to FILE as little-endian f32 (scripts/make_muse_fixtures.py).
+// of the last prompt position to FILE as little-endian f32 (scripts/fixtures/make_muse_fixtures.py).
 //
 // Built by make_parity_fixtures.py against the static libs of the reference build;
 // the binary lives in the cache dir, never in the repo.

@@ -4,9 +4,9 @@
 // tensors of the same name), for diffing against hearth's
 // `HEARTH_DUMP=DIR cargo run --release -p hearth-models --example logits`.
 // Built against the reference build like parity_dump.cpp:
-//   python3 -c "import sys; sys.path.insert(0, 'scripts'); import make_parity_fixtures as m; \
+//   python3 -c "import sys; sys.path.insert(0, 'scripts/fixtures'); import make_parity_fixtures as m; \
 //     from pathlib import Path; print(m.compile_against_reference(Path('BIN_DIR'), \
-//     Path('scripts/tensor_dump.cpp').resolve(), 'parity-dump/tensor_dump', ['common', 'vendor', 'include', 'ggml/include']))"
+//     Path('scripts/reference/tensor_dump.cpp').resolve(), 'parity-dump/tensor_dump', ['common', 'vendor', 'include', 'ggml/include']))"
 //   DUMP_DIR=/tmp/d tensor_dump -m MODEL.gguf -p "PROMPT" -t 2 -c 2048
 #include "arg.h"
 #include "common.h"

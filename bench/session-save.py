@@ -10,7 +10,7 @@ A deterministic synthetic prompt (numbered lines) fills a session of about
   3. delete it, restore it REPS times, send the same follow-up turn: the reply
      must be identical and the saved tokens reused from the file.
 
-Run:  HEARTH_BIN=target/ci/hearth python3 scripts/bench-session-save.py
+Run:  HEARTH_BIN=target/ci/hearth python3 bench/session-save.py
       [--model smollm2-135m] [--lines 374] [--reps 3] [--threads 2]
 The session file is written under a temporary directory (tmpfs or not, as
 $TMPDIR says); pass --dir to choose it. With --keep --dir DIR the file and the
