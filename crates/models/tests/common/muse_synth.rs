@@ -50,7 +50,10 @@ pub fn gguf(name: &str) -> PathBuf {
             .stdout(std::process::Stdio::null())
             .status()
             .expect("python3 with numpy (pip install -r scripts/requirements.txt)");
-        assert!(status.success(), "scripts/fixtures/muse_synth.py {name} failed");
+        assert!(
+            status.success(),
+            "scripts/fixtures/muse_synth.py {name} failed"
+        );
         std::fs::rename(tmp.join(format!("{name}.gguf")), &path).unwrap();
         let _ = std::fs::remove_dir_all(&tmp);
         assert!(
