@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gemma3-270m (the packaged Q4_K_M file) on the GPU: greedy text on CUDA vs the CPU backend, and speed.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."  # the repository root, where .gpu/ is carried
 cat /dev/shm/part00 /dev/shm/part01 /dev/shm/part02 /dev/shm/part03 .gpu/part04 > /dev/shm/g3.gguf
 echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  /dev/shm/g3.gguf" | sha256sum -c || exit 1
 H=.gpu/hearth

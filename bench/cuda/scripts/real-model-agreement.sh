@@ -8,7 +8,7 @@
 #   split -b 50M -d MODEL.gguf /tmp/chunks/part          # part00 .. part09 (part09: 19 MB)
 #   .gpu/ = hearth.gz, gpu_tests.gz, teacher_top1.gz (stripped, gzipped release builds:
 #           target/release/hearth, target/release/deps/gpu-*, examples/teacher_top1),
-#           tok.gguf, g3h.bin.gz (vision-gpu.sh), llama-src.tar.xz (llama.cpp 11434's
+#           tok.gguf, g3h.bin.gz, COMMIT (vision-gpu.sh), llama-src.tar.xz (llama.cpp 11434's
 #           source without models/docs/tests/other backends), part09.
 # The tracked tree is 47 MiB, 35 of them the packaged DFlash drafter: for calls
 # 1-10 take it out of the index (`git rm -q --cached models/drafters/*.gguf`,
@@ -41,7 +41,7 @@ set -u
 cd "$(dirname "$0")/../../.."
 S=/dev/shm/h
 mkdir -p $S
-O=${OUT:-/tmp}
+O=${OUT:-${HEARTH_LOGS:-/tmp/hearth-logs}}  # logs: outside the repository
 stage() {
   for f in .gpu/*; do [ -e "$f" ] && mv "$f" $S/; done
   for b in hearth gpu_tests teacher_top1; do

@@ -8,8 +8,13 @@
 #
 #   bench/cuda/scripts/vision-gpu.sh tests|encode|ttft|e2e|sessions|batching|mma|llama-server|ttft-prefix|small|llama-build|llama-bench|round12|round13|kvq32|kvq ...
 #
-# Everything it writes goes to $OUT (logs) and /dev/shm/h (binaries, models),
-# which survives between calls while the machine stays warm.
+# Everything it writes goes to $OUT (logs; default ${HEARTH_LOGS:-/tmp/hearth-logs},
+# outside the repository) and /dev/shm/h (binaries, models), which survives
+# between calls while the machine stays warm. The `tests` phase starts
+# $OUT/gpu-tests.log with the line `commit <hash>`, the commit the binaries
+# were built from: $HEARTH_COMMIT, else a file COMMIT carried in $G
+# (`git rev-parse HEAD > .gpu/COMMIT` where they were built; kept in
+# /dev/shm/h for later calls). The tracked copy is bench/results/gpu-tests.log.
 set -euo pipefail
 H=/dev/shm/h
 mkdir -p "$H"
@@ -22,10 +27,10 @@ for b in hearth gpu_tests; do
   chmod +x "$H/$b"
 done
 [[ -f "$G/vision_encode" ]] && cp "$G/vision_encode" "$H/"
-for f in tok.gguf g3h.bin.gz llama-src.tar.xz; do
+for f in tok.gguf g3h.bin.gz llama-src.tar.xz COMMIT; do
   [[ -f "$G/$f" ]] && cp "$G/$f" "$H/"
 done
-OUT=${OUT:-/tmp/out}
+OUT=${OUT:-${HEARTH_LOGS:-/tmp/hearth-logs}}
 mkdir -p "$OUT"
 png() { # SIDE_W SIDE_H PATH: the spec's synthetic pattern (bench/vision-encode.sh's)
   python3 - "$1" "$2" "$3" <<'PY'
@@ -95,10 +100,12 @@ for phase in "$@"; do
   case "$phase" in
     tests)
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+      commit=${HEARTH_COMMIT:-$(cat "$H/COMMIT" 2>/dev/null || echo unknown)}
+      echo "commit $commit" >"$OUT/gpu-tests.log"
       # greedy_speculative_equals_plain_greedy_qwen_05b needs the packaged
       # qwen2.5-coder-0.5b on the device (real-model-agreement.sh brings it).
       (cd crates/cuda && HEARTH_TOK_GGUF="$H/tok.gguf" "$H/gpu_tests" --ignored --nocapture --test-threads 1 \
-        --skip greedy_speculative_equals_plain_greedy_qwen_05b) 2>&1 | tee "$OUT/gpu-tests.log" |
+        --skip greedy_speculative_equals_plain_greedy_qwen_05b) 2>&1 | tee -a "$OUT/gpu-tests.log" |
         grep -E "^test |test result|vision|image rows" || true ;;
     encode)
       mmproj_full
