@@ -18,7 +18,11 @@ control):
   before tokenizing, four at once, and /health stays responsive meanwhile;
 - strict request validation: errors name the JSON path;
 - the sampling parameters min_p, presence/frequency/repeat penalties, seed are
-  accepted within their ranges and refused outside them.
+  accepted within their ranges and refused outside them (seed: any 64-bit
+  integer, 0 and negatives included, as OpenAI's schema allows);
+- anonymous requests (no session id) continue their own tenant's resident
+  conversation, never another tenant's: a request of another `cache_salt`
+  learns nothing through `cached_tokens`.
 
 Uses SmolLM2-135M (the smallest packaged model): nothing here depends on what
 the model says. Run: python3 tests/server/test_security.py
@@ -375,24 +379,53 @@ def test_sampling_parameters_in_range_are_honored_and_out_of_range_refused():
     status, _, text = chat(A, **ok)
     assert status == 200, text
     for field, value in (("min_p", 1.5), ("presence_penalty", 2.5), ("frequency_penalty", -3),
-                         ("repeat_penalty", 0), ("repeat_last_n", -1), ("seed", 0)):
+                         ("repeat_penalty", 0), ("repeat_last_n", -1), ("seed", 2**63)):
         status, _, text = chat(A, **{field: value})
         assert status == 400 and error_code(text) == "invalid_value" and field in text, (field, status, text)
+    for value in (1.5, "7", -2**64):
+        status, _, text = chat(A, seed=value)
+        assert status == 400 and "'seed' must be an integer" in text, (value, status, text)
+    # OpenAI's seed is any 64-bit integer: 0 and negatives are seeds like
+    # any other (the same seed, the same sample).
+    for seed in (0, -1, -2**63 + 1, 2**63 - 1):
+        replies = []
+        for _ in range(2):
+            status, _, text = chat(A, seed=seed, temperature=1.5, max_tokens=8)
+            assert status == 200, (seed, text)
+            replies.append(json.loads(text)["choices"][0]["message"]["content"])
+        assert replies[0] == replies[1], (seed, replies)
 
 
 def test_anonymous_requests_reveal_nothing_through_cached_tokens():
-    # One client sends a secret; another, without a session id, guesses it.
-    # The scratch session starts over for every anonymous request, so the
+    # One tenant (cache_salt "alice") sends a secret without a session id;
+    # another tenant ("mallory", or no salt at all) guesses it. Anonymous
+    # requests continue only their own tenant's conversations, so every
     # guess sees no cached tokens whether or not it matches.
     secret = [{"role": "user", "content": "My PIN is 4 8 1 5 9 2. Remember it."}]
-    status, _, text = chat(B, messages=secret)
+    status, _, text = chat(B, messages=secret, cache_salt="alice")
     assert status == 200, text
-    for guess in ("4 8 1 5 9 2", "7 7 7 7 7 7"):
+    # Each guess from a tenant of its own (a tenant's second guess would
+    # reuse its first one's prompt, which says nothing about alice's).
+    for salt, guess in (("mallory-1", "4 8 1 5 9 2"), ("mallory-2", "7 7 7 7 7 7")):
+        probe = [{"role": "user", "content": f"My PIN is {guess}. Remember it."}]
+        status, _, text = chat(B, messages=probe, cache_salt=salt)
+        assert status == 200, text
+        usage = json.loads(text)["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 0, (salt, guess, usage)
+    # The unsalted tenant (everyone else on this server) shares its own
+    # earlier prompts (the template's system prompt): a wrong guess, then the
+    # right one, which reuses the wrong one's text up to the PIN and no
+    # further (alice's session would have matched all of it).
+    for guess in ("7 7 7 7 7 7", "4 8 1 5 9 2"):
         probe = [{"role": "user", "content": f"My PIN is {guess}. Remember it."}]
         status, _, text = chat(B, messages=probe)
         assert status == 200, text
-        usage = json.loads(text)["usage"]
-        assert usage["prompt_tokens_details"]["cached_tokens"] == 0, (guess, usage)
+    usage = json.loads(text)["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] < usage["prompt_tokens"] - 6, usage
+    # The tenant itself continues its conversation without naming it.
+    status, _, text = chat(B, messages=secret, cache_salt="alice")
+    usage = json.loads(text)["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 1, usage
     # A named session still reuses its own prompt.
     for turn in range(2):
         status, _, text = chat(B, messages=secret, session_id="mine")

@@ -129,9 +129,10 @@ def test_a_new_session_starts_from_another_sessions_prefix():
     ref, ur = chat(QWEN, "agent-ref", task_b, max_tokens=8)
     assert ur.prompt_tokens_details.cached_tokens == shared, (ur, ub)
     assert b == ref, (b, ref)
-    # Anonymous: nothing reused, nothing given.
+    # Anonymous (no session id, the same tenant: no salt): the prefix cache
+    # serves it too, from the named sessions that hold task B's prompt.
     r = QWEN.client().chat.completions.create(model=MODEL_ID, messages=task_b, max_tokens=2, temperature=0)
-    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    assert r.usage.prompt_tokens_details.cached_tokens >= shared, (r.usage, shared)
 
     # cache_salt (vLLM's field) separates tenants: another salt shares nothing,
     # the same salt shares.
@@ -266,9 +267,10 @@ def test_checkpoint_brings_a_ring_back_past_its_slack():
         assert uf.prompt_tokens_details.cached_tokens == u1.prompt_tokens, (u1, uf)
         assert fork == ref, (fork, ref)
         assert re.search(r"llm_turn_stats session_id=fork reason=shared_prefix ", gemma.logs())
-        # (An anonymous request: a named one would now start from another
-        # session's checkpoint, the shared prefix cache.)
-        r = gemma.client().chat.completions.create(model=MODEL_ID, messages=second, max_tokens=12, temperature=0)
+        # (A request of another tenant: a named one, or an anonymous one of
+        # this tenant, would now start from another session's checkpoint.)
+        r = gemma.client().chat.completions.create(model=MODEL_ID, messages=second, max_tokens=12, temperature=0,
+                                                   extra_body={"cache_salt": "cold"})
         cold = r.choices[0].message.content
         assert r.usage.prompt_tokens_details.cached_tokens == 0
         print(f"  checkpoint reply {warm!r}; one-pass cold prefill {cold!r}")

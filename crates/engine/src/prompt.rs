@@ -114,7 +114,7 @@ impl Prompt {
     /// `images`: ids equal, and every image starting inside the prefix is
     /// the same image at the same place in both.
     pub fn common_prefix(&self, ids: &[u32], images: &[ImageSpan]) -> usize {
-        let mut common = crate::session::common_prefix(ids, &self.ids);
+        let mut common = common_prefix(ids, &self.ids);
         for s in &self.images {
             if s.start >= common {
                 break;
@@ -129,6 +129,11 @@ impl Prompt {
         }
         common
     }
+}
+
+/// Length of the longest common prefix.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 #[cfg(test)]

@@ -493,7 +493,14 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             if job.events.is_closed() {
                 continue;
             }
-            match self.store.acquire(self.model, job.session.as_deref()) {
+            let acquired = match job.session.as_deref() {
+                Some(id) => self.store.acquire(self.model, Some(id)),
+                None => {
+                    self.store
+                        .acquire_anonymous(self.model, &job.prompt, job.cache_salt.as_deref())
+                }
+            };
+            match acquired {
                 Ok(Acquire::Busy) => still.push(job),
                 Err(e @ SessionError::CapacityExhausted { .. }) => {
                     job.events
@@ -871,7 +878,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                 if let Failure::Panic(m) = &e {
                     eprintln!(
                         "session {}: {m}",
-                        a.lease.id.as_deref().unwrap_or("<scratch>")
+                        crate::session::display_id(a.lease.id.as_deref())
                     );
                 }
                 ("error", Some(Event::Failed(e.into())))
@@ -919,7 +926,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         }
         eprintln!(
             "llm_turn_stats session_id={} reason={} prompt_tokens={} reused_prompt_tokens={} prefilled_prompt_tokens={} completion_tokens={} prefill_ms={:.0} decode_tok_s={:.1} constraint_ms={:.1} finish={}",
-            a.lease.id.as_deref().unwrap_or("<scratch>"),
+            crate::session::display_id(a.lease.id.as_deref()),
             a.resume_reason,
             s.prompt_tokens,
             s.reused_tokens,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use hearth_models::{Backend, BackendState, ModelError};
 
+pub use crate::prompt::common_prefix;
 use crate::prompt::{ImageRows, ImageSpan, Prompt, IMAGE_ID};
 use crate::spec::Drafter;
 
@@ -431,11 +432,6 @@ impl<S: BackendState> Session<S> {
     }
 }
 
-/// Length of the longest common prefix.
-pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SessionError {
     /// Every state is held by a running generation: nothing can be evicted.
@@ -497,9 +493,12 @@ pub trait SessionSpill: Send {
 }
 
 /// Many sessions on one model load. Named sessions live until closed or
-/// evicted (least recently used first, idle ones only); requests without an id
-/// share one scratch session (reset for every request: anonymous traffic
-/// never reuses KV), or get a transient one while it is busy. The
+/// evicted (least recently used first, idle ones only). Requests without an
+/// id continue the anonymous session of their tenant (`cache_salt`) whose
+/// resident prompt they share the most of, as llama-server's `cache_prompt`
+/// does ([`SessionStore::acquire_anonymous`]); with `anonymous_reuse` off
+/// they share one scratch session, reset for every request, or get a
+/// transient one while it is busy. The
 /// number of live states is bounded by `capacity` (a session count and a KV
 /// byte budget, whichever is smaller).
 pub struct SessionStore<S> {
@@ -525,7 +524,37 @@ pub struct SessionStore<S> {
     /// Sessions spilled and brought back so far (for metrics).
     pub spilled: u64,
     pub unspilled: u64,
+    /// Requests without a session id continue the best-matching anonymous
+    /// session of their tenant (else: the scratch session, reset each time).
+    pub anonymous_reuse: bool,
+    /// Anonymous sessions named so far.
+    anonymous_seq: u64,
 }
+
+/// Anonymous sessions' keys begin with this control character, which no
+/// client session id may hold (ids are printable ASCII): a client can
+/// neither name, reset nor guess one.
+const ANONYMOUS: char = '\u{1}';
+
+/// Whether a store key is an anonymous session's.
+pub fn is_anonymous(key: Option<&str>) -> bool {
+    key.is_some_and(|k| k.starts_with(ANONYMOUS))
+}
+
+/// A session key as logs show it.
+pub fn display_id(key: Option<&str>) -> &str {
+    match key {
+        None => "<scratch>",
+        Some(k) if k.starts_with(ANONYMOUS) => "<anonymous>",
+        Some(k) => k,
+    }
+}
+
+/// The least share of an anonymous session's resident prompt that a new
+/// request must repeat to continue it (llama-server's default
+/// `--slot-prompt-similarity` is 0.5): below it, the request gets a new
+/// session and the old conversation stays resident for its next turn.
+pub const ANONYMOUS_SIMILARITY: f64 = 0.5;
 
 /// Fewest prompt tokens worth copying from another session.
 pub const MIN_SHARED_PREFIX: usize = 64;
@@ -555,7 +584,59 @@ impl<S: BackendState> SessionStore<S> {
             spill: None,
             spilled: 0,
             unspilled: 0,
+            anonymous_reuse: true,
+            anonymous_seq: 0,
         }
+    }
+
+    /// Checks out the session an anonymous request (no session id) of
+    /// tenant `salt` continues: the idle anonymous session of the same salt
+    /// that shares the longest prefix with `prompt`, if that is at least
+    /// [`ANONYMOUS_SIMILARITY`] of its resident prompt; else a new anonymous
+    /// session (which the shared prefix cache may then seed). Sessions of
+    /// another salt are never considered, so a request learns nothing of
+    /// another tenant's prompts.
+    pub fn acquire_anonymous<B: Backend<State = S>>(
+        &mut self,
+        model: &B,
+        prompt: &Prompt,
+        salt: Option<&str>,
+    ) -> Result<Acquire<S>, SessionError> {
+        if !self.anonymous_reuse {
+            return self.acquire(model, None);
+        }
+        let best = self
+            .idle
+            .iter()
+            .filter(|(k, d)| is_anonymous(k.as_deref()) && d.cache_salt.as_deref() == salt)
+            .map(|(k, d)| {
+                let n = match d.resident.is_empty() {
+                    true => 0,
+                    false => prompt.common_prefix(&d.resident, &d.images),
+                };
+                (k, n, d.resident.len())
+            })
+            .filter(|&(_, n, len)| n > 0 && n as f64 >= ANONYMOUS_SIMILARITY * len as f64)
+            .max_by_key(|&(_, n, _)| n)
+            .map(|(k, _, _)| k.clone());
+        let key = match best {
+            Some(k) => k,
+            None => {
+                self.anonymous_seq += 1;
+                Some(format!("{ANONYMOUS}{}", self.anonymous_seq))
+            }
+        };
+        let (session, fresh) = match self.idle.remove(&key) {
+            Some(s) => (s, false),
+            None => (self.allocate_from(model, true)?, true),
+        };
+        self.busy.insert(key.clone());
+        Ok(Acquire::Ready(Lease {
+            id: key,
+            session,
+            transient: false,
+            fresh,
+        }))
     }
 
     /// Evicted named sessions go to `spill` and come back from it on their
@@ -729,9 +810,9 @@ impl<S: BackendState> SessionStore<S> {
     /// longer prefix of `prompt` than `session` does (by at least
     /// [`MIN_SHARED_PREFIX`] tokens), `session` becomes a copy of it rolled
     /// back to that prefix; returns the tokens shared. Only sessions of the
-    /// same `salt` (the requests' `cache_salt`) share. Only named sessions
-    /// give and take (anonymous requests never reuse KV: their prompts stay
-    /// private); prompts with images and sessions with drafters are left alone.
+    /// same `salt` (the requests' `cache_salt`) share. Named and anonymous
+    /// sessions give and take (the scratch session does neither); prompts
+    /// with images and sessions with drafters are left alone.
     pub fn share_prefix(
         &self,
         session: &mut Session<S>,
@@ -834,6 +915,17 @@ impl<S: BackendState> SessionStore<S> {
     /// A fresh state: a new allocation while under capacity, else the state of
     /// the least recently used idle session.
     fn allocate<B: Backend<State = S>>(&mut self, model: &B) -> Result<Session<S>, SessionError> {
+        self.allocate_from(model, false)
+    }
+
+    /// [`Self::allocate`]; with `anonymous_first`, the least recently used
+    /// idle anonymous session is evicted before any named one (a client
+    /// that names its session asked for it to stay).
+    fn allocate_from<B: Backend<State = S>>(
+        &mut self,
+        model: &B,
+        anonymous_first: bool,
+    ) -> Result<Session<S>, SessionError> {
         if self.live < self.capacity {
             let state = model
                 .new_state(self.max_ctx, self.ring_slack)
@@ -843,17 +935,25 @@ impl<S: BackendState> SessionStore<S> {
             s.checkpoint_policy = self.checkpoint_policy;
             return Ok(s);
         }
-        let victim = self
-            .idle
-            .iter()
-            .min_by_key(|(_, s)| s.last_used)
-            .map(|(k, _)| k.clone());
+        let lru = |anonymous_only: bool| {
+            self.idle
+                .iter()
+                .filter(|(k, _)| !anonymous_only || is_anonymous(k.as_deref()))
+                .min_by_key(|(_, s)| s.last_used)
+                .map(|(k, _)| k.clone())
+        };
+        let victim = match anonymous_first {
+            true => lru(true).or_else(|| lru(false)),
+            false => lru(false),
+        };
         match victim {
             Some(k) => {
                 let s = self.idle.remove(&k).expect("victim is idle");
                 self.evictions += 1;
                 let kept = match (&k, self.spill.as_mut()) {
-                    (Some(id), Some(spill)) if !s.resident.is_empty() => {
+                    (Some(id), Some(spill))
+                        if !s.resident.is_empty() && !is_anonymous(Some(id)) =>
+                    {
                         let put = s.save().and_then(|saved| spill.put(id, &saved));
                         match put {
                             Ok(()) => {
@@ -870,7 +970,7 @@ impl<S: BackendState> SessionStore<S> {
                 };
                 eprintln!(
                     "session evicted: {} (least recently used; capacity {}{kept})",
-                    k.as_deref().unwrap_or("<scratch>"),
+                    display_id(k.as_deref()),
                     self.capacity
                 );
                 // The state and the drafter are reused, both emptied.

@@ -73,6 +73,8 @@ pub struct ServerOptions {
     pub session_dir: Option<PathBuf>,
     /// `--no-prefix-sharing`: a new session never starts from another's KV.
     pub no_prefix_sharing: bool,
+    /// `--no-prefix-reuse`: a request without a session id starts over.
+    pub no_prefix_reuse: bool,
     /// `--ring-slack`: extra slots per sliding-window ring (rollback without a checkpoint).
     pub ring_slack: usize,
     /// Ring checkpoints also every N positions (0: only at prompt ends).
@@ -211,6 +213,7 @@ pub fn run_on<B: Backend + 'static>(
     );
     let mut store = store;
     store.prefix_sharing = !opts.no_prefix_sharing;
+    store.anonymous_reuse = !opts.no_prefix_reuse;
     store.set_ring_slack(slack);
     store.checkpoint_policy = hearth_engine::session::CheckpointPolicy {
         every: opts.checkpoint_every,

@@ -524,8 +524,14 @@ fn sampling(body: &Map<String, Value>) -> Result<SamplerConfig, ApiError> {
     if let Some(k) = integer_in(body, "top_k", 0, 2147483647)? {
         c.top_k = k as usize;
     }
-    if let Some(s) = integer_in(body, "seed", 1, i64::MAX as i128)? {
-        c.seed = s as u64;
+    // OpenAI's `seed` is any 64-bit integer. The sampler's seed 0 means
+    // "random", so a client's 0 takes the one word no other seed maps to
+    // besides i64::MIN's (negative seeds are their two's-complement words).
+    if let Some(s) = integer_in(body, "seed", i64::MIN as i128, i64::MAX as i128)? {
+        c.seed = match s {
+            0 => i64::MIN as u64,
+            s => s as i64 as u64,
+        };
     }
     if let Some(p) = number_in(body, "min_p", 0.0, 1.0)? {
         c.min_p = p as f32;

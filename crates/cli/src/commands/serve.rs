@@ -90,13 +90,20 @@ pub struct Args {
     /// (not with `--spec`). Off unless given.
     #[arg(long, value_name = "DIR")]
     pub session_dir: Option<std::path::PathBuf>,
-    /// Never start a session from another session's KV. By default a named
-    /// session whose prompt begins like another named session's (an agent's
-    /// system prompt and tools) copies that prefix instead of prefilling it;
-    /// requests share only within the same `cache_salt`; anonymous requests
-    /// never share either way.
+    /// Never start a session from another session's KV. By default a new
+    /// session whose prompt begins like another's (an agent's system prompt
+    /// and tools) copies that prefix instead of prefilling it; requests share
+    /// only within the same `cache_salt` (a tenant).
     #[arg(long)]
     pub no_prefix_sharing: bool,
+    /// Never continue a conversation for a request without a session id. By
+    /// default such a request continues the resident conversation of its
+    /// tenant (same `cache_salt`) that it repeats at least half of, as
+    /// llama-server's `cache_prompt` does, so agents that resend the whole
+    /// conversation each turn (Claude Code, Codex, the OpenAI SDK) prefill
+    /// only the new part. With this flag every such request starts over.
+    #[arg(long)]
+    pub no_prefix_reuse: bool,
     /// Extra slots in every sliding-window ring (gemma3, muse-glimmer), so a
     /// session rolls back up to N positions without a checkpoint: a shared
     /// prefix or a re-rendered reply that parts from the resident tokens
@@ -205,6 +212,7 @@ pub fn run(mut args: Args) -> Result<()> {
         strict_tools: args.strict_tools,
         session_dir: args.session_dir.clone(),
         no_prefix_sharing: args.no_prefix_sharing,
+        no_prefix_reuse: args.no_prefix_reuse,
         ring_slack: args.ring_slack,
         checkpoint_every: args.checkpoint_every,
         max_checkpoints: args.max_checkpoints as usize,

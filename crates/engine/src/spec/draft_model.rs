@@ -21,9 +21,9 @@ use std::sync::Arc;
 use hearth_models::{Backend, BackendState, Logits, Model};
 
 use super::{Draft, Drafter, SpecError};
+use crate::prompt::common_prefix;
 use crate::prompt::IMAGE_ID;
 use crate::sampler::{argmax, Sampler, SamplerConfig};
-use crate::session::common_prefix;
 
 /// The token a draft model is fed at an image position (id 0: in every
 /// vocabulary).
