@@ -10,7 +10,9 @@ The file order is compile.rs's SOURCE order.
 """
 import argparse, ctypes, glob, os, re, sys
 
-FILES = ['common.cuh', 'gemv.cu', 'layer_ops.cu', 'attention.cu', 'gemm.cu', 'vision.cu']
+# The kernel files in compile.rs's SOURCE order (read from it, so a new or split file is included).
+COMPILE_RS = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'crates', 'cuda', 'src', 'compile.rs')
+FILES = re.findall(r'include_str!\("\.\./kernels/([^"]+)"\)', open(COMPILE_RS).read())
 
 
 def find_nvrtc():
