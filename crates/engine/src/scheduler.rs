@@ -82,12 +82,14 @@ pub enum Event {
     Failed(SchedulerError),
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Summary {
     pub finish: FinishReason,
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// The stop string (of the job's `stop`) that ended the turn, if one did.
+    pub stop_sequence: Option<String>,
 }
 
 /// Why the scheduler could not serve a request.
@@ -891,6 +893,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                     prompt_tokens: s.prompt_tokens,
                     cached_tokens: s.reused_tokens,
                     completion_tokens: s.sampled,
+                    stop_sequence: s.stop_sequence.clone(),
                 })),
             ),
             (None, None) => unreachable!("finish of a running turn"),

@@ -143,6 +143,8 @@ pub struct TurnStats {
     pub logprobs: Vec<TokenLogprob>,
     /// Time spent in the token constraint (masks and commits).
     pub constraint_time: Duration,
+    /// The stop string that ended the turn, if one did.
+    pub stop_sequence: Option<String>,
 }
 
 impl TurnStats {
@@ -170,6 +172,8 @@ pub enum TurnError {
 pub struct StopMatcher {
     stops: Vec<String>,
     pending: String,
+    /// The stop string that ended the text, once one has.
+    pub matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -177,18 +181,20 @@ impl StopMatcher {
         StopMatcher {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             pending: String::new(),
+            matched: None,
         }
     }
 
     /// Adds text; returns (text safe to emit, whether a stop string was hit).
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.pending.push_str(text);
-        if let Some(at) = self
+        if let Some((at, stop)) = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min()
+            .filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|&(at, _)| at)
         {
+            self.matched = Some(stop.clone());
             let out = self.pending[..at].to_string();
             self.pending.clear();
             return (out, true);
@@ -599,6 +605,7 @@ impl<'t> Turn<'t> {
             return Some(FinishReason::Cancelled);
         }
         if hit {
+            self.stats.stop_sequence = self.stops.matched.clone();
             return Some(FinishReason::Stop);
         }
         (self.stats.sampled >= self.params.max_tokens).then_some(FinishReason::Length)

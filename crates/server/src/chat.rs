@@ -56,8 +56,60 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    crate::fault::maybe_panic_in_handler(&headers);
-    let (req, ids, constraint) = prepare(&app, &headers, body, |prep, obj, session| {
+    let started = start_chat(&app, &headers, body, |_, _| Ok(None), "chatcmpl").await?;
+    let Started {
+        reply,
+        parser,
+        rx,
+        req,
+        ..
+    } = started;
+    if req.common.stream {
+        Ok(sse(chat_stream(
+            reply,
+            parser,
+            rx,
+            req.common.include_usage,
+        )))
+    } else {
+        chat_whole(reply, parser, rx).await
+    }
+}
+
+/// Turns another API's request body into a chat completions body (`None`:
+/// the body is one already). Runs on the blocking pool with the rest of
+/// request preparation.
+pub(crate) type Translate =
+    fn(&Map<String, Value>, &AppState) -> Result<Option<Map<String, Value>>, ApiError>;
+
+/// A chat request admitted to the engine: what every chat-shaped API
+/// (chat completions, Anthropic Messages, Responses) writes its answer from.
+pub(crate) struct Started {
+    pub reply: Reply,
+    pub parser: Box<dyn OutputParser + Send>,
+    pub rx: mpsc::UnboundedReceiver<Event>,
+    pub req: ChatRequest,
+    pub prompt_tokens: usize,
+    /// Prompt tokens reused from the session or the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// The shared front half of every chat-shaped API: the body translated
+/// into a chat completions request, validated, rendered (images placed),
+/// its output constraint compiled, and admitted; errors before the first
+/// response byte come back as `Err`. `id_prefix` names the response
+/// (`chatcmpl`, `msg`, `resp`).
+pub(crate) async fn start_chat(
+    app: &Arc<AppState>,
+    headers: &HeaderMap,
+    body: Body,
+    translate: Translate,
+    id_prefix: &str,
+) -> Result<Started, ApiError> {
+    crate::fault::maybe_panic_in_handler(headers);
+    let (req, ids, constraint) = prepare(app, headers, body, move |prep, obj, session| {
+        let translated = translate(obj, prep)?;
+        let obj = translated.as_ref().unwrap_or(obj);
         let req = parse_chat(obj, &prep.model_id, session)?;
         let constraint = output_constraint(prep, &req)?;
         if images::has_images(&req.messages) {
@@ -77,19 +129,24 @@ pub async fn chat_completions(
     .await?;
     let prompt = match ids {
         Some(ids) => ids.into(),
-        None => image_prompt(&app, &req).await?,
+        None => image_prompt(app, &req).await?,
     };
-    let id = random_hex();
+    let hex = random_hex();
+    let id = format!("{id_prefix}-{hex}");
+    let call_prefix = match id_prefix {
+        "msg" => format!("toolu_{}", &hex[..12]),
+        _ => format!("call_{}_", &hex[..12]),
+    };
     let parser = Box::new(WarningLog {
         inner: app
             .prompter
-            .parser(req.tools.as_ref(), format!("call_{}_", &id[..12]))
+            .parser(req.tools.as_ref(), call_prefix)
             .map_err(prompt_error)?,
         metrics: app.metrics.clone(),
-        id: format!("chatcmpl-{id}"),
+        id: id.clone(),
     });
     let reply = Reply {
-        id: format!("chatcmpl-{id}"),
+        id,
         created: unix_now(),
         model: app.model_id.clone(),
         // Muse Glimmer's reasoning is returned only on request (§3.1); other
@@ -98,18 +155,17 @@ pub async fn chat_completions(
         tokenizer: app.tokenizer.clone(),
         image_tokens: prompt.images.iter().map(|s| s.image.n).collect(),
     };
-    let constraint = crate::fault::engine_constraint(&headers, constraint);
-    let rx = submit(&app, &req.common, prompt, constraint).await?;
-    if req.common.stream {
-        Ok(sse(chat_stream(
-            reply,
-            parser,
-            rx,
-            req.common.include_usage,
-        )))
-    } else {
-        chat_whole(reply, parser, rx).await
-    }
+    let prompt_tokens = prompt.len();
+    let constraint = crate::fault::engine_constraint(headers, constraint);
+    let (rx, cached_tokens) = submit(app, &req.common, prompt, constraint).await?;
+    Ok(Started {
+        reply,
+        parser,
+        rx,
+        req,
+        prompt_tokens,
+        cached_tokens,
+    })
 }
 
 /// `POST /v1/completions`.
@@ -136,7 +192,7 @@ pub async fn completions(
         tokenizer: app.tokenizer.clone(),
         image_tokens: Vec::new(),
     };
-    let rx = submit(&app, &req.common, ids.into(), None).await?;
+    let (rx, _) = submit(&app, &req.common, ids.into(), None).await?;
     if req.common.stream {
         Ok(sse(completion_stream(reply, rx, req.common.include_usage)))
     } else {
@@ -149,7 +205,7 @@ pub async fn completions(
 /// work that grows with the body) — on the blocking pool, off the threads
 /// that serve every connection. Its size is bounded by the body limit and,
 /// before tokenizing, by [`check_prompt_bytes`].
-async fn prepare<T: Send + 'static>(
+pub(crate) async fn prepare<T: Send + 'static>(
     app: &Arc<AppState>,
     headers: &HeaderMap,
     body: Body,
@@ -217,7 +273,7 @@ async fn image_prompt(app: &Arc<AppState>, req: &ChatRequest) -> Result<Prompt, 
 
 /// A conversation the prompter could not render is the client's error (400
 /// with the template's message).
-fn prompt_error(e: PromptError) -> ApiError {
+pub(crate) fn prompt_error(e: PromptError) -> ApiError {
     match e {
         PromptError::NoTemplate(why) => ApiError::invalid_request(format!(
             "This model has no chat template ({why}); use /v1/completions."
@@ -290,7 +346,7 @@ async fn submit(
     common: &Common,
     prompt: Prompt,
     constraint: Option<Box<dyn TokenConstraint>>,
-) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+) -> Result<(mpsc::UnboundedReceiver<Event>, usize), ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::invalid_request(
             "The prompt is empty after tokenization.",
@@ -311,7 +367,7 @@ async fn submit(
         events: Box::new(ChannelSink(tx)),
     })?;
     match rx.recv().await {
-        Some(Event::Admitted { .. }) => Ok(rx),
+        Some(Event::Admitted { cached_tokens }) => Ok((rx, cached_tokens)),
         Some(Event::Failed(e)) => Err(e.into()),
         _ => Err(ApiError::server("the engine dropped the request")),
     }
@@ -320,7 +376,7 @@ async fn submit(
 /// Logs and counts the parser's warnings (output that began like a tool call
 /// but was not one; its text reaches the client as content) and passes every
 /// other event on.
-struct WarningLog {
+pub(crate) struct WarningLog {
     inner: Box<dyn OutputParser + Send>,
     metrics: Arc<Metrics>,
     /// The response id, to find the turn in the log.
@@ -356,15 +412,15 @@ impl OutputParser for WarningLog {
 }
 
 /// The envelope shared by every chunk of one response.
-struct Reply {
-    id: String,
-    created: u64,
-    model: String,
+pub(crate) struct Reply {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
     /// Send `reasoning_content`.
-    reasoning: bool,
-    tokenizer: Arc<Tokenizer>,
+    pub reasoning: bool,
+    pub tokenizer: Arc<Tokenizer>,
     /// Prompt tokens of each image, in order (usage).
-    image_tokens: Vec<usize>,
+    pub image_tokens: Vec<usize>,
 }
 
 /// A token's text and bytes, as OpenAI's logprobs report them.
@@ -443,7 +499,7 @@ fn usage(s: &Summary, image_tokens: &[usize]) -> Value {
     u
 }
 
-fn hint(f: FinishReason) -> FinishHint {
+pub(crate) fn hint(f: FinishReason) -> FinishHint {
     match f {
         FinishReason::Stop => FinishHint::Stop,
         FinishReason::Length | FinishReason::Cancelled => FinishHint::Length,
@@ -519,7 +575,7 @@ impl DeltaWriter {
     }
 }
 
-fn sse(events: impl Stream<Item = String> + Send + 'static) -> Response {
+pub(crate) fn sse(events: impl Stream<Item = String> + Send + 'static) -> Response {
     let stream = events.map(|data| Ok::<_, Infallible>(SseEvent::default().data(data)));
     let mut r = Sse::new(stream)
         .keep_alive(
@@ -757,7 +813,7 @@ fn completion_finish(f: FinishReason) -> &'static str {
     }
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -765,7 +821,7 @@ fn unix_now() -> u64 {
 }
 
 /// 32 random hex digits.
-fn random_hex() -> String {
+pub(crate) fn random_hex() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 

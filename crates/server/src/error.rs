@@ -178,6 +178,9 @@ impl IntoResponse for ApiError {
     /// `Retry-After` on 429 (RFC 6585 §4).
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
+        // Kept with the response, so an API with another error shape
+        // (crate::anthropic::reshape_errors) can answer in its own.
+        r.extensions_mut().insert(self.clone());
         let extra = match self.status {
             StatusCode::UNAUTHORIZED => Some((header::WWW_AUTHENTICATE, "Bearer")),
             StatusCode::TOO_MANY_REQUESTS => Some((header::RETRY_AFTER, RETRY_AFTER_SECS)),

@@ -12,6 +12,7 @@
 //! - [`metrics`]: Prometheus counters.
 
 pub mod access;
+pub mod anthropic;
 pub mod chat;
 pub mod conn;
 pub mod engine;

@@ -81,6 +81,11 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(chat::completions))
+        .route("/v1/messages", post(crate::anthropic::messages))
+        .route(
+            "/v1/messages/count_tokens",
+            post(crate::anthropic::count_tokens),
+        )
         .route("/apply-template", post(chat::apply_template))
         .route("/v1/sessions", axum::routing::delete(clear_sessions))
         .route("/v1/sessions/{id}/reset", post(reset_session))
@@ -91,6 +96,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
         .layer(middleware::from_fn(catch_panic))
         .layer(middleware::from_fn_with_state(app.clone(), guard))
+        .layer(middleware::from_fn(crate::anthropic::reshape_errors))
         .with_state(app)
 }
 
