@@ -235,7 +235,7 @@ def test_errors_have_anthropics_shape_and_status():
          "max_tokens"),
         (dict(model=MODEL_ID, max_tokens=4, messages=[{"role": "user", "content": [{"type": "video"}]}]),
          anthropic.BadRequestError, 400, "invalid_request_error", "messages[0].content[0].type"),
-        (dict(model=MODEL_ID, max_tokens=4, messages=[{"role": "system", "content": "x"}]),
+        (dict(model=MODEL_ID, max_tokens=4, messages=[{"role": "tool", "content": "x"}]),
          anthropic.BadRequestError, 400, "invalid_request_error", "messages[0].role"),
         (dict(model="claude-nope", max_tokens=4, messages=ASK), anthropic.NotFoundError, 404, "not_found_error",
          "claude-nope"),

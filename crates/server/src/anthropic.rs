@@ -201,10 +201,22 @@ fn message(m: &Value, i: usize, out: &mut Vec<Value>) -> Result<(), ApiError> {
     let at = format!("messages[{i}]");
     let role = match m.get("role").and_then(Value::as_str) {
         Some(r @ ("user" | "assistant")) => r,
+        // Claude Code sends system messages among the turns (reminders):
+        // they stay where they are (moved to the front, each would change
+        // the prompt's start and part it from the cached one).
+        Some("system") => {
+            let content = m.get("content").unwrap_or(&Value::Null);
+            if let Some(text) = system_text(content).map_err(|e| {
+                ApiError::invalid_request(e.message.replacen("system", &format!("{at}.content"), 1))
+            })? {
+                out.push(json!({"role": "system", "content": text}));
+            }
+            return Ok(());
+        }
         Some(r) => {
             return Err(bad(
                 format!("{at}.role"),
-                format!("'{r}' is not a role here (\"user\" or \"assistant\")"),
+                format!("'{r}' is not a role here (\"user\", \"assistant\" or \"system\")"),
             ))
         }
         None => return Err(bad(format!("{at}.role"), "required")),
