@@ -86,7 +86,7 @@ def test_text_whole_and_streamed_agree_with_chat_completions():
             "system": "You are terse.", "messages": [{"role": "user", "content": "Name three colors."}]}
     whole = client().messages.create(**body)
     assert whole.type == "message" and whole.role == "assistant" and whole.model == MODEL_ID
-    assert whole.id.startswith("msg-"), whole.id
+    assert whole.id.startswith("msg_"), whole.id
     assert [b.type for b in whole.content] == ["text"], whole.content
     assert whole.stop_reason in ("end_turn", "max_tokens"), whole.stop_reason
     assert whole.usage.output_tokens > 0 and whole.usage.input_tokens > 0, whole.usage

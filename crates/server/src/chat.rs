@@ -92,6 +92,8 @@ pub(crate) struct Started {
     pub prompt_tokens: usize,
     /// Prompt tokens reused from the session or the prefix cache.
     pub cached_tokens: usize,
+    /// The chat completions body a translated request became.
+    pub translated: Option<Map<String, Value>>,
 }
 
 /// The shared front half of every chat-shaped API: the body translated
@@ -107,32 +109,38 @@ pub(crate) async fn start_chat(
     id_prefix: &str,
 ) -> Result<Started, ApiError> {
     crate::fault::maybe_panic_in_handler(headers);
-    let (req, ids, constraint) = prepare(app, headers, body, move |prep, obj, session| {
-        let translated = translate(obj, prep)?;
-        let obj = translated.as_ref().unwrap_or(obj);
-        let req = parse_chat(obj, &prep.model_id, session)?;
-        let constraint = output_constraint(prep, &req)?;
-        if images::has_images(&req.messages) {
-            // Rendered around the images below, after they are decoded.
-            return Ok((req, None, constraint));
-        }
-        let p = &prep.prompter;
-        let text = p
-            .render(&req.messages, req.tools.as_ref(), true, &req.kwargs)
-            .map_err(prompt_error)?;
-        check_prompt_bytes(prep, text.len())?;
-        let ids = p
-            .chat_ids(&req.messages, req.tools.as_ref(), &req.kwargs)
-            .map_err(prompt_error)?;
-        Ok((req, Some(ids), constraint))
-    })
-    .await?;
+    let (req, ids, constraint, translated) =
+        prepare(app, headers, body, move |prep, obj, session| {
+            let translated = translate(obj, prep)?;
+            let obj = translated.as_ref().unwrap_or(obj);
+            let req = parse_chat(obj, &prep.model_id, session)?;
+            let constraint = output_constraint(prep, &req)?;
+            if images::has_images(&req.messages) {
+                // Rendered around the images below, after they are decoded.
+                return Ok((req, None, constraint, translated));
+            }
+            let p = &prep.prompter;
+            let text = p
+                .render(&req.messages, req.tools.as_ref(), true, &req.kwargs)
+                .map_err(prompt_error)?;
+            check_prompt_bytes(prep, text.len())?;
+            let ids = p
+                .chat_ids(&req.messages, req.tools.as_ref(), &req.kwargs)
+                .map_err(prompt_error)?;
+            Ok((req, Some(ids), constraint, translated))
+        })
+        .await?;
     let prompt = match ids {
         Some(ids) => ids.into(),
         None => image_prompt(app, &req).await?,
     };
     let hex = random_hex();
-    let id = format!("{id_prefix}-{hex}");
+    // OpenAI's chat ids read chatcmpl-…; Anthropic's and the Responses
+    // API's msg_… and resp_….
+    let id = match id_prefix {
+        "chatcmpl" => format!("{id_prefix}-{hex}"),
+        _ => format!("{id_prefix}_{hex}"),
+    };
     let call_prefix = match id_prefix {
         "msg" => format!("toolu_{}", &hex[..12]),
         _ => format!("call_{}_", &hex[..12]),
@@ -165,6 +173,7 @@ pub(crate) async fn start_chat(
         req,
         prompt_tokens,
         cached_tokens,
+        translated,
     })
 }
 

@@ -21,6 +21,7 @@ pub mod fault;
 pub mod images;
 pub mod metrics;
 pub mod request;
+pub mod responses;
 pub mod routes;
 pub mod session_file;
 pub mod validate;
@@ -321,6 +322,7 @@ pub fn run_on<B: Backend + 'static>(
             tokenizer: tokenizer.clone(),
             n_vocab,
             grammars: std::sync::OnceLock::new(),
+            responses: Default::default(),
         });
         let host = if local.is_ipv6() {
             format!("[{}]", local.ip())

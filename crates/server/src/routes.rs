@@ -54,6 +54,8 @@ pub struct AppState {
     pub n_vocab: usize,
     /// Structured output's view of the vocabulary, built on first use.
     pub grammars: std::sync::OnceLock<Result<hearth_grammar::Grammars, String>>,
+    /// Stored responses of the Responses API (`previous_response_id`).
+    pub responses: std::sync::Mutex<crate::responses::ResponseStore>,
 }
 
 impl AppState {
@@ -81,6 +83,12 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(chat::completions))
+        .route("/v1/responses", post(crate::responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(crate::responses::get).delete(crate::responses::delete),
+        )
+        .route("/v1/responses/{id}/cancel", post(crate::responses::cancel))
         .route("/v1/messages", post(crate::anthropic::messages))
         .route(
             "/v1/messages/count_tokens",
