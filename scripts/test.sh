@@ -147,6 +147,7 @@ part "server: structured output (JSON schema, tool_choice, Pydantic parse, logpr
 part "server: security (Host, Origin, content type, API key, time limits, validation)" \
   python3 tests/server/test_security.py
 part "server: Anthropic Messages API with the anthropic SDK" python3 tests/server/test_anthropic.py
+part "server: OpenAI Responses API with the openai SDK" python3 tests/server/test_responses.py
 part "server: robustness (hostile schemas, injected panics, chunked framing, session clear)" \
   python3 tests/server/test_robustness.py
 # ~1,000 hostile requests in 15 categories against one server (the full
