@@ -18,7 +18,12 @@ official `openai` SDK's `client.responses.*`:
   stored response, DELETE removes it, another tenant (cache_salt) cannot
   continue it, `store: false` keeps nothing;
 - max_output_tokens: status incomplete, incomplete_details.reason;
-- errors in OpenAI's shape: a built-in tool, a bad item, an unknown
+- Codex's tool list: hosted tools (web_search) left out, function tools
+  inside a `namespace` called by their own name with the namespace on the
+  function_call item, `custom` (freeform) tools answered as
+  custom_tool_call items with a string input, and all of them resent as
+  history items;
+- errors in OpenAI's shape: an unknown tool type, a bad item, an unknown
   previous_response_id, missing input.
 
 Run: python3 tests/server/test_responses.py [name filter]
@@ -167,10 +172,71 @@ def test_max_output_tokens_is_incomplete():
     assert r.usage.output_tokens == 3
 
 
+CODEX_TOOLS = [
+    {"type": "web_search", "external_web_access": False},
+    {"type": "namespace", "name": "agents", "description": "Tools that manage sub-agents.",
+     "tools": [{"type": "function", "name": "spawn_agent", "description": "Start a sub-agent with a task.",
+                "strict": False, "parameters": {"type": "object", "properties": {"message": {"type": "string"}},
+                                                "required": ["message"], "additionalProperties": False}}]},
+    {"type": "custom", "name": "apply_patch", "description": "Apply a patch to files.",
+     "format": {"type": "grammar", "syntax": "lark", "definition": "start: \"*** Begin Patch\" /(.|\\n)*/"}},
+    {"type": "custom", "name": "note", "description": "Keep a one-line note."},
+    {"type": "function", "name": "shell", "description": "Run a shell command.",
+     "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+                    "required": ["command"]}},
+]
+
+
+def test_codex_tool_list():
+    base = {"model": MODEL_ID, "tools": CODEX_TOOLS, "max_output_tokens": 48, "temperature": 0,
+            "store": False, "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
+            "reasoning": {"summary": "auto"}}
+    status, _, text = request(S, "POST", "/v1/responses", dict(
+        base, input="Start a sub-agent that counts files.",
+        tool_choice={"type": "function", "name": "spawn_agent", "namespace": "agents"}))
+    assert status == 200, text
+    r = json.loads(text)
+    calls = [i for i in r["output"] if i["type"] == "function_call"]
+    assert len(calls) == 1, r["output"]
+    assert calls[0]["name"] == "spawn_agent" and calls[0]["namespace"] == "agents", calls
+    assert isinstance(json.loads(calls[0]["arguments"])["message"], str)
+    status, _, text = request(S, "POST", "/v1/responses", dict(
+        base, input="Note that the build passed.", tool_choice={"type": "custom", "name": "note"}))
+    assert status == 200, text
+    r = json.loads(text)
+    custom = [i for i in r["output"] if i["type"] == "custom_tool_call"]
+    assert len(custom) == 1 and custom[0]["name"] == "note", r["output"]
+    assert isinstance(custom[0]["input"], str) and not custom[0]["input"].startswith('{"input"'), custom
+    # The SDK's stream of a custom call ends with its input.
+    events = list(S.client().responses.create(
+        model=MODEL_ID, input="Note that the build passed.", tools=CODEX_TOOLS, max_output_tokens=48,
+        temperature=0, tool_choice={"type": "custom", "name": "note"}, stream=True))
+    kinds = [e.type for e in events]
+    assert "response.custom_tool_call_input.done" in kinds, kinds
+    done = [e for e in events if e.type == "response.output_item.done"][-1]
+    final = [e for e in events if e.type == "response.completed"][0].response.output
+    input_done = [e for e in events if e.type == "response.custom_tool_call_input.done"][0]
+    assert done.item.type == "custom_tool_call" and done.item.input, done
+    assert input_done.input == done.item.input == final[-1].input, (input_done, done, final)
+    # Codex resends the calls and their outputs as history.
+    history = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Do it."}]},
+        {"type": "function_call", "name": "spawn_agent", "namespace": "agents", "call_id": "c1",
+         "arguments": json.dumps({"message": "count"})},
+        {"type": "function_call_output", "call_id": "c1", "output": "agent a1 started"},
+        {"type": "custom_tool_call", "name": "apply_patch", "call_id": "c2", "input": "*** Begin Patch"},
+        {"type": "custom_tool_call_output", "call_id": "c2", "output": "Done!"},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed"},
+    ]
+    status, _, text = request(S, "POST", "/v1/responses", dict(base, input=history, max_output_tokens=4))
+    assert status == 200, text
+    assert json.loads(text)["status"] in ("completed", "incomplete"), text
+
+
 def test_errors_name_the_field():
     c = S.client()
     cases = [
-        (dict(input="x", tools=[{"type": "web_search"}]), "tools[0].type"),
+        (dict(input="x", tools=[{"type": "no_such_tool"}]), "tools[0].type"),
         (dict(input=[{"type": "computer_call"}]), "input[0].type"),
         (dict(input="x", previous_response_id="resp_nope"), "resp_nope"),
         (dict(input=[{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]), "input[0].content[0]"),

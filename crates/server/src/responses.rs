@@ -82,6 +82,219 @@ fn salt_of(body: &Map<String, Value>) -> Option<String> {
         .map(str::to_string)
 }
 
+/// How a tool the model sees by one flat name is called in the Responses
+/// API: function tools inside a `namespace` tool (Codex sends its MCP and
+/// agent tools so) are flattened to their own name (or `namespace__name`
+/// where two would clash) and their calls carry the namespace again;
+/// `custom` (freeform) tools take one string, `input`, and their calls are
+/// `custom_tool_call` items.
+#[derive(Clone, Debug, PartialEq)]
+struct Callable {
+    namespace: Option<String>,
+    name: String,
+    custom: bool,
+}
+
+/// The request's tools by the flat name the prompt shows.
+#[derive(Clone, Debug, Default)]
+struct ToolNames(HashMap<String, Callable>);
+
+impl ToolNames {
+    /// The flat name of a call to `name` in `namespace` (a history item).
+    fn flat(&self, namespace: Option<&str>, name: &str) -> String {
+        self.0
+            .iter()
+            .find(|(_, c)| c.name == name && c.namespace.as_deref() == namespace)
+            .map(|(flat, _)| flat.clone())
+            .unwrap_or_else(|| name.to_string())
+    }
+
+    fn get(&self, flat: &str) -> Option<&Callable> {
+        self.0.get(flat)
+    }
+
+    fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        for (flat, c) in &self.0 {
+            m.insert(
+                flat.clone(),
+                json!({"namespace": c.namespace, "name": c.name, "custom": c.custom}),
+            );
+        }
+        Value::Object(m)
+    }
+
+    fn from_json(v: &Value) -> ToolNames {
+        let mut out = HashMap::new();
+        if let Some(m) = v.as_object() {
+            for (flat, c) in m {
+                out.insert(
+                    flat.clone(),
+                    Callable {
+                        namespace: c["namespace"].as_str().map(str::to_string),
+                        name: c["name"].as_str().unwrap_or(flat).to_string(),
+                        custom: c["custom"].as_bool().unwrap_or(false),
+                    },
+                );
+            }
+        }
+        ToolNames(out)
+    }
+}
+
+/// Hosted tools OpenAI runs on its side. This server has none of them; a
+/// client that lists one by default (Codex lists `web_search`) gets its
+/// answer without it, as from a model that chose not to search.
+const HOSTED_TOOLS: &[&str] = &[
+    "web_search",
+    "web_search_preview",
+    "web_search_preview_2025_03_11",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "computer_use_preview",
+    "computer_use",
+    "mcp",
+    "local_shell",
+    "tool_search",
+];
+
+/// The string a freeform tool call carries, from the `{"input": ...}`
+/// arguments the model wrote.
+fn custom_input(arguments: &str) -> String {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(Value::Object(m)) => match m.get("input") {
+            Some(Value::String(s)) => s.clone(),
+            Some(v) => v.to_string(),
+            None => arguments.to_string(),
+        },
+        _ => arguments.to_string(),
+    }
+}
+
+/// One function tool as a chat tool named `flat`.
+fn chat_function(t: &Value, flat: &str, at: &str, prefix: Option<&str>) -> Value {
+    let mut f = json!({"name": flat,
+        "parameters": t.get("parameters").cloned().filter(|p| !p.is_null()).unwrap_or(json!({"type": "object"}))});
+    if let Some(v) = t.get("strict").filter(|v| !v.is_null()) {
+        f["strict"] = v.clone();
+    }
+    let description = t.get("description").and_then(Value::as_str);
+    match (prefix, description) {
+        (Some(p), Some(d)) => f["description"] = json!(format!("{p}\n\n{d}")),
+        (Some(p), None) => f["description"] = json!(p),
+        (None, Some(d)) => f["description"] = json!(d),
+        (None, None) => {}
+    }
+    let _ = at;
+    json!({"type": "function", "function": f})
+}
+
+/// The request's `tools` as chat tools, and how each is called.
+fn tools(body: &Map<String, Value>) -> Result<(Vec<Value>, ToolNames), ApiError> {
+    let list = match body.get("tools") {
+        None | Some(Value::Null) => return Ok((Vec::new(), ToolNames::default())),
+        Some(Value::Array(l)) => l,
+        Some(_) => return Err(bad("tools", "must be an array")),
+    };
+    // Plain tools keep their names; namespaced ones take theirs unless a
+    // plain tool (or an earlier namespaced one) has it.
+    let mut taken: std::collections::HashSet<String> = list
+        .iter()
+        .filter(|t| {
+            matches!(
+                t.get("type").and_then(Value::as_str),
+                Some("function" | "custom")
+            )
+        })
+        .filter_map(|t| t.get("name").and_then(Value::as_str).map(str::to_string))
+        .collect();
+    let mut fns = Vec::new();
+    let mut names = HashMap::new();
+    for (i, t) in list.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let name_of = |t: &Value, at: &str| {
+            t.get("name")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| bad(format!("{at}.name"), "required (a string)"))
+        };
+        match t.get("type").and_then(Value::as_str) {
+            Some("function") => {
+                let name = name_of(t, &at)?;
+                fns.push(chat_function(t, &name, &at, None));
+                names.insert(name.clone(), Callable { namespace: None, name, custom: false });
+            }
+            Some("custom") => {
+                let name = name_of(t, &at)?;
+                let mut d = t
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                if let Some(def) = t
+                    .get("format")
+                    .filter(|f| f.get("type").and_then(Value::as_str) == Some("grammar"))
+                    .and_then(|f| f.get("definition"))
+                    .and_then(Value::as_str)
+                {
+                    d.push_str(&format!("\n\nThe input follows this grammar:\n{def}"));
+                }
+                let f = json!({"type": "function", "function": {"name": name, "description": d,
+                    "parameters": {"type": "object", "properties": {"input": {"type": "string",
+                    "description": "The tool's input, as free text."}}, "required": ["input"],
+                    "additionalProperties": false}}});
+                fns.push(f);
+                names.insert(name.clone(), Callable { namespace: None, name, custom: true });
+            }
+            Some("namespace") => {
+                let ns = name_of(t, &at)?;
+                let prefix = t.get("description").and_then(Value::as_str).filter(|d| !d.is_empty());
+                let inner = match t.get("tools") {
+                    Some(Value::Array(l)) => l,
+                    _ => return Err(bad(format!("{at}.tools"), "required (an array of function tools)")),
+                };
+                for (k, f) in inner.iter().enumerate() {
+                    let at = format!("{at}.tools[{k}]");
+                    let custom = match f.get("type").and_then(Value::as_str) {
+                        Some("function") => false,
+                        Some("custom") => true,
+                        _ => return Err(bad(format!("{at}.type"), "must be \"function\" or \"custom\"")),
+                    };
+                    let name = name_of(f, &at)?;
+                    let mut flat = name.clone();
+                    if taken.contains(&flat) {
+                        flat = format!("{ns}__{name}");
+                    }
+                    taken.insert(flat.clone());
+                    let tool = if custom {
+                        json!({"type": "function", "function": {"name": flat,
+                            "description": f.get("description").cloned().unwrap_or(json!("")),
+                            "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"],
+                            "additionalProperties": false}}})
+                    } else {
+                        chat_function(f, &flat, &at, prefix)
+                    };
+                    fns.push(tool);
+                    names.insert(flat, Callable { namespace: Some(ns.clone()), name, custom });
+                }
+            }
+            Some(k) if HOSTED_TOOLS.contains(&k) => {
+                // Left out silently: Codex lists one on every request.
+                let _ = k;
+            }
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "unsupported_tool",
+                    format!("{at}.type: '{k}' is not a tool type this server knows (function, custom, namespace; hosted tools such as web_search are left out)"),
+                ))
+            }
+            None => return Err(bad(format!("{at}.type"), "required (\"function\")")),
+        }
+    }
+    Ok((fns, ToolNames(names)))
+}
+
 /// Content parts of an input message as chat content (a string when all
 /// text).
 fn content(v: &Value, at: &str) -> Result<Value, ApiError> {
@@ -132,7 +345,7 @@ fn content(v: &Value, at: &str) -> Result<Value, ApiError> {
 
 /// Responses input items as chat messages, appended to `out`. Consecutive
 /// function calls (and reasoning before them) join one assistant message.
-fn items(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
+fn items(input: &Value, names: &ToolNames, out: &mut Vec<Value>) -> Result<(), ApiError> {
     let list = match input {
         Value::String(s) => {
             out.push(json!({"role": "user", "content": s}));
@@ -197,13 +410,33 @@ fn items(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
                     .get("arguments")
                     .and_then(Value::as_str)
                     .unwrap_or("{}");
+                let namespace = item.get("namespace").and_then(Value::as_str);
+                let name = names.flat(namespace, name);
                 let m = assistant(&mut pending);
                 let calls = m.entry("tool_calls").or_insert(json!([]));
                 calls.as_array_mut().expect("array").push(json!({
                     "id": call_id, "type": "function",
                     "function": {"name": name, "arguments": args}}));
             }
-            "function_call_output" => {
+            "custom_tool_call" => {
+                let call_id = item
+                    .get("call_id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| bad(format!("{at}.call_id"), "required"))?;
+                let name = item
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| bad(format!("{at}.name"), "required"))?;
+                let input = item.get("input").and_then(Value::as_str).unwrap_or("");
+                let name = names.flat(item.get("namespace").and_then(Value::as_str), name);
+                let args = json!({"input": input}).to_string();
+                let m = assistant(&mut pending);
+                let calls = m.entry("tool_calls").or_insert(json!([]));
+                calls.as_array_mut().expect("array").push(json!({
+                    "id": call_id, "type": "function",
+                    "function": {"name": name, "arguments": args}}));
+            }
+            "function_call_output" | "custom_tool_call_output" => {
                 flush(&mut pending, out);
                 let call_id = item
                     .get("call_id")
@@ -237,8 +470,10 @@ fn items(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
                     assistant(&mut pending).insert("reasoning_content".into(), json!(text));
                 }
             }
-            // Codex resends these; they carry nothing the prompt renders.
-            "item_reference" => {}
+            // Codex resends these; they carry nothing the prompt renders
+            // (hosted tools' calls never came from this server).
+            "item_reference" | "web_search_call" | "file_search_call" | "image_generation_call"
+            | "code_interpreter_call" | "tool_search_call" | "tool_search_output" => {}
             k => {
                 return Err(bad(
                     format!("{at}.type"),
@@ -289,7 +524,12 @@ fn translate(
             messages.extend(stored.messages.iter().cloned());
         }
     }
-    items(body.get("input").unwrap_or(&Value::Null), &mut messages)?;
+    let (fns, names) = tools(body)?;
+    items(
+        body.get("input").unwrap_or(&Value::Null),
+        &names,
+        &mut messages,
+    )?;
     if messages.is_empty() {
         return Err(bad("input", "required (a string or an array of items)"));
     }
@@ -317,51 +557,27 @@ fn translate(
     if body.get("stream").and_then(Value::as_bool) == Some(true) {
         out.insert("stream_options".into(), json!({"include_usage": true}));
     }
-    let mut has_tools = false;
-    match body.get("tools") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(tools)) => {
-            let mut fns = Vec::new();
-            for (i, t) in tools.iter().enumerate() {
-                let at = format!("tools[{i}]");
-                match t.get("type").and_then(Value::as_str) {
-                    Some("function") => {}
-                    Some(k) => {
-                        return Err(ApiError::invalid(
-                            "unsupported_tool",
-                            format!("{at}.type: '{k}' is a built-in tool this server does not have; only function tools are supported"),
-                        ))
-                    }
-                    None => return Err(bad(format!("{at}.type"), "required (\"function\")")),
-                }
-                let name = t
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| bad(format!("{at}.name"), "required (a string)"))?;
-                let mut f = json!({"name": name,
-                    "parameters": t.get("parameters").cloned().unwrap_or(json!({"type": "object"}))});
-                for key in ["description", "strict"] {
-                    if let Some(v) = t.get(key).filter(|v| !v.is_null()) {
-                        f[key] = v.clone();
-                    }
-                }
-                fns.push(json!({"type": "function", "function": f}));
-            }
-            has_tools = !fns.is_empty();
-            out.insert("tools".into(), Value::Array(fns));
-        }
-        Some(_) => return Err(bad("tools", "must be an array")),
+    let has_tools = !fns.is_empty();
+    if body.get("tools").is_some_and(|t| !t.is_null()) {
+        out.insert("tools".into(), Value::Array(fns));
     }
+    out.insert("__tools".into(), names.to_json());
     match body.get("tool_choice") {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) if s == "auto" || s == "none" || s == "required" => {
             out.insert("tool_choice".into(), json!(s));
         }
-        Some(Value::Object(c)) if c.get("type").and_then(Value::as_str) == Some("function") => {
+        Some(Value::Object(c))
+            if matches!(
+                c.get("type").and_then(Value::as_str),
+                Some("function" | "custom")
+            ) =>
+        {
             let name = c
                 .get("name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| bad("tool_choice.name", "required"))?;
+            let name = names.flat(c.get("namespace").and_then(Value::as_str), name);
             out.insert(
                 "tool_choice".into(),
                 json!({"type": "function", "function": {"name": name}}),
@@ -439,11 +655,15 @@ pub async fn create(
         Some(Value::Object(e)) => e,
         _ => Map::new(),
     };
+    let names = ToolNames::from_json(&chat.remove("__tools").unwrap_or(Value::Null));
     let w = Writer {
         app: app.clone(),
         reply,
         parser,
-        items: Items::default(),
+        items: Items {
+            names,
+            ..Items::default()
+        },
         prompt_tokens,
         cached_tokens,
         messages: match chat.remove("messages") {
@@ -499,6 +719,8 @@ struct Items {
     /// Per parser call index: whether its arguments were streamed.
     calls: Vec<Option<bool>>,
     any_call: bool,
+    /// How each tool the model sees is called.
+    names: ToolNames,
 }
 
 struct Writer {
@@ -552,6 +774,15 @@ impl Items {
                     "response.reasoning_text.done",
                     json!({"item_id": id, "output_index": at,
                     "content_index": 0, "text": text}),
+                ));
+            }
+            Some("custom_tool_call") => {
+                item["status"] = json!("completed");
+                let input = custom_input(item["input"].as_str().unwrap_or_default());
+                item["input"] = json!(input);
+                out.push((
+                    "response.custom_tool_call_input.done",
+                    json!({"item_id": id, "output_index": at, "input": item["input"]}),
                 ));
             }
             Some("function_call") => {
@@ -632,8 +863,26 @@ impl Items {
     fn start_call(&mut self, index: usize, call_id: &str, name: &str, out: &mut Vec<Out>) {
         self.close(out);
         self.any_call = true;
-        let item = json!({"type": "function_call", "id": item_id("fc"), "call_id": call_id,
-                          "name": name, "arguments": "", "status": "in_progress"});
+        let item = match self.names.get(name).cloned() {
+            // The arguments gather in `input` and become its string at close.
+            Some(c) if c.custom => {
+                let mut item = json!({"type": "custom_tool_call", "id": item_id("ctc"),
+                    "call_id": call_id, "name": c.name, "input": "", "status": "in_progress"});
+                if let Some(ns) = c.namespace {
+                    item["namespace"] = json!(ns);
+                }
+                item
+            }
+            c => {
+                let mut item = json!({"type": "function_call", "id": item_id("fc"),
+                    "call_id": call_id, "name": c.as_ref().map_or(name, |c| c.name.as_str()),
+                    "arguments": "", "status": "in_progress"});
+                if let Some(ns) = c.and_then(|c| c.namespace) {
+                    item["namespace"] = json!(ns);
+                }
+                item
+            }
+        };
         out.push((
             "response.output_item.added",
             json!({"output_index": self.index(), "item": item}),
@@ -650,11 +899,21 @@ impl Items {
             return;
         }
         let at = self.index();
-        let Some(item) = self.open.as_mut().filter(|i| i["type"] == "function_call") else {
+        let Some(item) = self
+            .open
+            .as_mut()
+            .filter(|i| i["type"] == "function_call" || i["type"] == "custom_tool_call")
+        else {
             return;
         };
         if let Some(Some(streamed)) = self.calls.get_mut(index) {
             *streamed = true;
+        }
+        // A freeform call's input is one string, known whole only at the end.
+        if item["type"] == "custom_tool_call" {
+            let so_far = item["input"].as_str().unwrap_or_default().to_string();
+            item["input"] = json!(format!("{so_far}{delta}"));
+            return;
         }
         let so_far = item["arguments"].as_str().unwrap_or_default().to_string();
         item["arguments"] = json!(format!("{so_far}{delta}"));
@@ -690,6 +949,8 @@ impl Items {
                     if let Some(item) = self.open.as_mut() {
                         if item["type"] == "function_call" {
                             item["arguments"] = json!(full);
+                        } else if item["type"] == "custom_tool_call" {
+                            item["input"] = json!(full);
                         }
                     }
                     self.close(out);
@@ -769,9 +1030,23 @@ impl Writer {
                 Some("reasoning") => {
                     reasoning.push_str(item["content"][0]["text"].as_str().unwrap_or(""))
                 }
-                Some("function_call") => calls
-                    .push(json!({"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}})),
+                Some("function_call") => {
+                    let flat = self.items.names.flat(
+                        item["namespace"].as_str(),
+                        item["name"].as_str().unwrap_or_default(),
+                    );
+                    calls.push(json!({"id": item["call_id"], "type": "function",
+                    "function": {"name": flat, "arguments": item["arguments"]}}))
+                }
+                Some("custom_tool_call") => {
+                    let flat = self.items.names.flat(
+                        item["namespace"].as_str(),
+                        item["name"].as_str().unwrap_or_default(),
+                    );
+                    let args = json!({"input": item["input"]}).to_string();
+                    calls.push(json!({"id": item["call_id"], "type": "function",
+                    "function": {"name": flat, "arguments": args}}))
+                }
                 _ => {}
             }
         }
