@@ -538,6 +538,88 @@ class Gen:
             return self.req(chat_body(self.model, stream=True, stream_options=r.choice([{"include_usage": True}, {"include_usage": "yes"}, [], {"x": 1}])))
         return self.req(chat_body(self.model, n=r.choice([1, 2]), stop=r.choice(["", [""], ["a"] * 4, [1]]), user="u" * 1000))
 
+    # 16: Anthropic's Messages API (its 4xx must come in Anthropic's error shape)
+    def messages(self):
+        r = self.rng
+        body = {"model": self.model, "max_tokens": 4, "messages": [{"role": "user", "content": "Say hi."}]}
+        if r.random() < 0.3:
+            body["stream"] = True
+        kind = r.randrange(10)
+        junk = [None, True, 0, -1, 1e300, "x", "", [], {}, [{}], [{"type": "bogus"}], [[[]]]]
+        if kind == 0:
+            body[r.choice(["model", "max_tokens", "messages", "system", "tools", "tool_choice", "stop_sequences",
+                           "temperature", "top_p", "top_k", "thinking", "metadata", "stream", "output_config"])] = r.choice(junk)
+        elif kind == 1:
+            body["messages"] = [{"role": r.choice(["user", "assistant", "system", "tool", "x", None]),
+                                 "content": r.choice(junk + ["ok"])} for _ in range(r.randint(0, 4))]
+        elif kind == 2:
+            body["messages"][0]["content"] = [r.choice([
+                {"type": "text"}, {"type": "text", "text": 5}, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "!!"}},
+                {"type": "image", "source": {"type": "url", "url": "http://x"}}, {"type": "tool_result"},
+                {"type": "tool_use", "id": "t", "name": "f", "input": "x"}, {"type": "document"},
+                {"type": "thinking", "thinking": "x"}, {"type": "text", "text": "x" * r.choice([1, 100000])}])]
+        elif kind == 3:
+            body["tools"] = [r.choice([{"name": "f"}, {"name": "f", "input_schema": "x"}, {"input_schema": {}},
+                                       {"name": "f", "input_schema": {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(r.choice([10, 3000, 12000]))}}},
+                                       {"type": "web_search_20250305", "name": "web_search"}, {"type": "bash_20250124", "name": "bash"}])]
+            body["tool_choice"] = r.choice([{"type": "any"}, {"type": "tool", "name": "nope"}, {"type": "x"}, "auto", None])
+        elif kind == 4:
+            body["system"] = r.choice([[{"type": "text"}], [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}], 5, [5]])
+        elif kind == 5:
+            body["output_config"] = {"format": r.choice([{"type": "json_schema", "schema": {"type": "nope"}}, {"type": "json_schema"},
+                                                         {"type": "x"}, {"type": "json_schema", "schema": {"type": "object"}}])}
+        elif kind == 6:
+            body["thinking"] = r.choice([{"type": "enabled", "budget_tokens": -1}, {"type": "enabled"}, {"type": "x"}, {"type": "disabled"}])
+        elif kind == 7:
+            body["max_tokens"] = r.choice([0, -1, 2**63, 1.5, "4"])
+        elif kind == 8:
+            return self.req(dumps(body)[: r.randrange(1, 60)], path="/v1/messages") | {"shape": "anthropic"}
+        else:
+            return self.req({"model": self.model, "messages": r.choice([[], "x", [{"role": "user"}], None])},
+                            path="/v1/messages/count_tokens") | {"shape": "anthropic"}
+        return self.req(body, path="/v1/messages") | {"shape": "anthropic"}
+
+    # 17: OpenAI's Responses API
+    def responses(self):
+        r = self.rng
+        body = {"model": self.model, "max_output_tokens": 4, "input": "Say hi."}
+        if r.random() < 0.3:
+            body["stream"] = True
+        kind = r.randrange(9)
+        junk = [None, True, 0, -1, 1e300, "x", "", [], {}, [{}], [{"type": "bogus"}], [[[]]]]
+        if kind == 0:
+            body[r.choice(["model", "input", "instructions", "tools", "tool_choice", "text", "reasoning", "store",
+                           "previous_response_id", "max_output_tokens", "temperature", "top_p", "include", "metadata"])] = r.choice(junk)
+        elif kind == 1:
+            body["input"] = [r.choice([
+                {"type": "message", "role": "user"}, {"type": "message", "role": "robot", "content": "x"},
+                {"type": "function_call", "name": "f"}, {"type": "function_call_output", "call_id": "c"},
+                {"type": "custom_tool_call", "call_id": "c"}, {"type": "reasoning", "summary": "x"},
+                {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,!!"}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_file", "file_id": "f"}]},
+                {"type": "computer_call"}, {"type": "item_reference", "id": "x"}]) for _ in range(r.randint(1, 3))]
+        elif kind == 2:
+            body["tools"] = [r.choice([{"type": "function"}, {"type": "function", "name": "f", "parameters": "x"},
+                                       {"type": "namespace", "name": "n"}, {"type": "namespace", "name": "n", "tools": [{"type": "x"}]},
+                                       {"type": "custom"}, {"type": "web_search"}, {"type": "nope"},
+                                       {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(r.choice([10, 12000]))}}}])]
+            body["tool_choice"] = r.choice(["required", {"type": "function", "name": "nope"}, {"type": "custom"}, "x", None])
+        elif kind == 3:
+            body["text"] = {"format": r.choice([{"type": "json_schema"}, {"type": "json_schema", "schema": {"type": "nope"}},
+                                                {"type": "json_object"}, {"type": "x"}, "x"])}
+        elif kind == 4:
+            body["previous_response_id"] = r.choice(["resp_nope", "", "../x", "x" * 5000])
+        elif kind == 5:
+            return {"data": build(self.host, method=r.choice(["GET", "DELETE"]),
+                                  path="/v1/responses/" + r.choice(["resp_nope", "%00", "..", "x" * 3000]), body=b"", content_type=None)}
+        elif kind == 6:
+            return self.req(b"", path="/v1/responses/resp_nope/cancel")
+        elif kind == 7:
+            return self.req(dumps(body)[: r.randrange(1, 40)], path="/v1/responses")
+        else:
+            body["max_output_tokens"] = r.choice([0, -1, 2**63, 1.5, "4"])
+        return self.req(body, path="/v1/responses")
+
     # 15
     def slow(self):
         """Requests that stall: the head never finishes, or the body stops."""
@@ -550,7 +632,8 @@ class Gen:
 
 
 CATEGORIES = ["broken_json", "wrong_types", "out_of_range", "roles", "nesting", "big_bodies", "bad_utf8", "headers",
-              "chunked", "tool_schemas", "response_format", "images", "session_ids", "misc", "slow"]
+              "chunked", "tool_schemas", "response_format", "images", "session_ids", "misc", "slow", "messages",
+              "responses"]
 # Share of the requests per category (the slow ones each cost seconds).
 WEIGHTS = {"slow": 0.3, "big_bodies": 0.6, "nesting": 0.7}
 
@@ -670,6 +753,14 @@ def main():
             if hang:
                 s["hangs"] += 1
                 failures.append(f"{cat}: no answer within {limit:.0f} s: {spec['data'][:200]!r}")
+            if spec.get("shape") == "anthropic" and isinstance(status, int) and 400 <= status < 500:
+                try:
+                    e = json.loads(body)
+                    good = e.get("type") == "error" and isinstance(e["error"]["type"], str) and e["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    good = False
+                if not good:
+                    failures.append(f"{cat}: {status} not in Anthropic's error shape: {body[:200]!r}")
             if isinstance(status, int) and status >= 500:
                 s["5xx"] += 1
                 if not (cat == "injected_panic" and status == spec["expect"][0]):

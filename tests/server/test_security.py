@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import BIN, Server, http, model_path, request, run_tests
+from common import BIN, MODEL_ID, Server, http, model_path, request, run_tests
 
 KEY = "sec-key-1"
 FILE_KEY = "file-key-2"
@@ -173,6 +173,45 @@ def test_api_key_from_environment_and_file_and_401_header():
     # B's file held the key with surrounding whitespace: trimmed.
     status, _, _ = request(B, "GET", "/v1/models", headers={"Authorization": f"Bearer   {FILE_KEY}  "})
     assert status == 200
+
+
+def test_new_routes_keep_every_check():
+    """The Anthropic and Responses routes sit behind the same Host, Origin,
+    content-type and API-key checks, each answered in its API's own shape."""
+    m = MODEL_ID
+    routes = (("POST", "/v1/messages", {"model": m, "max_tokens": 1, "messages": MSGS}),
+              ("POST", "/v1/messages/count_tokens", {"model": m, "messages": MSGS}),
+              ("POST", "/v1/responses", {"model": m, "input": "hi", "max_output_tokens": 1}),
+              ("GET", "/v1/responses/resp_x", None), ("DELETE", "/v1/responses/resp_x", None))
+
+    def shape(path, text, openai_code, anthropic_type):
+        e = json.loads(text)
+        if path.startswith("/v1/messages"):
+            assert e["type"] == "error" and e["error"]["type"] == anthropic_type, (path, e)
+        else:
+            assert e["error"]["code"] == openai_code, (path, e)
+        assert e["error"]["message"], e
+
+    for method, path, body in routes:
+        status, _, text = request(A, method, path, body, headers={"Host": f"evil.example:{A.port}"})
+        assert status == 403, (path, status, text)
+        shape(path, text, "host_not_allowed", "permission_error")
+        status, headers, text = request(A, method, path, body, headers={"Origin": "http://evil.example"})
+        assert status == 403 and "access-control-allow-origin" not in headers, (path, status, text)
+        shape(path, text, "origin_not_allowed", "permission_error")
+        for auth in ({"Authorization": None}, {"Authorization": "Bearer wrong"},
+                     {"Authorization": None, "x-api-key": "wrong"}):
+            status, headers, text = request(A, method, path, body, headers=auth)
+            assert status == 401 and headers.get("www-authenticate") == "Bearer", (path, auth, status, text)
+            shape(path, text, "invalid_api_key", "authentication_error")
+        if body is not None:
+            status, _, text = request(A, method, path, raw=json.dumps(body).encode(),
+                                      headers={"Content-Type": "text/plain"})
+            assert status == 415, (path, status, text)
+            shape(path, text, "unsupported_media_type", "invalid_request_error")
+    # Anthropic's clients send the key as x-api-key.
+    status, _, text = request(A, "POST", "/v1/messages", routes[0][2], headers={"Authorization": None, "x-api-key": KEY})
+    assert status == 200, text
 
 
 def test_empty_api_key_is_a_startup_error():
