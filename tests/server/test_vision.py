@@ -115,6 +115,27 @@ def main():
                     msg = e.body["message"] if isinstance(e.body, dict) else str(e)
                     assert msg.startswith("messages[1].content[0].image_url: ") and needle in msg, (what, msg)
                     print(f"{what}: 400 {msg}")
+            # The same image through the other two APIs: the same greedy reply.
+            import anthropic
+            ac = anthropic.Anthropic(base_url=server.base.removesuffix("/v1"), api_key=ts.API_KEY, max_retries=0)
+            m = ac.messages.create(model="qwen-test", max_tokens=8, extra_body={"temperature": 0}, messages=[{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": base64.b64encode(png).decode()}},
+                {"type": "text", "text": "Describe the image."}]}])
+            assert m.content[0].text == reply, (m.content, reply)
+            assert m.usage.input_tokens + m.usage.cache_read_input_tokens == first.usage.prompt_tokens, m.usage
+            r = client.responses.create(model="qwen-test", max_output_tokens=8, temperature=0, input=[
+                {"role": "user", "content": [{"type": "input_image", "image_url": data_url(png)},
+                                             {"type": "input_text", "text": "Describe the image."}]}])
+            assert r.output_text == reply and r.usage.input_tokens == first.usage.prompt_tokens, (r.output_text, r.usage)
+            print(f"anthropic messages and responses: the same reply {reply!r}")
+            try:
+                ac.messages.create(model="qwen-test", max_tokens=2, messages=[{"role": "user", "content": [
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR%w0K"}}]}])
+                raise AssertionError("bad base64 accepted")
+            except anthropic.BadRequestError as e:
+                assert e.body["type"] == "error" and "base64" in e.body["error"]["message"], e.body
+
             # The server is still serving.
             after = client.chat.completions.create(
                 model="qwen-test", messages=image_turn(data_url(png)), max_tokens=1, temperature=0)
