@@ -10,11 +10,17 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use crate::error::{CudaError, Result};
 
-/// All kernels, as one translation unit.
+/// All kernels, as one translation unit. The GEMVs are three files (gemv.cu,
+/// gemv_x.cu, gemv_mma.cu) joined with the blank lines that separated them
+/// when they were one file, so the source and its cache key are unchanged.
 pub const SOURCE: &str = concat!(
     include_str!("../kernels/common.cuh"),
     "\n",
     include_str!("../kernels/gemv.cu"),
+    "\n",
+    include_str!("../kernels/gemv_x.cu"),
+    "\n\n",
+    include_str!("../kernels/gemv_mma.cu"),
     "\n",
     include_str!("../kernels/layer_ops.cu"),
     "\n",

@@ -185,7 +185,7 @@ pub fn has_tensor_core_gemv(kind: WeightKind) -> bool {
     gemv_mma_names(kind).is_some()
 }
 
-/// The int8 tensor-core kernels of a weight type (1 and 2 tiles of 8 tokens), gemv.cu `gemv_mma`.
+/// The int8 tensor-core kernels of a weight type (1 and 2 tiles of 8 tokens), gemv_mma.cu `gemv_mma`.
 fn gemv_mma_names(kind: WeightKind) -> Option<[&'static str; 2]> {
     match kind {
         WeightKind::Q4K => Some(["gemv_q4_k_mma1", "gemv_q4_k_mma2"]),

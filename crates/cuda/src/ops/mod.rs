@@ -94,7 +94,7 @@ pub fn uses_pdl(name: &str) -> bool {
         )
 }
 
-// Flags shared with the kernels (kernels/common.cuh, gemv.cu, layer_ops.cu).
+// Flags shared with the kernels (kernels/common.cuh, gemv*.cu, layer_ops.cu).
 pub const OUT_BF16: i32 = 1;
 pub const OUT_ADD: i32 = 2;
 pub const NORM_BF16_GAIN: i32 = 8;
@@ -131,7 +131,7 @@ pub struct GpuMatrix {
 /// A variant of the single-token GEMV: `u` items' loads issued together per
 /// lane (1, 2 or 4), and the grid: one warp per row (`blocks` = 0) or at most
 /// `blocks` blocks of 8 warps that each stream several rows. With `x`, the
-/// register-activation kernels (`gemv_<t>_x*` in gemv.cu): `r` rows per tile,
+/// register-activation kernels (`gemv_<t>_x*` in gemv_x.cu): `r` rows per tile,
 /// one thread per item of a row, `blocks` = 0 one block per tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemvTune {
@@ -173,7 +173,7 @@ impl Q8 {
 }
 
 /// The arguments every GEMV kernel starts with: the weights, their shape and
-/// the 8-bit activations (gemv.cu's `w, wd, rows, K, xq, xd, xs`).
+/// the 8-bit activations (gemv*.cu's `w, wd, rows, K, xq, xd, xs`).
 fn gemv_head_args(w: &GpuMatrix, x: Q8) -> Vec<Arg> {
     vec![
         Arg::Ptr(w.body),
