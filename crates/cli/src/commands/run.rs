@@ -194,7 +194,7 @@ pub fn run(args: Args) -> Result<()> {
     if !args.image.is_empty() && args.mmproj.is_none() {
         bail!("--image needs --mmproj FILE (the model's multimodal projector GGUF)");
     }
-    let path = crate::registry::resolve_model(args.model.as_deref())?;
+    let path = crate::store::resolve_model(args.model.as_deref())?;
     let kv = args.kv.for_device(args.device)?;
     crate::limits::check_context(&path, args.ctx, 1, args.device, kv)?;
     let target = super::spec::Target {
