@@ -15,7 +15,8 @@ use hearth_models::{blocks, FfnAct, Input, LayerKind, LayerSpec, Logits, ModelEr
 
 use crate::driver::{DevBuf, Gpu, Graph};
 use crate::error::{CudaError, Result};
-use crate::model::{Fused, GpuLayer, GpuModel, Proj};
+use crate::layer_weights::{Fused, GpuLayer, Proj};
+use crate::model::GpuModel;
 use crate::ops::{self, AttnArgs, HeadPrep, Segment, Q8};
 
 mod layer;
