@@ -218,7 +218,7 @@ PY
         kill $pid; wait $pid 2>/dev/null || true
       done ;;
     mma)
-      # Small token blocks on the tensor cores (gemv.cu gemv_mma): kernel
+      # Small token blocks on the tensor cores (gemv_mma.cu gemv_mma): kernel
       # timings of 2..16 tokens (warp kernels vs mma), then batched decode of
       # the Qwen2.5-32B shape with and without them (HEARTH_CUDA_MMV=0).
       q32

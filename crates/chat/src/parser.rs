@@ -29,9 +29,11 @@
 pub mod atem;
 mod bare_json;
 mod body;
+mod dialects;
 mod driver;
 pub mod harmony;
 pub mod hermes;
+mod json_call;
 pub mod muse_glimmer;
 pub mod plain;
 pub mod pyjson;

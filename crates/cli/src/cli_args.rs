@@ -283,15 +283,6 @@ pub fn check_output_path(flag: &str, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `hearth run`'s checks before the model loads.
-pub fn check_run(args: &crate::commands::run::Args) -> Result<()> {
-    if let Some(p) = &args.stats_json {
-        check_output_path("--stats-json", p)?;
-    }
-    note_gpu_layers(args.n_gpu_layers, args.device);
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

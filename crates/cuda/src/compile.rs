@@ -10,11 +10,17 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use crate::error::{CudaError, Result};
 
-/// All kernels, as one translation unit.
+/// All kernels, as one translation unit. The GEMVs are three files (gemv.cu,
+/// gemv_x.cu, gemv_mma.cu) joined with the blank lines that separated them
+/// when they were one file, so the source and its cache key are unchanged.
 pub const SOURCE: &str = concat!(
     include_str!("../kernels/common.cuh"),
     "\n",
     include_str!("../kernels/gemv.cu"),
+    "\n",
+    include_str!("../kernels/gemv_x.cu"),
+    "\n\n",
+    include_str!("../kernels/gemv_mma.cu"),
     "\n",
     include_str!("../kernels/layer_ops.cu"),
     "\n",
@@ -114,7 +120,7 @@ pub fn cubin_for(arch: (i32, i32), driver_version: i32) -> Result<(Vec<u8>, bool
 
 /// Compiles `source` to machine code for `arch` with NVRTC.
 pub fn compile(source: &str, arch: (i32, i32)) -> Result<Vec<u8>> {
-    crate::driver::ensure_library("nvrtc")?;
+    crate::libs::ensure_library("nvrtc")?;
     let arch_name = format!("sm_{}{}", arch.0, arch.1);
     let src = CString::new(source).expect("kernel source has no NUL");
     let fail = |what: &str, e: &dyn std::fmt::Debug| CudaError::Compile {
@@ -224,7 +230,7 @@ mod tests {
     /// renamed kernel without a GPU).
     #[test]
     fn launched_kernels_exist_in_source() {
-        for name in crate::ops::KERNEL_NAMES {
+        for name in crate::kernel_names::KERNEL_NAMES {
             assert!(
                 SOURCE.contains(&format!("{name}("))
                     || SOURCE.contains(&format!("{}, ", name))

@@ -14,50 +14,7 @@ use cudarc::driver::{result, sys};
 
 use crate::compile;
 use crate::error::{Context, CudaError, Result};
-
-/// Folders searched for the CUDA libraries besides the loader's default path.
-const LIB_DIRS: [&str; 5] = [
-    "/usr/local/nvidia/lib64",
-    "/usr/local/cuda/lib64",
-    "/usr/local/cuda/targets/x86_64-linux/lib",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib64",
-];
-
-/// Makes `lib` (e.g. "cuda", "nvrtc") loadable by the names `cudarc` tries:
-/// either the loader finds one of them, or a file of that name in one of
-/// LIB_DIRS (or $CUDA_PATH/lib64) is loaded now and kept loaded, after which
-/// the loader resolves the same name to it.
-pub(crate) fn ensure_library(lib: &str) -> Result<()> {
-    let names = cudarc::get_lib_name_candidates(lib);
-    for name in &names {
-        // SAFETY: loading a CUDA library runs its initialisers, which is what cudarc does next anyway.
-        if let Ok(l) = unsafe { libloading::Library::new(name) } {
-            std::mem::forget(l);
-            return Ok(());
-        }
-    }
-    let mut dirs: Vec<String> = LIB_DIRS.iter().map(|s| s.to_string()).collect();
-    if let Some(p) = std::env::var_os("CUDA_PATH") {
-        dirs.insert(0, format!("{}/lib64", p.to_string_lossy()));
-    }
-    for dir in &dirs {
-        for name in &names {
-            let path = format!("{dir}/{name}");
-            if std::path::Path::new(&path).exists() {
-                // SAFETY: as above.
-                if let Ok(l) = unsafe { libloading::Library::new(&path) } {
-                    std::mem::forget(l);
-                    return Ok(());
-                }
-            }
-        }
-    }
-    Err(CudaError::Unavailable(format!(
-        "lib{lib}.so not found (searched the library path and {}); is an NVIDIA driver and CUDA 12/13 installed?",
-        dirs.join(", ")
-    )))
-}
+use crate::libs::ensure_library;
 
 /// What the device reports about itself.
 #[derive(Clone, Debug)]
@@ -400,7 +357,8 @@ impl Gpu {
         self.raise_smem(f, name, smem)?;
         // The kernel may start while the previous one finishes; it waits for
         // it (griddepcontrol.wait) before touching its outputs.
-        let pdl = self.pdl.load(std::sync::atomic::Ordering::Relaxed) && crate::ops::uses_pdl(name);
+        let pdl = self.pdl.load(std::sync::atomic::Ordering::Relaxed)
+            && crate::kernel_names::uses_pdl(name);
         self.launch_with(
             (f, name),
             grid,

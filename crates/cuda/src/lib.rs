@@ -3,10 +3,12 @@
 //! tests run, on machines without CUDA; there `Gpu::open` returns
 //! `CudaError::Unavailable`.
 //!
+//! - `libs`: finding the driver and NVRTC libraries at run time.
+//! - `kernel_names`: the kernels the host launches (and which use PDL).
 //! - `compile`: NVRTC compilation of `kernels/*.cu` for the device's arch, cached on disk.
 //! - `driver`: context, stream, device buffers, launches, graphs, events.
 //! - `repack`: the weights' GPU layout.
-//! - `model`: weights resident on the GPU (`GpuModel::upload`).
+//! - `model`: weights resident on the GPU (`GpuModel::upload`); `layer_weights`: one layer's.
 //! - `forward`: KV caches and the forward pass (`GpuModel::forward`), decode graphs.
 //! - `ops`, `gemm`: typed kernel launches.
 //! - `persistent`: a decode step as one persistent kernel (small models).
@@ -22,6 +24,9 @@ pub mod error;
 pub mod forward;
 pub mod gemm;
 pub mod kbench;
+pub mod kernel_names;
+pub mod layer_weights;
+mod libs;
 pub mod model;
 pub mod ops;
 pub mod persistent;

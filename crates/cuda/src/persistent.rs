@@ -420,7 +420,7 @@ mod tests {
 
     /// A regression guard of the planner (not a reference check; the GPU
     /// test decode_is_deterministic_across_launch_modes checks the results):
-    /// one layer's launches as forward.rs makes them for a decode step.
+    /// one layer's launches as forward/ makes them for a decode step.
     #[test]
     fn plan_places_barriers_where_data_flows() {
         use crate::driver::Arg::{Ptr, F32, I32};

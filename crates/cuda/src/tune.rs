@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use crate::driver::Gpu;
 use crate::error::Result;
-use crate::model::GpuLayer;
+use crate::layer_weights::GpuLayer;
 use crate::ops::{self, GemvTune, GpuMatrix, Q8};
 use crate::repack::WeightKind;
 

@@ -16,18 +16,6 @@ use serde_json::{Map, Value};
 use super::body::{CallSyntax, VisibleBody};
 use super::driver::{Ctx, Machine};
 use super::pyjson;
-use super::xml_calls::XmlDialect;
-
-pub(crate) static DIALECT: XmlDialect = XmlDialect {
-    block_open: "<atem:function_calls>",
-    block_close: "</atem:function_calls>",
-    invoke_prefix: "<atem:invoke",
-    invoke_close: "</atem:invoke>",
-    param_prefix: "<atem:parameter",
-    param_close: "</atem:parameter>",
-    name_attr: true,
-    qwen_values: false,
-};
 
 pub(crate) struct AtemParser {
     body: VisibleBody,

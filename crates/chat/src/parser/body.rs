@@ -4,8 +4,9 @@
 //! terminator or at the end of generation, which both count as "end of input"
 //! for the structural-end rules.
 
+use super::dialects;
 use super::driver::{Ctx, Machine};
-use super::hermes::{self, JsonCall};
+use super::json_call::{self, JsonCall};
 use super::scan::{find_first, lit, partial_suffix_len, trailing_ws_len, ws_len, Lit, Match};
 use super::xml_calls::{self, Stage, Step, XmlDialect};
 
@@ -59,8 +60,8 @@ impl VisibleBody {
 
     fn dialect(&self) -> &'static XmlDialect {
         match self.syntax {
-            CallSyntax::Atem => &super::atem::DIALECT,
-            CallSyntax::Qwen3Xml => &super::qwen3_xml::DIALECT,
+            CallSyntax::Atem => &dialects::ATEM,
+            CallSyntax::Qwen3Xml => &dialects::QWEN3_XML,
             CallSyntax::Hermes => unreachable!("Hermes calls are JSON"),
         }
     }
@@ -107,12 +108,12 @@ impl VisibleBody {
                 }
                 State::Xml(stage) => {
                     let d = match self.syntax {
-                        CallSyntax::Atem => &super::atem::DIALECT,
-                        _ => &super::qwen3_xml::DIALECT,
+                        CallSyntax::Atem => &dialects::ATEM,
+                        _ => &dialects::QWEN3_XML,
                     };
                     xml_calls::step(d, stage, &mut self.buf, cx, end)
                 }
-                State::Json(call) => hermes::step(call, &mut self.buf, cx),
+                State::Json(call) => json_call::step(call, &mut self.buf, cx),
             };
             match step {
                 Step::Continue => {}
@@ -140,7 +141,7 @@ impl VisibleBody {
             }
         }
         let block_open = match self.syntax {
-            CallSyntax::Hermes => hermes::TOOL_CALL_OPEN,
+            CallSyntax::Hermes => json_call::TOOL_CALL_OPEN,
             _ => self.dialect().block_open,
         };
         match lit(s, block_open) {

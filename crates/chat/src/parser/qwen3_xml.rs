@@ -18,18 +18,6 @@ use serde_json::{Map, Value};
 use super::atem::render_value;
 use super::body::{CallSyntax, Terminated};
 use super::hermes::CHATML_END;
-use super::xml_calls::XmlDialect;
-
-pub(crate) static DIALECT: XmlDialect = XmlDialect {
-    block_open: "<tool_call>",
-    block_close: "</tool_call>",
-    invoke_prefix: "<function=",
-    invoke_close: "</function>",
-    param_prefix: "<parameter=",
-    param_close: "</parameter>",
-    name_attr: false,
-    qwen_values: true,
-};
 
 /// The parser: ChatML bodies with Qwen3Xml calls, each ended by a ChatML end token.
 pub(crate) fn parser(start_in_reasoning: bool) -> Terminated {

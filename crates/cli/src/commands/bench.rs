@@ -174,7 +174,7 @@ pub fn run(args: Args) -> Result<()> {
             print!("{}", hearth_cuda::kbench::run(&gpu)?);
             return Ok(());
         }
-        let path = crate::registry::resolve_model(args.model.as_deref())?;
+        let path = crate::store::resolve_model(args.model.as_deref())?;
         check_size(&path, &args)?;
         let mut model =
             Model::load_unpacked(&path).with_context(|| format!("loading {}", path.display()))?;
@@ -201,7 +201,7 @@ pub fn run(args: Args) -> Result<()> {
         return crate::cuda::bench(model, &name, &opts);
     }
     let threads = rayon::current_num_threads();
-    let path = crate::registry::resolve_model(args.model.as_deref())?;
+    let path = crate::store::resolve_model(args.model.as_deref())?;
     check_size(&path, &args)?;
     let mut model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
     let kv = args.kv.types();

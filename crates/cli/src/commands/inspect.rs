@@ -20,7 +20,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let path = crate::registry::resolve_model(Some(&args.model))?;
+    let path = crate::store::resolve_model(Some(&args.model))?;
     let file = GgufFile::open(&path)?;
     let config = ModelConfig::from_gguf(&file);
     if args.json {

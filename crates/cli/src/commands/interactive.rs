@@ -23,7 +23,8 @@ use hearth_vision::RgbImage;
 use rustyline::error::ReadlineError;
 use serde_json::{json, Map, Value};
 
-use super::run::{Args, Output};
+use super::output::Output;
+use super::run_args::Args;
 
 /// Set by SIGINT while an answer is being generated.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);

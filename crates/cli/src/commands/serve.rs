@@ -178,7 +178,7 @@ pub fn run(mut args: Args) -> Result<()> {
     crate::cli_args::note_gpu_layers(args.n_gpu_layers, args.device);
     args.spec.precheck(args.device)?;
     crate::init_threads(args.threads)?;
-    let path = crate::registry::resolve_model(args.model.as_deref())?;
+    let path = crate::store::resolve_model(args.model.as_deref())?;
     let target = super::spec::Target {
         arg: args.model.as_deref(),
         path: &path,

@@ -131,7 +131,7 @@ impl SpecArgs {
         let mut config = self.explicit(kind);
         match (kind, &self.draft_model) {
             (SpecKind::Draft, Some(name)) => {
-                config.draft_model = Some(crate::registry::resolve_model(Some(name))?);
+                config.draft_model = Some(crate::store::resolve_model(Some(name))?);
             }
             (SpecKind::Dflash, None) => {
                 let reg = registry()?;

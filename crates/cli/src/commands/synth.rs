@@ -359,7 +359,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let tokenizer = match &tokenizer_from {
         Some(name) => {
-            let path = crate::registry::resolve_model(Some(name))
+            let path = crate::store::resolve_model(Some(name))
                 .with_context(|| format!("--tokenizer-from {name}"))?;
             let f = hearth_gguf::GgufFile::open(&path)
                 .with_context(|| format!("--tokenizer-from {}", path.display()))?;

@@ -107,7 +107,7 @@ fn prompter(args: &Args) -> Result<Prompter> {
             output,
         )),
         (None, template, model) => {
-            let path = crate::registry::resolve_model(model.as_deref())?;
+            let path = crate::store::resolve_model(model.as_deref())?;
             let file = GgufFile::open(&path)?;
             match template {
                 None => Prompter::from_gguf(&file, None, "auto")
