@@ -117,11 +117,14 @@ pub fn is_anonymous(key: Option<&str>) -> bool {
 }
 
 /// A session key as logs show it.
-pub fn display_id(key: Option<&str>) -> &str {
+pub fn display_id(key: Option<&str>) -> std::borrow::Cow<'_, str> {
     match key {
-        None => "<scratch>",
-        Some(k) if k.starts_with(ANONYMOUS) => "<anonymous>",
-        Some(k) => k,
+        None => "<scratch>".into(),
+        // Each anonymous conversation by its number, so a log tells them apart.
+        Some(k) => match k.strip_prefix(ANONYMOUS) {
+            Some(n) => format!("<anonymous-{n}>").into(),
+            None => k.into(),
+        },
     }
 }
 
