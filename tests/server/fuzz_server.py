@@ -620,6 +620,39 @@ class Gen:
             body["max_output_tokens"] = r.choice([0, -1, 2**63, 1.5, "4"])
         return self.req(body, path="/v1/responses")
 
+    # 18: Ollama's API (its 4xx must be {"error": "..."})
+    def ollama(self):
+        r = self.rng
+        junk = [None, True, 0, -1, 1e300, "x", "", [], {}, [{}], [[[]]]]
+        if r.random() < 0.5:
+            body = {"model": self.model, "messages": [{"role": "user", "content": "Say hi."}],
+                    "options": {"num_predict": 4}, "stream": r.random() < 0.5}
+            kind = r.randrange(6)
+            if kind == 0:
+                body[r.choice(["model", "messages", "tools", "format", "options", "stream", "keep_alive", "think"])] = r.choice(junk)
+            elif kind == 1:
+                body["messages"] = [{"role": r.choice(["user", "assistant", "tool", "x", None]),
+                                     "content": r.choice(junk + ["ok"]), "images": r.choice([None, ["!!"], [5], "x", []]),
+                                     "tool_calls": r.choice([None, [{}], [{"function": {"name": "f", "arguments": "x"}}], 5])}]
+            elif kind == 2:
+                body["options"] = {r.choice(["num_predict", "temperature", "top_k", "seed", "stop", "num_ctx", "bogus"]): r.choice(junk + [2**64])}
+            elif kind == 3:
+                body["format"] = r.choice(["json", "yaml", {"type": "nope"}, {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(r.choice([5, 6000]))}}])
+            elif kind == 4:
+                body["model"] = r.choice(["llama3:8b", self.model + ":latest", "", "x" * 5000])
+            else:
+                return self.req(dumps(body)[: r.randrange(1, 50)], path="/api/chat") | {"shape": "ollama"}
+            return self.req(body, path="/api/chat") | {"shape": "ollama"}
+        kind = r.randrange(4)
+        if kind == 0:
+            body = {"model": self.model, "prompt": r.choice(["hi", "", None, 5]), "stream": False,
+                    r.choice(["raw", "system", "template", "context", "suffix", "images"]): r.choice(junk + [["!!"]])}
+            return self.req(body, path="/api/generate") | {"shape": "ollama"}
+        if kind == 1:
+            return self.req(r.choice([{}, {"model": 5}, {"model": "nope"}, {"name": self.model}]), path="/api/show") | {"shape": "ollama"}
+        return {"data": build(self.host, method="GET", path=r.choice(["/api/tags", "/api/ps", "/api/version", "/api/nope"]),
+                              body=b"", content_type=None)}
+
     # 15
     def slow(self):
         """Requests that stall: the head never finishes, or the body stops."""
@@ -633,7 +666,7 @@ class Gen:
 
 CATEGORIES = ["broken_json", "wrong_types", "out_of_range", "roles", "nesting", "big_bodies", "bad_utf8", "headers",
               "chunked", "tool_schemas", "response_format", "images", "session_ids", "misc", "slow", "messages",
-              "responses"]
+              "responses", "ollama"]
 # Share of the requests per category (the slow ones each cost seconds).
 WEIGHTS = {"slow": 0.3, "big_bodies": 0.6, "nesting": 0.7}
 
@@ -761,6 +794,13 @@ def main():
                     good = False
                 if not good:
                     failures.append(f"{cat}: {status} not in Anthropic's error shape: {body[:200]!r}")
+            if spec.get("shape") == "ollama" and isinstance(status, int) and 400 <= status < 500:
+                try:
+                    good = isinstance(json.loads(body)["error"], str)
+                except (ValueError, KeyError, TypeError):
+                    good = False
+                if not good:
+                    failures.append(f"{cat}: {status} not in Ollama's error shape: {body[:200]!r}")
             if isinstance(status, int) and status >= 500:
                 s["5xx"] += 1
                 if not (cat == "injected_panic" and status == spec["expect"][0]):

@@ -182,12 +182,18 @@ def test_new_routes_keep_every_check():
     routes = (("POST", "/v1/messages", {"model": m, "max_tokens": 1, "messages": MSGS}),
               ("POST", "/v1/messages/count_tokens", {"model": m, "messages": MSGS}),
               ("POST", "/v1/responses", {"model": m, "input": "hi", "max_output_tokens": 1}),
-              ("GET", "/v1/responses/resp_x", None), ("DELETE", "/v1/responses/resp_x", None))
+              ("GET", "/v1/responses/resp_x", None), ("DELETE", "/v1/responses/resp_x", None),
+              ("POST", "/api/chat", {"model": m, "messages": MSGS, "stream": False}),
+              ("POST", "/api/generate", {"model": m, "prompt": "hi", "stream": False}),
+              ("GET", "/api/tags", None), ("POST", "/api/show", {"model": m}))
 
     def shape(path, text, openai_code, anthropic_type):
         e = json.loads(text)
         if path.startswith("/v1/messages"):
             assert e["type"] == "error" and e["error"]["type"] == anthropic_type, (path, e)
+        elif path.startswith("/api/"):
+            assert isinstance(e["error"], str) and e["error"], (path, e)  # Ollama's shape
+            return
         else:
             assert e["error"]["code"] == openai_code, (path, e)
         assert e["error"]["message"], e

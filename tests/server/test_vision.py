@@ -128,7 +128,12 @@ def main():
                 {"role": "user", "content": [{"type": "input_image", "image_url": data_url(png)},
                                              {"type": "input_text", "text": "Describe the image."}]}])
             assert r.output_text == reply and r.usage.input_tokens == first.usage.prompt_tokens, (r.output_text, r.usage)
-            print(f"anthropic messages and responses: the same reply {reply!r}")
+            import ollama
+            oc = ollama.Client(host=server.base.removesuffix("/v1"), headers={"Authorization": f"Bearer {ts.API_KEY}"})
+            o = oc.chat(model="qwen-test", stream=False, options={"temperature": 0, "num_predict": 8}, messages=[
+                {"role": "user", "content": "Describe the image.", "images": [base64.b64encode(png).decode()]}])
+            assert o.message.content == reply, (o.message.content, reply)
+            print(f"anthropic messages, responses and ollama: the same reply {reply!r}")
             try:
                 ac.messages.create(model="qwen-test", max_tokens=2, messages=[{"role": "user", "content": [
                     {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR%w0K"}}]}])

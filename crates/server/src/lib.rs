@@ -20,6 +20,7 @@ pub mod error;
 pub mod fault;
 pub mod images;
 pub mod metrics;
+pub mod ollama;
 pub mod request;
 pub mod responses;
 pub mod routes;
@@ -323,6 +324,11 @@ pub fn run_on<B: Backend + 'static>(
             n_vocab,
             grammars: std::sync::OnceLock::new(),
             responses: Default::default(),
+            card: ollama::ModelCard::from_gguf(
+                model.file(),
+                &model_fingerprint,
+                opts.mmproj.is_some(),
+            ),
         });
         let host = if local.is_ipv6() {
             format!("[{}]", local.ip())

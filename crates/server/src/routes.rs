@@ -56,6 +56,8 @@ pub struct AppState {
     pub grammars: std::sync::OnceLock<Result<hearth_grammar::Grammars, String>>,
     /// Stored responses of the Responses API (`previous_response_id`).
     pub responses: std::sync::Mutex<crate::responses::ResponseStore>,
+    /// What Ollama's `/api/tags`, `/api/show`, `/api/ps` say of the model.
+    pub card: crate::ollama::ModelCard,
 }
 
 impl AppState {
@@ -95,6 +97,12 @@ pub fn router(app: Arc<AppState>) -> Router {
             post(crate::anthropic::count_tokens),
         )
         .route("/apply-template", post(chat::apply_template))
+        .route("/api/chat", post(crate::ollama::chat))
+        .route("/api/generate", post(crate::ollama::generate))
+        .route("/api/tags", get(crate::ollama::tags))
+        .route("/api/ps", get(crate::ollama::ps))
+        .route("/api/show", post(crate::ollama::show))
+        .route("/api/version", get(crate::ollama::version))
         .route("/v1/sessions", axum::routing::delete(clear_sessions))
         .route("/v1/sessions/{id}/reset", post(reset_session))
         .route("/v1/sessions/{id}", axum::routing::delete(close_session))
@@ -105,6 +113,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .layer(middleware::from_fn(catch_panic))
         .layer(middleware::from_fn_with_state(app.clone(), guard))
         .layer(middleware::from_fn(crate::anthropic::reshape_errors))
+        .layer(middleware::from_fn(crate::ollama::reshape_errors))
         .with_state(app)
 }
 
