@@ -154,5 +154,5 @@ part "server: robustness (hostile schemas, injected panics, chunked framing, ses
 # ~1,000 hostile requests in 15 categories against one server (the full
 # 10,000-request run is in BENCHMARKS.md).
 part "server: hostile-request fuzz (1,000 requests)" python3 tests/server/fuzz_server.py --requests 1000
-# The Pi coding agent (npm, pinned in tests/server/pi) completing a turn against hearth.
-part "server: the Pi coding agent" python3 tests/server/test_pi_agent.py
+# The Pi coding agent (npm, pinned in tests/server/pi) doing a task against hearth.
+part "server: the Pi coding agent (qwen2.5-coder-1.5b creates hello.txt)" python3 tests/server/test_pi_agent.py

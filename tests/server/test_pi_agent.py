@@ -4,19 +4,20 @@ pinned in tests/server/pi/package-lock.json) drives `hearth serve`.
 
 Installs Pi with `npm ci` into tests/server/pi/node_modules (unless the pinned
 version is already there), starts the real binary (target/release/hearth, or
-$HEARTH_BIN) on a free loopback port with qwen2.5-coder-0.5b, writes Pi's
+$HEARTH_BIN) on a free loopback port with qwen2.5-coder-1.5b, writes Pi's
 config (models.json pointing at the server's /v1, settings.json) into a temp
 HOME / PI_CODING_AGENT_DIR, and runs `pi --mode json -p TASK` in a temp
-working directory. The 0.5B model may or may not manage the task; what is
-asserted is that the agent loop completes without a client error: Pi exits 0,
-every assistant turn ends with stop/toolUse/length and no error message, and
-the server answered every one of Pi's requests with 200 (checked on /metrics
-and in the server's llm_turn_stats log lines), reusing the session's KV across
-the agent's turns.
+working directory. Asserted: Pi does the task (hello.txt holds "hi"; the
+server's default sampling is greedy, so the run is repeatable up to the date
+and the temp path in Pi's prompt), and the agent loop completes without a
+client error: Pi exits 0, every assistant turn ends with stop/toolUse/length
+and no error message, and the server answered every one of Pi's requests with
+200 (checked on /metrics and in the server's llm_turn_stats log lines),
+reusing the session's KV across the agent's turns.
 
 Run: python3 tests/server/test_pi_agent.py
 Needs: cargo build --release -p hearth; node >= 20.6 and npm.
-Env: HEARTH_BIN, HEARTH_TEST_MODEL (a .gguf path), HEARTH_PI_TIMEOUT (seconds
+Env: HEARTH_BIN, HEARTH_PI_MODEL (a .gguf path), HEARTH_PI_TIMEOUT (seconds
 for the whole Pi run, default 3600), HEARTH_PI_MAX_TURNS (default 8).
 CPU prefill of Pi's ~1.4k-token system prompt dominates the run time.
 """
@@ -30,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import MODEL_ID, ROOT, Server, run_tests
+from common import MODEL_ID, ROOT, Server, model_path, run_tests
 
 PI_DIR = ROOT / "tests" / "server" / "pi"
 API_KEY = "pi-test-key"
@@ -119,7 +120,8 @@ def setup_module(module=None):
     TMP = tempfile.mkdtemp(prefix="hearth-pi-")
     # --strict-tools: every call Pi's tools allow follows the tool's schema
     # (Pi sends its tools and tool_choice as it always does).
-    SERVER = Server("--api-key", API_KEY, "--strict-tools", ctx=CTX, api_key=API_KEY, log_dir=TMP)
+    model = os.environ.get("HEARTH_PI_MODEL") or model_path("qwen2.5-coder-1.5b")
+    SERVER = Server("--api-key", API_KEY, "--strict-tools", model=model, ctx=CTX, api_key=API_KEY, log_dir=TMP)
     write_pi_config(Path(TMP) / "home" / ".pi" / "agent")
     log(f"server at {SERVER.base}; Pi home {TMP}/home")
 
@@ -267,6 +269,14 @@ def test_server_answered_every_pi_request():
         assert u["output"] == int(s["completion_tokens"]), (u, s)
 
 
+def test_pi_creates_hello_txt():
+    run = pi_run()
+    hello = run["work"] / "hello.txt"
+    files = sorted(p.name for p in run["work"].iterdir())
+    assert hello.exists(), f"Pi did not create hello.txt (work folder holds {files})"
+    assert hello.read_text().strip() == "hi", f"hello.txt holds {hello.read_text()!r}"
+
+
 def test_every_tool_call_parsed():
     """Calls the model began but the parser could not read are counted by the
     server (parse warnings); with --strict-tools there must be none."""
@@ -289,7 +299,7 @@ def report():
     hello = PI_RUN["work"] / "hello.txt"
     made = hello.read_text().strip() if hello.exists() else None
     log(f"Pi run: {PI_RUN['turns']} turn(s), {PI_RUN['wall']:.0f} s; hello.txt: "
-        f"{'contains ' + repr(made) if made is not None else 'not created'} (informational: a 0.5B model)")
+        f"{'contains ' + repr(made) if made is not None else 'not created'}")
 
 
 def main():
