@@ -23,7 +23,7 @@ use hearth_engine::scheduler::{Event, Summary};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use crate::chat::{hint, start_chat, Reply};
+use crate::chat::{collect, hint, start_chat, Reply};
 use crate::error::ApiError;
 use crate::routes::AppState;
 
@@ -753,18 +753,11 @@ async fn message_whole(
     mut rx: mpsc::UnboundedReceiver<Event>,
 ) -> Result<Response, ApiError> {
     let mut sink = Vec::new();
-    let summary = loop {
-        match rx.recv().await {
-            Some(Event::Text(t)) => {
-                let events = w.parser.feed(&t);
-                w.blocks.events(events, w.reply.reasoning, &mut sink);
-            }
-            Some(Event::Done(s)) => break s,
-            Some(Event::Failed(e)) => return Err(e.into()),
-            Some(Event::Admitted { .. }) | Some(Event::Logprobs(_)) => {}
-            None => return Err(ApiError::server("the engine dropped the request")),
-        }
-    };
+    let (summary, _) = collect(&mut rx, |t| {
+        let events = w.parser.feed(&t);
+        w.blocks.events(events, w.reply.reasoning, &mut sink);
+    })
+    .await?;
     let events = w.parser.finish(hint(summary.finish));
     w.blocks.events(events, w.reply.reasoning, &mut sink);
     w.blocks.close(&mut sink);

@@ -508,6 +508,27 @@ fn usage(s: &Summary, image_tokens: &[usize]) -> Value {
     u
 }
 
+/// A whole (not streamed) reply from the engine: each piece of text to
+/// `on_text` as it comes, the logprobs gathered (when the job asked for
+/// them), until the turn's summary; an engine failure, or an engine that
+/// drops the request, as the error.
+pub(crate) async fn collect(
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+    mut on_text: impl FnMut(String),
+) -> Result<(Summary, Option<Vec<TokenLogprob>>), ApiError> {
+    let mut logprobs = None::<Vec<TokenLogprob>>;
+    loop {
+        match rx.recv().await {
+            Some(Event::Text(t)) => on_text(t),
+            Some(Event::Logprobs(l)) => logprobs.get_or_insert_with(Vec::new).extend(l),
+            Some(Event::Done(s)) => return Ok((s, logprobs)),
+            Some(Event::Failed(e)) => return Err(e.into()),
+            Some(Event::Admitted { .. }) => {}
+            None => return Err(ApiError::server("the engine dropped the request")),
+        }
+    }
+}
+
 pub(crate) fn hint(f: FinishReason) -> FinishHint {
     match f {
         FinishReason::Stop => FinishHint::Stop,
@@ -691,17 +712,7 @@ async fn chat_whole(
     mut rx: mpsc::UnboundedReceiver<Event>,
 ) -> Result<Response, ApiError> {
     let mut events = Vec::new();
-    let mut logprobs = None::<Vec<TokenLogprob>>;
-    let summary = loop {
-        match rx.recv().await {
-            Some(Event::Text(t)) => events.extend(parser.feed(&t)),
-            Some(Event::Logprobs(l)) => logprobs.get_or_insert_with(Vec::new).extend(l),
-            Some(Event::Done(s)) => break s,
-            Some(Event::Failed(e)) => return Err(e.into()),
-            Some(Event::Admitted { .. }) => {}
-            None => return Err(ApiError::server("the engine dropped the request")),
-        }
-    };
+    let (summary, logprobs) = collect(&mut rx, |t| events.extend(parser.feed(&t))).await?;
     events.extend(parser.finish(hint(summary.finish)));
     let (mut content, mut reasoning, mut calls, mut finish) =
         (String::new(), String::new(), Vec::new(), "stop");
@@ -795,17 +806,7 @@ async fn completion_whole(
     mut rx: mpsc::UnboundedReceiver<Event>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
-    let mut logprobs = None::<Vec<TokenLogprob>>;
-    let summary = loop {
-        match rx.recv().await {
-            Some(Event::Text(t)) => text.push_str(&t),
-            Some(Event::Logprobs(l)) => logprobs.get_or_insert_with(Vec::new).extend(l),
-            Some(Event::Done(s)) => break s,
-            Some(Event::Failed(e)) => return Err(e.into()),
-            Some(Event::Admitted { .. }) => {}
-            None => return Err(ApiError::server("the engine dropped the request")),
-        }
-    };
+    let (summary, logprobs) = collect(&mut rx, |t| text.push_str(&t)).await?;
     Ok(Json(json!({
         "id": reply.id, "object": "text_completion", "created": reply.created, "model": reply.model,
         "choices": [{"index": 0, "text": text, "logprobs": logprobs.map(|l| reply.completion_logprobs(&l)),

@@ -23,7 +23,7 @@ use hearth_engine::scheduler::{Event, Summary};
 use hearth_engine::turn::FinishReason;
 use serde_json::{json, Map, Value};
 
-use crate::chat::{hint, start_chat, Started};
+use crate::chat::{collect, hint, start_chat, Started};
 use crate::error::ApiError;
 use crate::routes::AppState;
 
@@ -544,19 +544,12 @@ async fn answer(started: Started, generate: bool, app: &AppState) -> Result<Resp
         calls: Vec::new(),
     };
     if !req.common.stream {
-        let summary = loop {
-            match rx.recv().await {
-                Some(Event::Text(t)) => {
-                    w.first.get_or_insert_with(Instant::now);
-                    let events = w.parser.feed(&t);
-                    w.take(events);
-                }
-                Some(Event::Done(s)) => break s,
-                Some(Event::Failed(e)) => return Err(e.into()),
-                Some(_) => {}
-                None => return Err(ApiError::server("the engine dropped the request")),
-            }
-        };
+        let (summary, _) = collect(&mut rx, |t| {
+            w.first.get_or_insert_with(Instant::now);
+            let events = w.parser.feed(&t);
+            w.take(events);
+        })
+        .await?;
         let events = w.parser.finish(hint(summary.finish));
         w.take(events);
         let (content, thinking, calls) = (w.content.clone(), w.thinking.clone(), w.calls.clone());
