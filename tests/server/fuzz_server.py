@@ -653,6 +653,20 @@ class Gen:
         return {"data": build(self.host, method="GET", path=r.choice(["/api/tags", "/api/ps", "/api/version", "/api/nope"]),
                               body=b"", content_type=None)}
 
+    def tokenize(self):
+        """llama-server's /tokenize and /detokenize with wrong types, huge or
+        hostile content and out-of-range ids."""
+        r = self.rng
+        junk = [None, True, 0, -1, 2**64, 1e300, "x", "", [], {}, [[[]]], "\u0000", "<|im_start|>" * 50]
+        if r.random() < 0.5:
+            body = {"content": r.choice(junk + ["héllo " * r.choice([1, 2000]), "\ud800"])}
+            for k in ("add_special", "parse_special", "with_pieces"):
+                if r.random() < 0.4:
+                    body[k] = r.choice(junk)
+            return self.req(body, path="/tokenize")
+        tokens = r.choice([None, "12", {}, [1, 2, 3], [-1], [2**40], [1.5], ["a"], [None], list(range(r.choice([10, 20000])))])
+        return self.req({"tokens": tokens}, path="/detokenize")
+
     # 15
     def slow(self):
         """Requests that stall: the head never finishes, or the body stops."""
@@ -666,7 +680,7 @@ class Gen:
 
 CATEGORIES = ["broken_json", "wrong_types", "out_of_range", "roles", "nesting", "big_bodies", "bad_utf8", "headers",
               "chunked", "tool_schemas", "response_format", "images", "session_ids", "misc", "slow", "messages",
-              "responses", "ollama"]
+              "responses", "ollama", "tokenize"]
 # Share of the requests per category (the slow ones each cost seconds).
 WEIGHTS = {"slow": 0.3, "big_bodies": 0.6, "nesting": 0.7}
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import openai
 
-from common import BIN, Server, http, model_path, run_tests
+from common import BIN, ROOT, Server, http, model_path, run_tests
 
 API_KEY = "test-key-123"
 CTX = 2048
@@ -337,6 +337,49 @@ def test_validation_errors_do_not_disturb_a_running_session():
 
     t.join()
     assert background["finish"] in ("stop", "length") and background["text"], background
+
+
+def test_tokenize_and_detokenize_match_llama_cpp():
+    """llama-server's /tokenize and /detokenize against llama.cpp's own
+    tokenization of the fixture strings (tests/fixtures/tokenizer/, made with
+    llama-tokenize): ids with and without special parsing, the pieces, and the
+    concatenated pieces back from the ids."""
+    served = Path(SERVER.proc.args[SERVER.proc.args.index("-m") + 1]).name
+    fixtures = [json.loads(f.read_text()) for f in (ROOT / "tests" / "fixtures" / "tokenizer").glob("*.json")]
+    fx = next((f for f in fixtures if f.get("file") == served), None)
+    assert fx is not None, f"no tokenizer fixture for the served model {served}"
+    h = {"Authorization": f"Bearer {API_KEY}"}
+    for case in fx["cases"]:
+        text = case["text"]
+        st, r = http(SERVER, "POST", "/tokenize", {"content": text, "add_special": True}, h)
+        assert st == 200 and r["tokens"] == case["ids"], (text, st, r)
+        st, r = http(SERVER, "POST", "/tokenize", {"content": text, "add_special": True, "parse_special": False}, h)
+        assert st == 200 and r["tokens"] == case["ids_no_parse_special"], (text, st, r)
+        st, r = http(SERVER, "POST", "/detokenize", {"tokens": case["ids"]}, h)
+        assert st == 200 and r["content"] == case["detok"], (text, st, r)
+    # Pieces: each token's bytes (a string where they are whole UTF-8, else
+    # the byte list), and together they are the text.
+    text = "héllo wörld <|im_start|> 日本語"
+    st, r = http(SERVER, "POST", "/tokenize", {"content": text, "with_pieces": True}, h)
+    assert st == 200, r
+    joined = b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"]) for p in r["tokens"])
+    assert joined.decode() == text, (joined, r)
+    ids = [p["id"] for p in r["tokens"]]
+    assert http(SERVER, "POST", "/tokenize", {"content": text}, h)[1]["tokens"] == ids
+    assert "<|im_start|>" in [p["piece"] for p in r["tokens"]], r  # one special token, parsed
+    # Bad input: 400 naming the field, in OpenAI's error shape.
+    for path, body, words in [
+        ("/tokenize", {}, "content is required"),
+        ("/tokenize", {"content": 5}, "content must be a string"),
+        ("/tokenize", {"content": "x", "with_pieces": "yes"}, "with_pieces must be a boolean"),
+        ("/detokenize", {"tokens": "12"}, "tokens must be an array"),
+        ("/detokenize", {"tokens": [1, -2]}, "tokens[1] must be a token id"),
+        ("/detokenize", {"tokens": [10**9]}, "tokens[0] must be a token id"),
+    ]:
+        st, r = http(SERVER, "POST", path, body, h)
+        assert st == 400 and words in r["error"]["message"], (path, body, st, r)
+    assert http(SERVER, "POST", "/detokenize", {}, h)[1] == {"content": ""}
+    assert http(SERVER, "POST", "/tokenize", {"content": "x"})[0] == 401  # the API key still applies
 
 
 def test_ignore_eos_generates_to_max_tokens():

@@ -25,6 +25,7 @@ pub mod request;
 pub mod responses;
 pub mod routes;
 pub mod session_file;
+pub mod tokenize;
 pub mod validate;
 
 use std::net::SocketAddr;

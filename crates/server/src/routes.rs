@@ -97,6 +97,8 @@ pub fn router(app: Arc<AppState>) -> Router {
             post(crate::anthropic::count_tokens),
         )
         .route("/apply-template", post(chat::apply_template))
+        .route("/tokenize", post(crate::tokenize::tokenize))
+        .route("/detokenize", post(crate::tokenize::detokenize))
         .route("/api/chat", post(crate::ollama::chat))
         .route("/api/generate", post(crate::ollama::generate))
         .route("/api/tags", get(crate::ollama::tags))
