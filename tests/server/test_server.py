@@ -379,7 +379,9 @@ def test_tokenize_and_detokenize_match_llama_cpp():
         st, r = http(SERVER, "POST", path, body, h)
         assert st == 400 and words in r["error"]["message"], (path, body, st, r)
     assert http(SERVER, "POST", "/detokenize", {}, h)[1] == {"content": ""}
-    assert http(SERVER, "POST", "/tokenize", {"content": "x"})[0] == 401  # the API key still applies
+    # The API key still applies.
+    assert http(SERVER, "POST", "/tokenize", {"content": "x"}, {"Authorization": None})[0] == 401
+    assert http(SERVER, "POST", "/detokenize", {"tokens": [1]}, {"Authorization": "Bearer wrong"})[0] == 401
 
 
 def test_ignore_eos_generates_to_max_tokens():
