@@ -371,7 +371,7 @@ def test_tokenize_and_detokenize_match_llama_cpp():
     for path, body, words in [
         ("/tokenize", {}, "content is required"),
         ("/tokenize", {"content": 5}, "content must be a string"),
-        ("/tokenize", {"content": "x", "with_pieces": "yes"}, "with_pieces must be a boolean"),
+        ("/tokenize", {"content": "x", "with_pieces": "yes"}, "'with_pieces' must be a boolean"),
         ("/detokenize", {"tokens": "12"}, "tokens must be an array"),
         ("/detokenize", {"tokens": [1, -2]}, "tokens[1] must be a token id"),
         ("/detokenize", {"tokens": [10**9]}, "tokens[0] must be a token id"),

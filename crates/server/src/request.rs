@@ -647,7 +647,11 @@ pub fn validate_session_id(id: &str) -> Result<(), ApiError> {
 }
 
 /// A top-level boolean field (`default` when absent or null).
-fn bool_field(body: &Map<String, Value>, name: &str, default: bool) -> Result<bool, ApiError> {
+pub(crate) fn bool_field(
+    body: &Map<String, Value>,
+    name: &str,
+    default: bool,
+) -> Result<bool, ApiError> {
     match body.get(name) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),

@@ -15,21 +15,12 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::chat::prepare;
 use crate::error::ApiError;
+use crate::request::bool_field;
 use crate::routes::AppState;
-
-fn flag(body: &Map<String, Value>, key: &str, default: bool) -> Result<bool, ApiError> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::invalid_request(format!(
-            "{key} must be a boolean."
-        ))),
-    }
-}
 
 /// `POST /tokenize`.
 pub async fn tokenize(
@@ -43,9 +34,9 @@ pub async fn tokenize(
             Some(_) => return Err(ApiError::invalid_request("content must be a string.")),
             None => return Err(ApiError::invalid_request("content is required.")),
         };
-        let add_special = flag(body, "add_special", false)?;
-        let parse_special = flag(body, "parse_special", true)?;
-        let with_pieces = flag(body, "with_pieces", false)?;
+        let add_special = bool_field(body, "add_special", false)?;
+        let parse_special = bool_field(body, "parse_special", true)?;
+        let with_pieces = bool_field(body, "with_pieces", false)?;
         let ids = app
             .tokenizer
             .try_encode(content, add_special, parse_special)
