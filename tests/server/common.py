@@ -41,8 +41,10 @@ class Server:
         # spelled out so the suites do not depend on it).
         if "--spec" not in extra:
             extra = (*extra, "--spec", "none")
+        # model=False: no -m (the models come in `extra`, e.g. --models).
+        pin = [] if model is False else ["-m", model or model_path(), "--model-id", model_id]
         self.proc = subprocess.Popen(
-            [BIN, "serve", "-m", model or model_path(), "--model-id", model_id, "--port", "0", "-c", str(ctx), *extra],
+            [BIN, "serve", *pin, "--port", "0", "-c", str(ctx), *extra],
             stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
         )
         self.base = None

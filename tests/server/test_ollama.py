@@ -137,7 +137,8 @@ def test_list_show_ps_version():
     assert "tools" in info.capabilities and "completion" in info.capabilities, info.capabilities
     assert "<|im_start|>" in info.template
     running = c.ps().models
-    assert running[0].model == MODEL_ID and running[0].size == m.size, running
+    # ps counts what the model holds in memory (Ollama's meaning): its file and its KV.
+    assert running[0].model == MODEL_ID and running[0].size > m.size, running
     status, _, text = request(S, "GET", "/api/version")
     assert status == 200 and json.loads(text)["version"], text
 

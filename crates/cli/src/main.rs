@@ -53,6 +53,8 @@ enum Command {
     Run(commands::run::Args),
     /// Serve the OpenAI-compatible HTTP API (chat, completions, sessions, metrics).
     Serve(commands::serve::Args),
+    /// Show what a running `hearth serve` has loaded (model, memory, context, until when).
+    Ps(commands::ps::Args),
     /// Measure prefill and decode speed (like llama-bench).
     Bench(commands::bench::Args),
     /// Render a conversation with the model's chat template (or a built-in format).
@@ -103,6 +105,7 @@ fn main() {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Run(a) => commands::run::run(a),
         Command::Serve(a) => commands::serve::run(a),
+        Command::Ps(a) => commands::ps::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Template(a) => commands::template::run(a),
         Command::Parse(a) => commands::parse::run(a),

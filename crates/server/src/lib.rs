@@ -18,6 +18,7 @@ pub mod conn;
 pub mod engine;
 pub mod error;
 pub mod fault;
+pub mod hub;
 pub mod images;
 pub mod metrics;
 pub mod ollama;
@@ -46,11 +47,24 @@ use hearth_chat::prompter::Prompter;
 /// The stack of the threads that handle requests.
 pub const REQUEST_STACK_BYTES: usize = 64 << 20;
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ServerOptions {
-    pub model_path: PathBuf,
-    /// The id clients must send as `model` (or omit).
+    /// `-m`: loaded at start and never unloaded.
+    pub model_path: Option<PathBuf>,
+    /// The `-m` model's id (what clients send as `model`, or omit).
     pub model_id: String,
+    /// Models loaded on first request and unloaded when idle.
+    pub catalog: Vec<hub::Entry>,
+    /// `--alias NAME=MODEL`: requests for NAME go to MODEL.
+    pub aliases: std::collections::BTreeMap<String, String>,
+    /// The model of requests that name none (else `-m`'s).
+    pub default_model: Option<String>,
+    /// How long an on-demand model stays loaded idle (None: forever).
+    pub keep_alive: Option<std::time::Duration>,
+    /// Models loaded at once, at most.
+    pub max_models: usize,
+    /// The loaded models' memory (files + KV budgets), at most.
+    pub models_memory_bytes: Option<u64>,
     pub host: String,
     /// 0 picks a free port (the URL line says which).
     pub port: u16,
@@ -131,7 +145,7 @@ pub enum ServerError {
 /// Loads the model once on the CPU, starts the engine thread and serves until
 /// SIGINT or SIGTERM; then stops every generation and returns.
 pub fn run(opts: ServerOptions) -> Result<(), ServerError> {
-    run_on(opts, |path| {
+    run_on(opts, |path, _| {
         let model = Arc::new(Model::load(path).map_err(|e| e.to_string())?);
         Ok(Loaded {
             model: model.clone(),
@@ -142,19 +156,209 @@ pub fn run(opts: ServerOptions) -> Result<(), ServerError> {
     })
 }
 
-/// [`run`] on any backend: `load` opens the model file (see [`Loaded`]).
+/// [`run`] on any backend: `load` opens a model file (see [`Loaded`]); its
+/// flag says whether the model is the pinned one (`-m`: speculation and the
+/// vision tower apply to it alone).
 pub fn run_on<B: Backend + 'static>(
     opts: ServerOptions,
-    load: impl FnOnce(&Path) -> Result<Loaded<B>, String>,
+    load: impl Fn(&Path, bool) -> Result<Loaded<B>, String> + Send + Sync + 'static,
 ) -> Result<(), ServerError> {
-    let t0 = Instant::now();
     if opts.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         return Err(ServerError::Config(
             "the API key is empty (an unset variable?); give a key or none".into(),
         ));
     }
+    if opts.max_ctx < 2 {
+        return Err(ServerError::Config(
+            "the context size must be at least 2 tokens".into(),
+        ));
+    }
+    let mut entries = Vec::new();
+    if let Some(path) = &opts.model_path {
+        let mut e = hub::Entry::new(opts.model_id.clone(), Some(path.clone()), None);
+        e.pinned = true;
+        entries.push(e);
+    }
+    for e in &opts.catalog {
+        if entries.iter().any(|x: &hub::Entry| x.name == e.name) {
+            continue;
+        }
+        entries.push(e.clone());
+    }
+    if entries.is_empty() {
+        return Err(ServerError::Config("no model to serve".into()));
+    }
+    for (alias, target) in &opts.aliases {
+        if !entries.iter().any(|e| &e.name == target) {
+            return Err(ServerError::Config(format!(
+                "--alias {alias}={target}: no model '{target}' (served: {})",
+                entries
+                    .iter()
+                    .map(|e| e.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    let pinned = opts.model_path.as_ref().map(|_| opts.model_id.clone());
+    let default = opts.default_model.clone().or_else(|| pinned.clone());
+    if let Some(d) = &default {
+        if !entries.iter().any(|e| &e.name == d) {
+            return Err(ServerError::Config(format!(
+                "--default-model {d}: not a served model"
+            )));
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        // Request preparation (JSON, template, tokenizer) runs here, bounded.
+        .max_blocking_threads(4)
+        // Structured output's grammars compile on these threads (llguidance
+        // recurses over a schema's structure); only what is touched is resident.
+        .thread_stack_size(REQUEST_STACK_BYTES)
+        .enable_all()
+        .build()?;
+    let opts = Arc::new(opts);
+    let metrics = Arc::new(Metrics::default());
+    let load = Arc::new(load);
+    let hub_cell: Arc<std::sync::OnceLock<Arc<hub::Hub>>> = Default::default();
+    let result = runtime.block_on(async {
+        let addr = format!("{}:{}", opts.host, opts.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: addr.clone(),
+                source,
+            })?;
+        let local: SocketAddr = listener.local_addr()?;
+        let access = access::Access {
+            bound: local,
+            allowed_hosts: opts.allowed_hosts.clone(),
+            cors_origins: opts.cors_origins.clone(),
+            api_key: opts.api_key.clone(),
+        };
+        let start: hub::Start = {
+            let (opts, metrics, load, cell) = (
+                opts.clone(),
+                metrics.clone(),
+                load.clone(),
+                hub_cell.clone(),
+            );
+            Arc::new(move |entry: &hub::Entry, path: &Path| {
+                let responses = cell.get().map(|h| h.responses.clone()).unwrap_or_default();
+                start_model(&opts, entry, path, &*load, metrics.clone(), responses)
+                    .map_err(|e| e.to_string())
+            })
+        };
+        let hub = hub::Hub::new(
+            hub::HubOptions {
+                entries,
+                aliases: opts.aliases.clone(),
+                default,
+                keep_alive: opts.keep_alive,
+                max_models: opts.max_models,
+                memory_budget: opts.models_memory_bytes,
+            },
+            start,
+            access,
+            metrics.clone(),
+            hub::BodyLimits {
+                max_bytes: opts.max_body_bytes,
+                timeout: opts.timeouts.body,
+            },
+            opts.max_ctx,
+        );
+        let _ = hub_cell.set(hub.clone());
+        if let Some(name) = &pinned {
+            hub.preload(name).await.map_err(|m| ServerError::Load {
+                path: opts
+                    .model_path
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                message: m
+                    .strip_prefix(&format!("Loading model '{name}' failed: "))
+                    .unwrap_or(&m)
+                    .to_string(),
+            })?;
+        } else {
+            eprintln!(
+                "hearth serve: {} model(s) on demand ({}); each loads on its first request{}",
+                opts.catalog.len(),
+                opts.catalog
+                    .iter()
+                    .map(|e| e.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                match opts.keep_alive {
+                    Some(d) => format!(" and unloads after {} idle", human_secs(d)),
+                    None => String::new(),
+                }
+            );
+        }
+        let host = if local.is_ipv6() {
+            format!("[{}]", local.ip())
+        } else {
+            local.ip().to_string()
+        };
+        stdout_line(&format!(
+            "hearth serve: listening on http://{host}:{}/v1",
+            local.port()
+        ));
+        if !local.ip().is_loopback() && opts.api_key.is_none() {
+            eprintln!(
+                "warning: listening on a non-loopback address without an API key; set --api-key"
+            );
+        }
+        stdout_line("hearth serve: ready");
+        tokio::spawn(hub.clone().reaper());
+        let shutdown_hub = hub.clone();
+        conn::serve(
+            listener,
+            hub::router(hub.clone()),
+            opts.timeouts,
+            opts.max_body_bytes,
+            async move {
+                shutdown_signal().await;
+                eprintln!("hearth serve: shutting down");
+                // Ends every generation, so open streams finish and the
+                // graceful shutdown does not wait on them.
+                shutdown_hub.shutdown();
+            },
+        )
+        .await;
+        Ok::<(), ServerError>(())
+    });
+    if let Some(hub) = hub_cell.get() {
+        hub.join();
+    }
+    result
+}
+
+/// "5m", "90s", "1h".
+fn human_secs(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{} ms", d.as_millis()),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// One model: loaded, its tokenizer, template, vision tower, session store
+/// and engine thread, and its router.
+fn start_model<B: Backend + 'static>(
+    opts: &ServerOptions,
+    entry: &hub::Entry,
+    path: &Path,
+    load: &dyn Fn(&Path, bool) -> Result<Loaded<B>, String>,
+    metrics: Arc<Metrics>,
+    responses: Arc<std::sync::Mutex<responses::ResponseStore>>,
+) -> Result<hub::Resident, ServerError> {
+    let t0 = Instant::now();
     let load_err = |message: String| ServerError::Load {
-        path: opts.model_path.display().to_string(),
+        path: path.display().to_string(),
         message,
     };
     let Loaded {
@@ -162,14 +366,15 @@ pub fn run_on<B: Backend + 'static>(
         backend,
         drafters,
         tower,
-    } = load(&opts.model_path).map_err(load_err)?;
+    } = load(path, entry.pinned).map_err(load_err)?;
     let tokenizer = Arc::new(
         Tokenizer::from_gguf(model.file().metadata()).map_err(|e| load_err(e.to_string()))?,
     );
     let max_token_bytes = max_token_bytes(&tokenizer);
     let prompter = Prompter::from_gguf(model.file(), Some(tokenizer.clone()), &opts.tool_parser)
         .map_err(|e| ServerError::Config(e.to_string()))?;
-    let images = match &opts.mmproj {
+    let mmproj = opts.mmproj.as_ref().filter(|_| entry.pinned);
+    let images = match mmproj {
         None => None,
         Some(path) => {
             if backend.name() != "cpu" && tower.is_none() {
@@ -196,11 +401,6 @@ pub fn run_on<B: Backend + 'static>(
             Some(Arc::new(input))
         }
     };
-    if opts.max_ctx < 2 {
-        return Err(ServerError::Config(
-            "the context size must be at least 2 tokens".into(),
-        ));
-    }
     // Ring slots beyond the window: the speculative rollback's and --ring-slack's.
     let slack = opts
         .ring_slack
@@ -209,13 +409,12 @@ pub fn run_on<B: Backend + 'static>(
         .new_state(opts.max_ctx, slack)
         .map_err(|e| ServerError::Config(format!("a session state (--ring-slack {slack}): {e}")))?
         .kv_bytes();
-    let store = SessionStore::new(
+    let mut store = SessionStore::new(
         opts.max_sessions.max(1),
         opts.kv_budget_bytes,
         state_bytes,
         opts.max_ctx,
     );
-    let mut store = store;
     store.prefix_sharing = !opts.no_prefix_sharing;
     store.anonymous_reuse = !opts.no_prefix_reuse;
     store.set_ring_slack(slack);
@@ -223,7 +422,6 @@ pub fn run_on<B: Backend + 'static>(
         every: opts.checkpoint_every,
         max: opts.max_checkpoints,
     };
-    let metrics = Arc::new(Metrics::default());
     if let Some(d) = &drafters {
         let (kind, n_draft, adaptive) = (d.kind().as_str(), d.n_draft(), d.adaptive());
         *metrics
@@ -245,7 +443,13 @@ pub fn run_on<B: Backend + 'static>(
     let n_vocab = model.config.vocab_size;
     let head = model.file().data_offset() as usize;
     let model_fingerprint = session_file::fingerprint(&model.file().raw_bytes()[..head]);
-    if let Some(dir) = &opts.session_dir {
+    // With several models, each keeps its sessions in a folder of its own.
+    let session_dir = match (&opts.session_dir, entry.pinned) {
+        (Some(d), true) => Some(d.clone()),
+        (Some(d), false) => Some(d.join(&entry.name)),
+        (None, _) => None,
+    };
+    if let Some(dir) = &session_dir {
         let bad = |e: std::io::Error| {
             ServerError::Config(format!("--session-dir {}: {e}", dir.display()))
         };
@@ -257,6 +461,11 @@ pub fn run_on<B: Backend + 'static>(
             store.set_spill(Box::new(spill));
         }
     }
+    let file_bytes = std::fs::metadata(path).map_or(0, |m| m.len());
+    let kv_bytes = opts
+        .kv_budget_bytes
+        .unwrap_or(usize::MAX)
+        .min(capacity.saturating_mul(state_bytes)) as u64;
     let (scheduler, engine_thread) = scheduler::spawn(
         backend,
         tokenizer.clone(),
@@ -270,103 +479,46 @@ pub fn run_on<B: Backend + 'static>(
     let engine = engine::EngineHandle(scheduler);
     eprintln!(
         "hearth serve: model '{}' loaded in {:.1} s ({}); context {} tokens; up to {capacity} sessions x {:.1} MiB KV",
-        opts.model_id,
+        entry.name,
         t0.elapsed().as_secs_f64(),
         prompter.describe(),
         opts.max_ctx,
         state_bytes as f64 / (1024.0 * 1024.0)
     );
-
-    let final_stop = engine.clone();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        // Request preparation (JSON, template, tokenizer) runs here, bounded.
-        .max_blocking_threads(4)
-        // Structured output's grammars compile on these threads (llguidance
-        // recurses over a schema's structure); only what is touched is resident.
-        .thread_stack_size(REQUEST_STACK_BYTES)
-        .enable_all()
-        .build()?;
-    let result = runtime.block_on(async move {
-        let addr = format!("{}:{}", opts.host, opts.port);
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .map_err(|source| ServerError::Bind {
-                addr: addr.clone(),
-                source,
-            })?;
-        let local: SocketAddr = listener.local_addr()?;
-        let app = Arc::new(AppState {
-            model_id: opts.model_id.clone(),
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            prompter,
-            images,
-            allow_image_urls: opts.allow_image_urls,
-            engine: engine.clone(),
-            metrics,
-            access: access::Access {
-                bound: local,
-                allowed_hosts: opts.allowed_hosts.clone(),
-                cors_origins: opts.cors_origins.clone(),
-                api_key: opts.api_key.clone(),
-            },
-            max_ctx: opts.max_ctx,
-            max_token_bytes,
-            max_body_bytes: opts.max_body_bytes,
-            body_timeout: opts.timeouts.body,
-            strict_context: opts.strict_context,
-            strict_tools: opts.strict_tools,
-            session_dir: opts.session_dir.clone(),
-            model_fingerprint,
-            tokenizer: tokenizer.clone(),
-            n_vocab,
-            grammars: std::sync::OnceLock::new(),
-            responses: Default::default(),
-            card: ollama::ModelCard::from_gguf(
-                model.file(),
-                &model_fingerprint,
-                opts.mmproj.is_some(),
-            ),
-        });
-        let host = if local.is_ipv6() {
-            format!("[{}]", local.ip())
-        } else {
-            local.ip().to_string()
-        };
-        stdout_line(&format!(
-            "hearth serve: listening on http://{host}:{}/v1",
-            local.port()
-        ));
-        if !local.ip().is_loopback() && opts.api_key.is_none() {
-            eprintln!(
-                "warning: listening on a non-loopback address without an API key; set --api-key"
-            );
-        }
-        stdout_line("hearth serve: ready");
-        let shutdown_engine = engine.clone();
-        conn::serve(
-            listener,
-            routes::router(app),
-            opts.timeouts,
-            opts.max_body_bytes,
-            async move {
-                shutdown_signal().await;
-                eprintln!("hearth serve: shutting down");
-                // Ends every generation, so open streams finish and the
-                // graceful shutdown does not wait on them.
-                shutdown_engine.shutdown();
-            },
-        )
-        .await;
-        Ok::<(), ServerError>(())
+    let app = Arc::new(AppState {
+        model_id: entry.name.clone(),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        prompter,
+        images,
+        allow_image_urls: opts.allow_image_urls,
+        engine,
+        metrics,
+        pinned: entry.pinned,
+        max_ctx: opts.max_ctx,
+        max_token_bytes,
+        max_body_bytes: opts.max_body_bytes,
+        body_timeout: opts.timeouts.body,
+        strict_context: opts.strict_context,
+        strict_tools: opts.strict_tools,
+        session_dir,
+        model_fingerprint,
+        tokenizer,
+        n_vocab,
+        grammars: std::sync::OnceLock::new(),
+        responses,
+        card: ollama::ModelCard::from_gguf(model.file(), &model_fingerprint, mmproj.is_some()),
     });
-    final_stop.shutdown();
-    drop(final_stop);
-    let _ = engine_thread.join();
-    result
+    drop(model);
+    let router = routes::router(app.clone());
+    Ok(hub::Resident::new(
+        app,
+        router,
+        engine_thread,
+        file_bytes + kv_bytes,
+    ))
 }
 
 /// The longest text any one token stands for, in bytes (special tokens as

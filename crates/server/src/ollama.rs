@@ -16,6 +16,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use futures_util::stream::{self, StreamExt};
 use hearth_chat::parser::{ChatEvent, OutputParser};
@@ -25,6 +26,7 @@ use serde_json::{json, Map, Value};
 
 use crate::chat::{collect, hint, start_chat, Started};
 use crate::error::ApiError;
+use crate::hub::LoadTime;
 use crate::routes::AppState;
 
 /// What `/api/tags`, `/api/show` and `/api/ps` say of the served model.
@@ -131,7 +133,7 @@ fn file_type_name(t: u64) -> &'static str {
 }
 
 /// RFC 3339 UTC with nanoseconds, as Ollama writes `created_at`.
-fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs() as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
@@ -442,6 +444,8 @@ struct Writer {
     /// `/api/generate` (`response`) or `/api/chat` (`message`).
     generate: bool,
     started: Instant,
+    /// The model's load, when this request waited for it.
+    load: Duration,
     /// When the first output arrived (the prompt's prefill ended).
     first: Option<Instant>,
     prompt_tokens: usize,
@@ -503,8 +507,8 @@ impl Writer {
             FinishReason::Stop => "stop",
             FinishReason::Length | FinishReason::Cancelled => "length",
         });
-        v["total_duration"] = json!(ns(now - self.started));
-        v["load_duration"] = json!(0);
+        v["total_duration"] = json!(ns(now - self.started + self.load));
+        v["load_duration"] = json!(ns(self.load));
         v["prompt_eval_count"] = json!(self.prompt_tokens.saturating_sub(self.cached_tokens));
         v["prompt_eval_duration"] = json!(ns(first - self.started));
         v["eval_count"] = json!(s.completion_tokens);
@@ -520,7 +524,12 @@ fn ndjson_line(v: &Value) -> axum::body::Bytes {
 }
 
 /// The answer: NDJSON lines when streamed, one object otherwise.
-async fn answer(started: Started, generate: bool, app: &AppState) -> Result<Response, ApiError> {
+async fn answer(
+    started: Started,
+    generate: bool,
+    app: &AppState,
+    load: Duration,
+) -> Result<Response, ApiError> {
     let Started {
         reply,
         parser,
@@ -536,6 +545,7 @@ async fn answer(started: Started, generate: bool, app: &AppState) -> Result<Resp
         reasoning: reply.reasoning,
         generate,
         started: Instant::now(),
+        load,
         first: None,
         prompt_tokens,
         cached_tokens,
@@ -609,17 +619,25 @@ async fn answer(started: Started, generate: bool, app: &AppState) -> Result<Resp
 /// `POST /api/chat`.
 pub async fn chat(
     State(app): State<Arc<AppState>>,
+    load: Option<Extension<LoadTime>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let started = start_chat(&app, &headers, body, translate_chat, "chatcmpl").await?;
-    answer(started, false, &app).await
+    answer(
+        started,
+        false,
+        &app,
+        load.map_or(Duration::ZERO, |l| l.0 .0),
+    )
+    .await
 }
 
 /// `POST /api/generate`. An empty prompt loads the model (here: it is
 /// loaded) and answers `done_reason: "load"`, as Ollama does.
 pub async fn generate(
     State(app): State<Arc<AppState>>,
+    load: Option<Extension<LoadTime>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -647,7 +665,7 @@ pub async fn generate(
         "chatcmpl",
     )
     .await?;
-    answer(started, true, &app).await
+    answer(started, true, &app, load.map_or(Duration::ZERO, |l| l.0 .0)).await
 }
 
 fn check_model(app: &AppState, body: &Map<String, Value>) -> Result<(), ApiError> {
@@ -670,28 +688,9 @@ fn check_model(app: &AppState, body: &Map<String, Value>) -> Result<(), ApiError
     }
 }
 
-fn details(c: &ModelCard) -> Value {
+pub(crate) fn details(c: &ModelCard) -> Value {
     json!({"parent_model": "", "format": "gguf", "family": c.family, "families": [c.family],
            "parameter_size": c.parameter_size, "quantization_level": c.quantization_level})
-}
-
-/// `GET /api/tags`: the models this server can answer for.
-pub async fn tags(State(app): State<Arc<AppState>>) -> Json<Value> {
-    let c = &app.card;
-    Json(
-        json!({"models": [{"name": app.model_id, "model": app.model_id,
-        "modified_at": c.loaded_at, "size": c.size, "digest": c.digest, "details": details(c)}]}),
-    )
-}
-
-/// `GET /api/ps`: the loaded models (here: the one, for as long as the server runs).
-pub async fn ps(State(app): State<Arc<AppState>>) -> Json<Value> {
-    let c = &app.card;
-    Json(
-        json!({"models": [{"name": app.model_id, "model": app.model_id, "size": c.size,
-        "digest": c.digest, "details": details(c), "expires_at": "0001-01-01T00:00:00Z",
-        "size_vram": 0, "context_length": app.max_ctx}]}),
-    )
 }
 
 /// `POST /api/show`.

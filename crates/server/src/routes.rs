@@ -7,13 +7,10 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::access::Access;
 use crate::chat;
 use crate::engine::EngineHandle;
 use crate::error::ApiError;
@@ -33,7 +30,8 @@ pub struct AppState {
     pub allow_image_urls: bool,
     pub engine: EngineHandle,
     pub metrics: Arc<Metrics>,
-    pub access: Access,
+    /// Loaded at start and never unloaded (`-m`).
+    pub pinned: bool,
     pub max_ctx: usize,
     /// The longest token's text in bytes: a prompt of B bytes has at least
     /// B / max_token_bytes tokens ([`check_prompt_bytes`]).
@@ -55,7 +53,7 @@ pub struct AppState {
     /// Structured output's view of the vocabulary, built on first use.
     pub grammars: std::sync::OnceLock<Result<hearth_grammar::Grammars, String>>,
     /// Stored responses of the Responses API (`previous_response_id`).
-    pub responses: std::sync::Mutex<crate::responses::ResponseStore>,
+    pub responses: Arc<std::sync::Mutex<crate::responses::ResponseStore>>,
     /// What Ollama's `/api/tags`, `/api/show`, `/api/ps` say of the model.
     pub card: crate::ollama::ModelCard,
 }
@@ -79,18 +77,13 @@ impl AppState {
     }
 }
 
+/// One model's routes. The hub ([`crate::hub::router`]) runs the access
+/// checks, counting and error shapes around them and picks the model.
 pub fn router(app: Arc<AppState>) -> Router {
     Router::new()
-        .route("/health", get(health))
-        .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(chat::completions))
         .route("/v1/responses", post(crate::responses::create))
-        .route(
-            "/v1/responses/{id}",
-            get(crate::responses::get).delete(crate::responses::delete),
-        )
-        .route("/v1/responses/{id}/cancel", post(crate::responses::cancel))
         .route("/v1/messages", post(crate::anthropic::messages))
         .route(
             "/v1/messages/count_tokens",
@@ -101,92 +94,13 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/detokenize", post(crate::tokenize::detokenize))
         .route("/api/chat", post(crate::ollama::chat))
         .route("/api/generate", post(crate::ollama::generate))
-        .route("/api/tags", get(crate::ollama::tags))
-        .route("/api/ps", get(crate::ollama::ps))
         .route("/api/show", post(crate::ollama::show))
-        .route("/api/version", get(crate::ollama::version))
-        .route("/v1/sessions", axum::routing::delete(clear_sessions))
         .route("/v1/sessions/{id}/reset", post(reset_session))
         .route("/v1/sessions/{id}", axum::routing::delete(close_session))
         .route("/v1/sessions/{id}/save", post(save_session))
         .route("/v1/sessions/{id}/restore", post(restore_session))
-        .route("/metrics", get(metrics))
         .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
-        .layer(middleware::from_fn(catch_panic))
-        .layer(middleware::from_fn_with_state(app.clone(), guard))
-        .layer(middleware::from_fn(crate::anthropic::reshape_errors))
-        .layer(middleware::from_fn(crate::ollama::reshape_errors))
         .with_state(app)
-}
-
-/// A panic in a handler answers 500 for that request alone (counted by
-/// [`guard`], which runs around this); the connection, the process and the
-/// other requests carry on.
-async fn catch_panic(req: Request, next: Next) -> Response {
-    use futures_util::FutureExt;
-    let path = req.uri().path().to_string();
-    match std::panic::AssertUnwindSafe(next.run(req))
-        .catch_unwind()
-        .await
-    {
-        Ok(r) => r,
-        Err(p) => {
-            let m = hearth_engine::scheduler::panic_message(&*p);
-            eprintln!("request to {path}: handler panicked: {m}");
-            ApiError::internal(m).into_response()
-        }
-    }
-}
-
-/// The access checks ([`Access::check`]), CORS headers for an allowed
-/// cross-origin caller, and per-status request counting.
-async fn guard(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let path = req.uri().path();
-    // Counted by route, never by the raw path: a client must not be able
-    // to grow the metrics (and the server's memory) with made-up paths.
-    let endpoint = if path.starts_with("/v1/sessions") {
-        "/v1/sessions".to_string()
-    } else if req
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .is_some()
-    {
-        path.to_string()
-    } else {
-        "(no route)".to_string()
-    };
-    let origin = req.headers().get(header::ORIGIN).cloned();
-    let mut response = match app.access.check(req.method(), path, req.headers()) {
-        Err(e) => e.into_response(),
-        Ok(Some(preflight)) => preflight,
-        Ok(None) => next.run(req).await,
-    };
-    if let Some(origin) = origin.as_ref().and_then(|o| o.to_str().ok()) {
-        app.access.add_cors(origin, response.headers_mut());
-    }
-    app.metrics
-        .count_request(&endpoint, response.status().as_u16());
-    response
-}
-
-async fn health() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
-}
-
-async fn models(State(app): State<Arc<AppState>>) -> Json<serde_json::Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": app.model_id, "object": "model", "created": app.created, "owned_by": "hearth",
-                  "max_model_len": app.max_ctx}]
-    }))
-}
-
-async fn metrics(State(app): State<Arc<AppState>>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        app.metrics.render(),
-    )
-        .into_response()
 }
 
 async fn reset_session(
@@ -200,19 +114,9 @@ async fn reset_session(
     Ok(Json(json!({"reset": true, "session_id": id})))
 }
 
-/// `DELETE /v1/sessions`: frees every session's KV (those generating when
-/// their turn ends) and forgets the evicted ones kept on disk.
-async fn clear_sessions(
-    State(app): State<Arc<AppState>>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let n = app.engine.clear().await?;
-    release_free_memory();
-    Ok(Json(json!({"cleared": true, "sessions": n})))
-}
-
 /// Hands the allocator's free pages back to the system (glibc keeps freed
 /// KV buffers in its heaps otherwise, and the process stays at its peak).
-fn release_free_memory() {
+pub(crate) fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks glibc's own heaps.
     unsafe {
@@ -332,6 +236,19 @@ pub async fn read_body(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<axum::body::Bytes, ApiError> {
+    let limits = crate::hub::BodyLimits {
+        max_bytes: app.max_body_bytes,
+        timeout: app.body_timeout,
+    };
+    read_body_limited(limits, headers, body).await
+}
+
+/// [`read_body`] with the limits given.
+pub async fn read_body_limited(
+    limits: crate::hub::BodyLimits,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<axum::body::Bytes, ApiError> {
     let content_type = headers.get(header::CONTENT_TYPE).map(|v| v.to_str());
     match content_type {
         Some(Ok(t)) if is_json(t) => {}
@@ -339,7 +256,7 @@ pub async fn read_body(
         Some(Err(_)) => return Err(ApiError::unsupported_media_type(Some("(not ASCII)"))),
         None => return Err(ApiError::unsupported_media_type(None)),
     }
-    let limit = app.max_body_bytes;
+    let limit = limits.max_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -347,10 +264,10 @@ pub async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::payload_too_large(limit));
     }
-    match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, limit)).await {
+    match tokio::time::timeout(limits.timeout, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(e)) => Err(body_error(e, limit)),
-        Err(_) => Err(ApiError::request_timeout(app.body_timeout.as_secs_f64())),
+        Err(_) => Err(ApiError::request_timeout(limits.timeout.as_secs_f64())),
     }
 }
 

@@ -18,15 +18,15 @@ pub struct Args {
     pub json: bool,
 }
 
-struct Row {
-    name: String,
+pub(crate) struct Row {
+    pub name: String,
     size: u64,
     quant: String,
-    arch: String,
+    pub arch: String,
     kind: String,
-    path: PathBuf,
+    pub path: PathBuf,
     /// Why the file cannot be used as it is, and what to run.
-    problem: Option<String>,
+    pub problem: Option<String>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -81,7 +81,7 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn rows() -> Result<Vec<Row>> {
+pub(crate) fn rows() -> Result<Vec<Row>> {
     let reg = registry()?;
     let dir = models_dir();
     let mut rows = Vec::new();

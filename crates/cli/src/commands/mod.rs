@@ -5,6 +5,7 @@ pub mod interactive;
 pub mod list;
 mod output;
 pub mod parse;
+pub mod ps;
 pub mod pull;
 pub mod rm;
 pub mod run;

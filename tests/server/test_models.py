@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""Several models behind one `hearth serve` (no -m): loaded on demand,
+unloaded when idle, aliases, Ollama's keep_alive, pull and delete, with the
+official `openai`, `anthropic` and `ollama` clients.
+
+The server runs over a model store of its own (HEARTH_HOME in a temporary
+folder, the packaged files hard-linked in, so nothing is downloaded and
+`/api/delete` deletes only the link) with
+`--models smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b --max-models 2
+--keep-alive 3s --alias gpt-4o-mini=smollm2-135m`:
+
+- before any request: /v1/models lists the three (unloaded, the alias
+  under its model), /api/tags lists them from their files, /api/ps is
+  empty and the process holds no model (RSS);
+- requests alternate between two models and each answers what it answers
+  alone (greedy; the same text each time, the reply naming its model); the
+  alias reaches its model;
+- an unknown model gets a 404 naming the served ones, in each API's shape;
+- a third model loads while the first one streams (the stream keeps coming
+  during the load; Ollama's load_duration says the request waited for it),
+  and with --max-models 2 the idle one of the other two is unloaded, never
+  the busy one;
+- after the keep-alive the idle models unload: /api/ps empty, RSS back down;
+- Ollama's keep_alive: -1 keeps a model (expires_at decades ahead), 0
+  unloads it now (done_reason "unload"), a bad value is a 400 naming it;
+- pull (a model already here: success) and delete (the file goes, the model
+  leaves /api/tags; an unknown name is a 404);
+- `hearth ps` prints what the server holds.
+
+Run: python3 tests/server/test_models.py [name filter]
+"""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import anthropic
+import ollama
+import openai
+
+from common import BIN, Server, model_path, request, run_tests
+
+A, B, C = "smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"
+ALIAS = "gpt-4o-mini"
+S = None
+HOME = None
+ASK = [{"role": "user", "content": "Name three colors."}]
+
+
+def rss_mib(pid):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def setup():
+    global S, HOME
+    HOME = Path(tempfile.mkdtemp(prefix="hearth-models-home-"))
+    store = HOME / "models"
+    store.mkdir()
+    for name in (A, B, C):
+        src = Path(model_path(name))
+        try:
+            os.link(src, store / src.name)
+        except OSError:
+            shutil.copy(src, store / src.name)
+        rec = src.with_name(src.name + ".hearth.json")
+        if rec.exists():
+            shutil.copy(rec, store / rec.name)
+    env = {**os.environ, "HEARTH_HOME": str(HOME)}
+    S = Server("--models", f"{A},{B},{C}", "--max-models", "2", "--keep-alive", "3s",
+               "--alias", f"{ALIAS}={A}", model=False, ctx=1024, env=env)
+
+
+def teardown():
+    if S:
+        S.stop()
+    if HOME:
+        shutil.rmtree(HOME, ignore_errors=True)
+
+
+def oai():
+    return openai.OpenAI(base_url=S.base, api_key="unused", max_retries=0, timeout=300)
+
+
+def oll():
+    return ollama.Client(host=S.base.removesuffix("/v1"))
+
+
+def loaded():
+    return sorted(m.model for m in oll().ps().models)
+
+
+def wait_unloaded(timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not loaded():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"still loaded after {timeout} s: {loaded()}")
+
+
+def greedy(model):
+    r = oai().chat.completions.create(model=model, messages=ASK, max_tokens=12, temperature=0)
+    return r.model, r.choices[0].message.content
+
+
+def test_models_are_listed_before_any_load():
+    data = oai().models.list().data
+    assert [m.id for m in data] == [A, B, C], data
+    extra = {m.id: m.model_extra for m in data}
+    assert all(e["status"]["value"] == "unloaded" for e in extra.values()), extra
+    assert extra[A]["aliases"] == [ALIAS] and extra[B]["aliases"] == [], extra
+    tags = {m.model: m for m in oll().list().models}
+    assert sorted(tags) == sorted([A, B, C]), tags
+    assert tags[B].details.family == "gemma3" and tags[A].size > 50_000_000, tags
+    assert loaded() == []
+    assert rss_mib(S.proc.pid) < 150, rss_mib(S.proc.pid)
+
+
+def test_requests_alternate_between_models():
+    a1, b1 = greedy(A), greedy(B)
+    a2, b2 = greedy(A), greedy(B)
+    assert a1 == a2 and b1 == b2, (a1, a2, b1, b2)
+    assert a1[0] == A and b1[0] == B and a1[1] and b1[1] and a1[1] != b1[1], (a1, b1)
+    # The alias answers as its model does, under the model's own name.
+    assert greedy(ALIAS) == a1
+    assert loaded() == sorted([A, B])
+
+
+def test_unknown_model_is_a_404_naming_the_served_ones():
+    try:
+        oai().chat.completions.create(model="llama3:70b", messages=ASK, max_tokens=2)
+        raise AssertionError("an unknown model was served")
+    except openai.NotFoundError as e:
+        msg = e.body["message"]
+        assert e.body["code"] == "model_not_found" and all(n in msg for n in (A, B, C, ALIAS)), msg
+    ac = anthropic.Anthropic(base_url=S.base.removesuffix("/v1"), api_key="unused", max_retries=0)
+    try:
+        ac.messages.create(model="claude-opus-4", max_tokens=4, messages=ASK)
+        raise AssertionError("an unknown model was served")
+    except anthropic.NotFoundError as e:
+        assert e.body["type"] == "error" and e.body["error"]["type"] == "not_found_error", e.body
+        assert A in e.body["error"]["message"], e.body
+    try:
+        oll().chat(model="llama3:8b", messages=ASK)
+        raise AssertionError("an unknown model was served")
+    except ollama.ResponseError as e:
+        assert e.status_code == 404 and C in e.error, (e.status_code, e.error)
+
+
+def test_a_model_loads_while_another_streams():
+    assert loaded() == sorted([A, B]), loaded()
+    greedy(B)  # B is now the more recently used; A is about to be busy
+    arrivals, done = [], threading.Event()
+
+    def stream():
+        s = oai().chat.completions.create(model=A, messages=ASK, max_tokens=400, temperature=0, stream=True,
+                                          extra_body={"ignore_eos": True})
+        for chunk in s:
+            if chunk.choices and chunk.choices[0].delta.content:
+                arrivals.append(time.monotonic())
+        done.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    while not arrivals:
+        time.sleep(0.01)
+    sent = time.monotonic()
+    r = oll().generate(model=C, prompt="Say hi.", options={"num_predict": 4, "temperature": 0})
+    answered = time.monotonic()
+    during = [x for x in arrivals if sent <= x <= answered]
+    assert r.done and r.load_duration > 0.2e9, r
+    # The stream kept coming while C loaded (A was never paused for it).
+    assert len(during) >= 5, (len(during), answered - sent)
+    # --max-models 2: the idle B made room; the streaming A stayed.
+    assert loaded() == sorted([A, C]), loaded()
+    done.wait(300)
+    t.join()
+    assert len(arrivals) >= 100, len(arrivals)
+
+
+def test_idle_models_unload_after_the_keep_alive():
+    greedy(A)
+    before = rss_mib(S.proc.pid)
+    assert loaded(), "nothing loaded"
+    wait_unloaded()
+    after = rss_mib(S.proc.pid)
+    assert after < before / 2 and before - after > 150, (before, after)
+    data = {m.id: m.model_extra["status"]["value"] for m in oai().models.list().data}
+    assert set(data.values()) == {"unloaded"}, data
+
+
+def test_ollama_keep_alive():
+    c = oll()
+    r = c.generate(model=B, prompt="", keep_alive=-1)
+    assert r.done_reason == "load", r
+    ps = {m.model: m for m in c.ps().models}
+    assert B in ps and ps[B].expires_at > datetime.now(timezone.utc).replace(year=datetime.now().year + 50), ps
+    time.sleep(4.5)  # past --keep-alive 3s: -1 keeps it
+    assert B in loaded()
+    r = c.generate(model=B, prompt="", keep_alive=0)
+    assert r.done_reason == "unload", r
+    deadline = time.time() + 10
+    while B in loaded() and time.time() < deadline:
+        time.sleep(0.1)
+    assert B not in loaded()
+    # A chat turn with keep_alive "1m" outlives the server's 3 s.
+    c.chat(model=A, messages=ASK, options={"num_predict": 2}, keep_alive="1m")
+    time.sleep(4.5)
+    assert A in loaded()
+    c.generate(model=A, prompt="", keep_alive=0)
+    for bad in ("soon", True, "5x"):
+        status, _, text = request(S, "POST", "/api/generate", {"model": A, "prompt": "x", "keep_alive": bad})
+        assert status == 400 and "keep_alive" in json.loads(text)["error"], (bad, status, text)
+    wait_unloaded()
+
+
+def test_hearth_ps_prints_the_loaded_models():
+    oll().generate(model=C, prompt="", keep_alive="1m")
+    out = subprocess.run([BIN, "ps", "--host", S.host, "--port", str(S.port)], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:2] == ["NAME", "SIZE"], out.stdout
+    assert any(l.startswith(C) and "1024" in l for l in lines[1:]), out.stdout
+    oll().generate(model=C, prompt="", keep_alive=0)
+    wait_unloaded()
+    out = subprocess.run([BIN, "ps", "--host", S.host, "--port", str(S.port)], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0 and "no models loaded" in out.stdout, (out.stdout, out.stderr)
+
+
+def test_pull_and_delete():
+    c = oll()
+    assert c.pull(B).status == "success"
+    lines = [json.loads(l) for l in request(S, "POST", "/api/pull", {"model": B})[2].splitlines()]
+    assert lines[-1] == {"status": "success"}, lines
+    c.generate(model=B, prompt="")  # loaded: delete unloads it first
+    file = next((HOME / "models").glob("gemma-3-270m*.gguf"))
+    c.delete(B)
+    assert not file.exists()
+    assert B not in [m.model for m in c.list().models] and B not in loaded()
+    try:
+        c.delete("llama3:8b")
+        raise AssertionError("deleted an unknown model")
+    except ollama.ResponseError as e:
+        assert e.status_code == 404, e
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_tests(globals(), setup, teardown))
