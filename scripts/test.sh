@@ -149,6 +149,8 @@ part "server: security (Host, Origin, content type, API key, time limits, valida
 part "server: Anthropic Messages API with the anthropic SDK" python3 tests/server/test_anthropic.py
 part "server: OpenAI Responses API with the openai SDK" python3 tests/server/test_responses.py
 part "server: Ollama's API with the ollama client" python3 tests/server/test_ollama.py
+part "server: several models on demand (load, keep-alive, aliases, pull/delete, hearth ps)" \
+  python3 tests/server/test_models.py
 part "server: robustness (hostile schemas, injected panics, chunked framing, session clear)" \
   python3 tests/server/test_robustness.py
 # ~1,000 hostile requests in 15 categories against one server (the full

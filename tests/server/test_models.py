@@ -25,7 +25,10 @@ folder, the packaged files hard-linked in, so nothing is downloaded and
   unloads it now (done_reason "unload"), a bad value is a 400 naming it;
 - pull (a model already here: success) and delete (the file goes, the model
   leaves /api/tags; an unknown name is a 404);
-- `hearth ps` prints what the server holds.
+- `hearth ps` prints what the server holds;
+- a 3,000-token streamed prompt reports its prefill before the first token:
+  chat completions' `prompt_progress` chunks (`return_progress`, as
+  llama-server's) counting up to the prompt's tokens, Anthropic's `ping`s.
 
 Run: python3 tests/server/test_models.py [name filter]
 """
@@ -75,7 +78,7 @@ def setup():
             shutil.copy(rec, store / rec.name)
     env = {**os.environ, "HEARTH_HOME": str(HOME)}
     S = Server("--models", f"{A},{B},{C}", "--max-models", "2", "--keep-alive", "3s",
-               "--alias", f"{ALIAS}={A}", model=False, ctx=1024, env=env)
+               "--alias", f"{ALIAS}={A}", model=False, ctx=4096, env=env)
 
 
 def teardown():
@@ -229,7 +232,7 @@ def test_hearth_ps_prints_the_loaded_models():
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].split()[:2] == ["NAME", "SIZE"], out.stdout
-    assert any(l.startswith(C) and "1024" in l for l in lines[1:]), out.stdout
+    assert any(l.startswith(C) and "4096" in l for l in lines[1:]), out.stdout
     oll().generate(model=C, prompt="", keep_alive=0)
     wait_unloaded()
     out = subprocess.run([BIN, "ps", "--host", S.host, "--port", str(S.port)], capture_output=True, text=True,
@@ -252,6 +255,39 @@ def test_pull_and_delete():
         raise AssertionError("deleted an unknown model")
     except ollama.ResponseError as e:
         assert e.status_code == 404, e
+
+
+def sse_events(text):
+    return [json.loads(l[6:]) for l in text.splitlines() if l.startswith("data: ") and l != "data: [DONE]"]
+
+
+def test_a_long_prompt_streams_its_prefill_progress():
+    long = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. " * 300 + "How many foxes?"}]
+    status, _, text = request(S, "POST", "/v1/chat/completions", {
+        "model": A, "messages": long, "max_tokens": 4, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True}, "return_progress": True})
+    assert status == 200, text
+    events = sse_events(text)
+    first_token = next(i for i, e in enumerate(events) if e["choices"] and e["choices"][0]["delta"].get("content"))
+    progress = [e["prompt_progress"] for e in events[:first_token] if "prompt_progress" in e]
+    total = events[-1]["usage"]["prompt_tokens"]
+    assert total > 3000 and len(progress) >= 5, (total, progress)
+    done = [p["processed"] for p in progress]
+    assert done == sorted(done) and done[-1] == total and all(p["total"] == total for p in progress), progress
+    assert all(p["time_ms"] >= 0 for p in progress)
+    # Without return_progress, no such chunks.
+    status, _, text = request(S, "POST", "/v1/chat/completions", {
+        "model": A, "messages": long + [{"role": "assistant", "content": "One."}, {"role": "user", "content": "Sure?"}],
+        "max_tokens": 2, "stream": True})
+    assert status == 200 and "prompt_progress" not in text, text[:300]
+    # Anthropic's stream pings while the prompt is prefilled.
+    status, _, text = request(S, "POST", "/v1/messages", {
+        "model": A, "max_tokens": 4, "stream": True,
+        "messages": [{"role": "user", "content": "A lazy dog sleeps in the sun. " * 350}]})
+    assert status == 200, text
+    kinds = [l[7:] for l in text.splitlines() if l.startswith("event: ")]
+    first_delta = kinds.index("content_block_delta") if "content_block_delta" in kinds else len(kinds)
+    assert kinds[0] == "message_start" and kinds[:first_delta].count("ping") >= 5, kinds[:12]
 
 
 if __name__ == "__main__":

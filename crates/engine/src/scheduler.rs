@@ -64,7 +64,22 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// Prefix sharing happens only between sessions of the same salt.
     pub cache_salt: Option<String>,
+    /// Send [`Event::Progress`] after each prefill chunk.
+    pub progress: bool,
     pub events: Box<dyn EventSink>,
+}
+
+/// How far a prompt's prefill has come (llama-server's `prompt_progress`).
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// The prompt's tokens.
+    pub total: usize,
+    /// Of those, reused from the KV cache (not prefilled).
+    pub cache: usize,
+    /// In the state so far, the reused ones included.
+    pub processed: usize,
+    /// Prefill time so far.
+    pub time: Duration,
 }
 
 #[derive(Debug)]
@@ -78,6 +93,8 @@ pub enum Event {
     /// Logprobs of the tokens generated since the last such event (only when
     /// the job asked for them), sent after the step's text.
     Logprobs(Vec<TokenLogprob>),
+    /// A prefill chunk is done (only when the job asked, [`Job::progress`]).
+    Progress(Progress),
     Done(Summary),
     Failed(SchedulerError),
 }
@@ -392,6 +409,7 @@ struct Start {
 /// One admitted request: its session and its turn.
 struct Active<'t, S> {
     events: Box<dyn EventSink>,
+    progress: bool,
     /// Logprob entries already sent.
     logprobs_sent: usize,
     lease: Lease<S>,
@@ -522,6 +540,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                         constraint,
                         logprobs,
                         cache_salt,
+                        progress,
                         events,
                         ..
                     } = job;
@@ -551,6 +570,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                     match started {
                         Ok((turn, resume_reason)) => active.push(Active {
                             events,
+                            progress,
                             logprobs_sent: 0,
                             lease,
                             resume_reason,
@@ -852,6 +872,15 @@ impl<'a, B: Backend> Scheduler<'a, B> {
     fn after_step(&self, a: &mut Active<'a, B::State>, out: StepOut, was_prefilling: bool) -> bool {
         let session = &mut a.lease.session;
         session.push_fed(&out.fed);
+        if was_prefilling && a.progress {
+            let st = a.turn.stats();
+            a.events.send(Event::Progress(Progress {
+                total: st.prompt_tokens,
+                cache: st.reused_tokens,
+                processed: a.turn.prompt_fed(),
+                time: st.prefill_time,
+            }));
+        }
         if was_prefilling && !a.turn.prefilling() {
             // Where the next prompt most likely diverges (sliding-window rings).
             session.checkpoint();

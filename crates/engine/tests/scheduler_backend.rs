@@ -48,6 +48,7 @@ fn job(session: Option<&str>, prompt: Vec<u32>, max_tokens: usize) -> (Job, mpsc
         constraint: None,
         logprobs: None,
         cache_salt: None,
+        progress: false,
         events: Box::new(Sink(tx)),
     };
     (job, rx)
@@ -62,6 +63,7 @@ fn collect(rx: mpsc::Receiver<Event>) -> Turn {
             Event::Done(s) => return (cached, text, s.completion_tokens),
             Event::Failed(e) => panic!("request failed: {e:?}"),
             Event::Logprobs(_) => panic!("logprobs were not asked for"),
+            Event::Progress(_) => panic!("progress was not asked for"),
         }
     }
     panic!("the engine dropped a request");

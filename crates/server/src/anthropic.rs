@@ -814,6 +814,8 @@ fn message_stream(w: Writer, rx: mpsc::UnboundedReceiver<Event>) -> impl Stream<
             Some(Event::Failed(e)) => {
                 return Some((vec![("error", error_body(&e.into()))], None));
             }
+            // A long prefill says it is alive the way Anthropic's streams do.
+            Some(Event::Progress(_)) => out.push(("ping", json!({"type": "ping"}))),
             Some(Event::Admitted { .. }) | Some(Event::Logprobs(_)) => {}
             None => {
                 let e = ApiError::server("the engine dropped the request");

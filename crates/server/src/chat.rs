@@ -18,7 +18,7 @@ use hearth_chat::detect::OutputFormat;
 use hearth_chat::parser::{ChatEvent, FinishHint, OutputParser};
 use hearth_chat::prompter::PromptError;
 use hearth_engine::prompt::Prompt;
-use hearth_engine::scheduler::{Event, Job, Summary};
+use hearth_engine::scheduler::{Event, Job, Progress, Summary};
 use hearth_engine::turn::{FinishReason, TokenConstraint, TokenLogprob};
 use hearth_grammar::ToolCallGrammar;
 use hearth_tokenizer::Tokenizer;
@@ -162,6 +162,7 @@ pub(crate) async fn start_chat(
         reasoning: req.return_reasoning || app.prompter.output != OutputFormat::MuseGlimmer,
         tokenizer: app.tokenizer.clone(),
         image_tokens: prompt.images.iter().map(|s| s.image.n).collect(),
+        progress: req.common.return_progress,
     };
     let prompt_tokens = prompt.len();
     let constraint = crate::fault::engine_constraint(headers, constraint);
@@ -200,6 +201,7 @@ pub async fn completions(
         reasoning: false,
         tokenizer: app.tokenizer.clone(),
         image_tokens: Vec::new(),
+        progress: req.common.return_progress,
     };
     let (rx, _) = submit(&app, &req.common, ids.into(), None).await?;
     if req.common.stream {
@@ -373,6 +375,9 @@ async fn submit(
         constraint,
         logprobs: common.logprobs,
         cache_salt: common.cache_salt.clone(),
+        // Streams may say how the prefill goes (chat's prompt_progress,
+        // Anthropic's pings); a whole reply has nothing to say it with.
+        progress: common.stream,
         events: Box::new(ChannelSink(tx)),
     })?;
     match rx.recv().await {
@@ -430,6 +435,8 @@ pub(crate) struct Reply {
     pub tokenizer: Arc<Tokenizer>,
     /// Prompt tokens of each image, in order (usage).
     pub image_tokens: Vec<usize>,
+    /// `return_progress`: `prompt_progress` chunks during the prefill.
+    pub progress: bool,
 }
 
 /// A token's text and bytes, as OpenAI's logprobs report them.
@@ -490,6 +497,14 @@ impl Reply {
                "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]})
     }
 
+    /// llama-server's `prompt_progress` chunk: no choices, how far the
+    /// prefill has come (`processed` counts the reused `cache` tokens too).
+    fn progress_chunk(&self, object: &str, p: &Progress) -> Value {
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [],
+               "prompt_progress": {"total": p.total, "cache": p.cache, "processed": p.processed,
+                                   "time_ms": p.time.as_secs_f64() * 1e3}})
+    }
+
     fn usage_chunk(&self, object: &str, s: &Summary) -> Value {
         json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [], "usage": usage(s, &self.image_tokens)})
     }
@@ -523,7 +538,7 @@ pub(crate) async fn collect(
             Some(Event::Logprobs(l)) => logprobs.get_or_insert_with(Vec::new).extend(l),
             Some(Event::Done(s)) => return Ok((s, logprobs)),
             Some(Event::Failed(e)) => return Err(e.into()),
-            Some(Event::Admitted { .. }) => {}
+            Some(Event::Admitted { .. }) | Some(Event::Progress(_)) => {}
             None => return Err(ApiError::server("the engine dropped the request")),
         }
     }
@@ -692,6 +707,12 @@ fn chat_stream(
                     }
                 }
             }
+            Some(Event::Progress(p)) => match reply.progress {
+                true => vec![reply
+                    .progress_chunk("chat.completion.chunk", &p)
+                    .to_string()],
+                false => Vec::new(),
+            },
             Some(Event::Admitted { .. }) => Vec::new(),
             None => {
                 let e = ApiError::server("the engine dropped the request");
@@ -785,6 +806,10 @@ fn completion_stream(
             Some(Event::Failed(e)) => {
                 return Some((vec![error_event(&e.into()), "[DONE]".into()], None))
             }
+            Some(Event::Progress(p)) => match reply.progress {
+                true => vec![reply.progress_chunk("text_completion", &p).to_string()],
+                false => Vec::new(),
+            },
             Some(Event::Admitted { .. }) => Vec::new(),
             None => {
                 return Some((

@@ -25,6 +25,9 @@ pub struct Common {
     /// `ignore_eos` (llama-server's and vLLM's field): generate through
     /// end-of-generation tokens, to `max_tokens` (benchmarks).
     pub ignore_eos: bool,
+    /// `return_progress` (llama-server's field): a streamed reply carries
+    /// `prompt_progress` chunks while the prompt is prefilled.
+    pub return_progress: bool,
 }
 
 /// What the output must follow (`tool_choice`, `response_format`, strict tools).
@@ -408,6 +411,7 @@ impl Common {
             logprobs,
             cache_salt: cache_salt(body)?,
             ignore_eos: bool_field(body, "ignore_eos", false)?,
+            return_progress: bool_field(body, "return_progress", false)?,
         })
     }
 }

@@ -381,7 +381,7 @@ fn response_stream(
                 out.push(("response.failed", json!({"response": r})));
                 return Some((stamp(&mut w, out), None));
             }
-            Some(Event::Admitted { .. }) | Some(Event::Logprobs(_)) => {}
+            Some(Event::Admitted { .. }) | Some(Event::Logprobs(_)) | Some(Event::Progress(_)) => {}
             None => {
                 let e = ApiError::server("the engine dropped the request");
                 let r = w.object("failed", None, Some(&e));
