@@ -284,13 +284,12 @@ impl Hub {
     /// The model a request's `model` names, or the default when it names none.
     pub fn resolve(&self, asked: Option<&str>) -> Result<&Entry, ApiError> {
         let Some(asked) = asked.filter(|a| !a.is_empty()) else {
-            let name = self.opts.default.as_deref().or_else(|| {
-                // With one model, it is the default.
-                match self.opts.entries.as_slice() {
-                    [only] => Some(only.name.as_str()),
-                    _ => None,
-                }
-            });
+            // With one model, it is the default.
+            let only = match self.opts.entries.as_slice() {
+                [only] => Some(only.name.as_str()),
+                _ => None,
+            };
+            let name = self.opts.default.as_deref().or(only);
             return name.and_then(|n| self.entry(n)).ok_or_else(|| {
                 ApiError::invalid_request(format!(
                     "'model' is required: this server serves {}.",

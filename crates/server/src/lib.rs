@@ -123,6 +123,9 @@ pub struct Loaded<B> {
     pub tower: Option<TowerUpload>,
 }
 
+/// Opens a model file ([`run_on`]'s `load`).
+pub type LoadFn<B> = dyn Fn(&Path, bool) -> Result<Loaded<B>, String>;
+
 /// Uploads a vision tower to the backend's device.
 pub type TowerUpload =
     Box<dyn FnOnce(&hearth_vision::MmProj) -> Result<Arc<dyn hearth_vision::Tower>, String>>;
@@ -352,7 +355,7 @@ fn start_model<B: Backend + 'static>(
     opts: &ServerOptions,
     entry: &hub::Entry,
     path: &Path,
-    load: &dyn Fn(&Path, bool) -> Result<Loaded<B>, String>,
+    load: &LoadFn<B>,
     metrics: Arc<Metrics>,
     responses: Arc<std::sync::Mutex<responses::ResponseStore>>,
 ) -> Result<hub::Resident, ServerError> {
