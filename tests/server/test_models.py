@@ -23,6 +23,11 @@ folder, the packaged files hard-linked in, so nothing is downloaded and
 - after the keep-alive the idle models unload: /api/ps empty, RSS back down;
 - Ollama's keep_alive: -1 keeps a model (expires_at decades ahead), 0
   unloads it now (done_reason "unload"), a bad value is a 400 naming it;
+- embeddings (/v1/embeddings, Ollama's /api/embed and /api/embeddings) of
+  qwen2.5-coder-0.5b and gemma3-270m within cosine 0.9999 of llama.cpp's
+  `llama-embedding` (tests/fixtures/embeddings/, made by
+  scripts/fixtures/make_embedding_fixtures.py), base64 the same floats,
+  errors naming the field, Ollama's truncate;
 - pull (a model already here: success) and delete (the file goes, the model
   leaves /api/tags; an unknown name is a 404);
 - `hearth ps` prints what the server holds;
@@ -32,8 +37,11 @@ folder, the packaged files hard-linked in, so nothing is downloaded and
 
 Run: python3 tests/server/test_models.py [name filter]
 """
+import base64
 import json
+import math
 import os
+import struct
 import shutil
 import subprocess
 import tempfile
@@ -49,6 +57,7 @@ import openai
 from common import BIN, Server, model_path, request, run_tests
 
 A, B, C = "smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "embeddings"
 ALIAS = "gpt-4o-mini"
 S = None
 HOME = None
@@ -238,6 +247,46 @@ def test_hearth_ps_prints_the_loaded_models():
     out = subprocess.run([BIN, "ps", "--host", S.host, "--port", str(S.port)], capture_output=True, text=True,
                          timeout=30)
     assert out.returncode == 0 and "no models loaded" in out.stdout, (out.stdout, out.stderr)
+
+
+def cosine(a, b):
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+def test_embeddings_match_llama_cpp():
+    for name in (C, B):
+        ref = json.loads((FIXTURES / f"{name}.json").read_text())
+        r = oai().embeddings.create(model=name, input=ref["texts"])
+        got = [d.embedding for d in sorted(r.data, key=lambda d: d.index)]
+        assert len(got) == len(ref["embeddings"]) and r.model == name, (len(got), r.model)
+        for text, g, want in zip(ref["texts"], got, ref["embeddings"]):
+            assert len(g) == len(want), (name, len(g), len(want))
+            c = cosine(g, want)
+            assert c >= 0.9999, (name, text[:40], c)
+            assert abs(math.sqrt(sum(x * x for x in g)) - 1) < 1e-5
+        # The same vectors in base64 and through Ollama's /api/embed and /api/embeddings.
+        b64 = oai().embeddings.create(model=name, input=ref["texts"][0], encoding_format="base64").data[0].embedding
+        raw = base64.b64decode(b64)
+        assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == got[0]
+        e = oll().embed(model=name, input=ref["texts"][:2])
+        assert e.embeddings == got[:2] and e.prompt_eval_count > 0, e.prompt_eval_count
+        assert oll().embeddings(model=name, prompt=ref["texts"][0]).embedding == got[0]
+    for body, needle in (({"model": C, "input": "x", "dimensions": 7}, "dimensions"),
+                         ({"model": C, "input": ""}, "input"),
+                         ({"model": C, "input": []}, "input"),
+                         ({"model": C, "input": [1, "a"]}, "input"),
+                         ({"model": C, "input": [[999999999]]}, "vocabulary"),
+                         ({"model": C, "input": "x", "encoding_format": "int8"}, "encoding_format")):
+        status, _, text = request(S, "POST", "/v1/embeddings", body)
+        assert status == 400 and needle in json.loads(text)["error"]["message"], (body, status, text)
+    status, _, text = request(S, "POST", "/api/embed", {"model": C})
+    assert status == 400 and "input" in json.loads(text)["error"], text
+    long = "word " * 5000
+    status, _, text = request(S, "POST", "/api/embed", {"model": C, "input": long, "truncate": False})
+    assert status == 400 and "context" in json.loads(text)["error"], text
+    e = oll().embed(model=A, input=long)  # truncate (Ollama's default): cut to the context
+    assert e.prompt_eval_count == 4096, e.prompt_eval_count
 
 
 def test_pull_and_delete():

@@ -171,6 +171,25 @@ impl Model {
         self.forward_ordered(state, tokens, want, &[], &mut Vec::new(), RowOrder::Batched)
     }
 
+    /// The last hidden states of `tokens` run from position 0 in a state of
+    /// their own, after the output norm (llama.cpp's `result_norm`, which its
+    /// embeddings read): [T, dim]. The caller pools them (embeddings).
+    pub fn hidden_states(&self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let mut state = State::new(self, tokens.len().max(1));
+        let mut hidden = Vec::with_capacity(tokens.len() * c.dim);
+        self.forward_ordered(
+            &mut state,
+            tokens,
+            Logits::None,
+            &[c.n_layers],
+            &mut hidden,
+            RowOrder::Batched,
+        )?;
+        rmsnorm(&mut hidden, c.dim, Some(&self.output_norm), c.norm_eps);
+        Ok(hidden)
+    }
+
     /// [`Model::forward`] that also records, for every token, the residual
     /// stream entering each layer in `taps` (ascending; `n_layers` means the
     /// last layer's output, 0 the embedding output), appended to `hidden` as

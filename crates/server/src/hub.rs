@@ -702,6 +702,9 @@ const MODEL_ROUTES: &[&str] = &[
     "/api/chat",
     "/api/generate",
     "/api/show",
+    "/v1/embeddings",
+    "/api/embed",
+    "/api/embeddings",
 ];
 
 pub fn router(hub: Arc<Hub>) -> Router {

@@ -15,6 +15,7 @@ pub mod access;
 pub mod anthropic;
 pub mod chat;
 pub mod conn;
+pub mod embed;
 pub mod engine;
 pub mod error;
 pub mod fault;
@@ -408,6 +409,7 @@ fn start_model<B: Backend + 'static>(
     let slack = opts
         .ring_slack
         .max(drafters.as_ref().map_or(0, |d| d.n_draft()));
+    let is_cpu = backend.name() == "cpu";
     let state_bytes = backend
         .new_state(opts.max_ctx, slack)
         .map_err(|e| ServerError::Config(format!("a session state (--ring-slack {slack}): {e}")))?
@@ -513,6 +515,8 @@ fn start_model<B: Backend + 'static>(
         grammars: std::sync::OnceLock::new(),
         responses,
         card: ollama::ModelCard::from_gguf(model.file(), &model_fingerprint, mmproj.is_some()),
+        pooling: embed::Pooling::from_gguf(model.file().metadata()),
+        embedder: is_cpu.then(|| model.clone()),
     });
     drop(model);
     let router = routes::router(app.clone());

@@ -56,6 +56,10 @@ pub struct AppState {
     pub responses: Arc<std::sync::Mutex<crate::responses::ResponseStore>>,
     /// What Ollama's `/api/tags`, `/api/show`, `/api/ps` say of the model.
     pub card: crate::ollama::ModelCard,
+    /// The CPU model that computes embeddings (`None` on other backends).
+    pub embedder: Option<Arc<hearth_models::Model>>,
+    /// How embeddings pool the token vectors (the GGUF's `pooling_type`).
+    pub pooling: crate::embed::Pooling,
 }
 
 impl AppState {
@@ -95,6 +99,9 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/api/chat", post(crate::ollama::chat))
         .route("/api/generate", post(crate::ollama::generate))
         .route("/api/show", post(crate::ollama::show))
+        .route("/v1/embeddings", post(crate::embed::embeddings))
+        .route("/api/embed", post(crate::embed::ollama_embed))
+        .route("/api/embeddings", post(crate::embed::ollama_embeddings))
         .route("/v1/sessions/{id}/reset", post(reset_session))
         .route("/v1/sessions/{id}", axum::routing::delete(close_session))
         .route("/v1/sessions/{id}/save", post(save_session))
