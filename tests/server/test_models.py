@@ -31,6 +31,8 @@ folder, the packaged files hard-linked in, so nothing is downloaded and
 - pull (a model already here: success) and delete (the file goes, the model
   leaves /api/tags; an unknown name is a 404);
 - `hearth ps` prints what the server holds;
+- a 404 lists the routes; each request gets an access log line; a port in
+  use fails `hearth serve -m` before the model loads;
 - a 3,000-token streamed prompt reports its prefill before the first token:
   chat completions' `prompt_progress` chunks (`return_progress`, as
   llama-server's) counting up to the prompt's tokens, Anthropic's `ping`s.
@@ -337,6 +339,25 @@ def test_a_long_prompt_streams_its_prefill_progress():
     kinds = [l[7:] for l in text.splitlines() if l.startswith("event: ")]
     first_delta = kinds.index("content_block_delta") if "content_block_delta" in kinds else len(kinds)
     assert kinds[0] == "message_start" and kinds[:first_delta].count("ping") >= 5, kinds[:12]
+
+
+def test_a_404_lists_the_routes_and_every_request_is_logged():
+    greedy(A)
+    status, _, text = request(S, "GET", "/v1/chat/complete")
+    msg = json.loads(text)["error"]["message"]
+    assert status == 404 and "/v1/chat/complete" in msg and "POST /v1/chat/completions" in msg, msg
+    assert "GET /api/tags" in msg and "POST /v1/embeddings" in msg, msg
+    log = S.logs()
+    assert "access: GET /v1/chat/complete 404 " in log, log[-2000:]
+    assert "access: POST /v1/chat/completions 200 " in log
+
+
+def test_a_busy_port_fails_before_the_model_loads():
+    t0 = time.monotonic()
+    p = subprocess.run([BIN, "serve", "-m", model_path(C), "--port", str(S.port)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode != 0 and f"binding 127.0.0.1:{S.port}" in p.stderr, (p.returncode, p.stderr)
+    assert "loaded" not in p.stderr and time.monotonic() - t0 < 5, p.stderr
 
 
 if __name__ == "__main__":

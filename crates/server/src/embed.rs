@@ -77,7 +77,10 @@ pub fn embed(
             }
             v.iter_mut().for_each(|a| *a /= n.max(1) as f64);
         }
-        Pooling::Cls => v.iter_mut().zip(&h[..dim]).for_each(|(a, &x)| *a = x as f64),
+        Pooling::Cls => v
+            .iter_mut()
+            .zip(&h[..dim])
+            .for_each(|(a, &x)| *a = x as f64),
         Pooling::Last => v
             .iter_mut()
             .zip(&h[(n - 1) * dim..])
@@ -287,7 +290,9 @@ fn encode_base64(v: &[f32]) -> String {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for c in bytes.chunks(3) {
-        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
         for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
             out.push(match i <= c.len() {
                 true => A[(n >> shift & 63) as usize] as char,

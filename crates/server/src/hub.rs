@@ -707,6 +707,34 @@ const MODEL_ROUTES: &[&str] = &[
     "/api/embeddings",
 ];
 
+/// What a 404 lists (docs/serving.md has each route's details).
+const ROUTE_LIST: &[&str] = &[
+    "POST /v1/chat/completions",
+    "POST /v1/completions",
+    "POST /v1/responses",
+    "GET|DELETE /v1/responses/{id}",
+    "POST /v1/messages",
+    "POST /v1/messages/count_tokens",
+    "POST /v1/embeddings",
+    "GET /v1/models",
+    "POST /api/chat",
+    "POST /api/generate",
+    "POST /api/embed",
+    "GET /api/tags",
+    "GET /api/ps",
+    "POST /api/show",
+    "POST /api/pull",
+    "DELETE /api/delete",
+    "GET /api/version",
+    "POST /tokenize",
+    "POST /detokenize",
+    "POST /apply-template",
+    "POST /v1/sessions/{id}/reset|save|restore",
+    "DELETE /v1/sessions[/{id}]",
+    "GET /health",
+    "GET /metrics",
+];
+
 pub fn router(hub: Arc<Hub>) -> Router {
     let mut r = Router::new()
         .route("/health", get(health))
@@ -730,12 +758,17 @@ pub fn router(hub: Arc<Hub>) -> Router {
     for path in MODEL_ROUTES {
         r = r.route(path, any(dispatch));
     }
-    r.fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
-        .layer(middleware::from_fn(catch_panic))
-        .layer(middleware::from_fn_with_state(hub.clone(), guard))
-        .layer(middleware::from_fn(crate::anthropic::reshape_errors))
-        .layer(middleware::from_fn(crate::ollama::reshape_errors))
-        .with_state(hub)
+    r.fallback(|req: Request| async move {
+        let mut e = ApiError::not_found(req.uri().path());
+        e.message
+            .push_str(&format!(" The routes are: {}.", ROUTE_LIST.join(", ")));
+        e
+    })
+    .layer(middleware::from_fn(catch_panic))
+    .layer(middleware::from_fn_with_state(hub.clone(), guard))
+    .layer(middleware::from_fn(crate::anthropic::reshape_errors))
+    .layer(middleware::from_fn(crate::ollama::reshape_errors))
+    .with_state(hub)
 }
 
 /// A panic in a handler answers 500 for that request alone (counted by
@@ -775,6 +808,7 @@ async fn guard(State(hub): State<Arc<Hub>>, req: Request, next: Next) -> Respons
         "(no route)".to_string()
     };
     let origin = req.headers().get(header::ORIGIN).cloned();
+    let (t0, method, logged) = (Instant::now(), req.method().clone(), path.to_string());
     let mut response = match hub.access.check(req.method(), path, req.headers()) {
         Err(e) => e.into_response(),
         Ok(Some(preflight)) => preflight,
@@ -785,6 +819,13 @@ async fn guard(State(hub): State<Arc<Hub>>, req: Request, next: Next) -> Respons
     }
     hub.metrics
         .count_request(&endpoint, response.status().as_u16());
+    // The access log: one line per request, when its answer starts (a
+    // stream's whole length is in its turn's llm_turn_stats line).
+    eprintln!(
+        "access: {method} {logged} {} {:.1} ms",
+        response.status().as_u16(),
+        t0.elapsed().as_secs_f64() * 1e3
+    );
     response
 }
 
