@@ -667,6 +667,32 @@ class Gen:
         tokens = r.choice([None, "12", {}, [1, 2, 3], [-1], [2**40], [1.5], ["a"], [None], list(range(r.choice([10, 20000])))])
         return self.req({"tokens": tokens}, path="/detokenize")
 
+    def embeddings(self):
+        """/v1/embeddings, Ollama's /api/embed and /api/embeddings, and the
+        hub's /api/pull and /api/delete (the served model is -m's: never
+        deleted) with wrong types, huge inputs and unknown names."""
+        r = self.rng
+        junk = [None, True, 0, -1, 2**64, 1e300, "", [], {}, [[]], [None], [[-1]], [[2**40]], ["a", 1], "\u0000"]
+        kind = r.randrange(5)
+        if kind == 0:
+            body = {"model": self.model, "input": r.choice(junk + ["hi", ["a", "b"], [1, 2, 3], ["x " * 9000]])}
+            for k, vals in (("encoding_format", ["float", "base64", "int8", 5, None]), ("dimensions", [0, -1, 7, 2**64, "x"]),
+                            ("model", ["nope", 5, "", self.model + ":latest"])):
+                if r.random() < 0.3:
+                    body[k] = r.choice(vals)
+            return self.req(body, path="/v1/embeddings")
+        if kind == 1:
+            body = {"model": self.model, "input": r.choice(junk + ["hi", ["a", "b"], "y " * 9000]),
+                    "truncate": r.choice([True, False, "x", None]), "keep_alive": r.choice(["5m", "x", -1, True, None])}
+            return self.req(body, path="/api/embed") | {"shape": "ollama"}
+        if kind == 2:
+            return self.req({"model": self.model, "prompt": r.choice(junk + ["hi"])}, path="/api/embeddings") | {"shape": "ollama"}
+        if kind == 3:
+            body = r.choice([{}, {"model": 5}, {"model": "nope"}, {"name": "x" * 3000}, {"model": self.model, "stream": r.choice([True, False, "x"])}])
+            return self.req(body, path="/api/pull") | {"shape": "ollama"}
+        body = r.choice([{}, {"model": 5}, {"model": "llama3:8b"}, {"model": self.model}, {"name": "../../etc/passwd"}])
+        return {"data": build(self.host, method="DELETE", path="/api/delete", body=dumps(body).encode()), "shape": "ollama"}
+
     # 15
     def slow(self):
         """Requests that stall: the head never finishes, or the body stops."""
@@ -680,7 +706,7 @@ class Gen:
 
 CATEGORIES = ["broken_json", "wrong_types", "out_of_range", "roles", "nesting", "big_bodies", "bad_utf8", "headers",
               "chunked", "tool_schemas", "response_format", "images", "session_ids", "misc", "slow", "messages",
-              "responses", "ollama", "tokenize"]
+              "responses", "ollama", "tokenize", "embeddings"]
 # Share of the requests per category (the slow ones each cost seconds).
 WEIGHTS = {"slow": 0.3, "big_bodies": 0.6, "nesting": 0.7}
 

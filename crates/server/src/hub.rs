@@ -867,6 +867,11 @@ async fn dispatch(State(hub): State<Arc<Hub>>, req: Request) -> Result<Response,
             };
             if empty("prompt") && empty("messages") && empty("images") {
                 // Ollama's unload: a request with nothing to say and keep_alive 0.
+                if entry.pinned {
+                    return Err(ApiError::invalid_request(format!(
+                        "'{name}' is this server's -m model: it stays loaded while the server runs"
+                    )));
+                }
                 if !hub.unload_now(&name) {
                     // Busy: it goes once its requests end.
                     if let Some(Slot::Ready(r)) = lock(&hub.slots).get(&name) {
