@@ -34,9 +34,139 @@ const TEXT_FLAGS: &[&str] = &[
     "--system-prompt",
 ];
 
+/// llama.cpp's flags for what hearth always does or has no knob for:
+/// accepted, with one line saying what hearth does instead. The bool: the
+/// flag takes a value (consumed when it is one of `VALUES`, or always).
+const ACCEPTED: &[(&str, Taking, &str)] = &[
+    ("-fa", Taking::Optional(&["on", "off", "auto", "1", "0", "true", "false"]),
+     "hearth's attention is always the tiled (flash) kernel; -fa/--flash-attn changes nothing"),
+    ("--flash-attn", Taking::Optional(&["on", "off", "auto", "1", "0", "true", "false"]),
+     "hearth's attention is always the tiled (flash) kernel; -fa/--flash-attn changes nothing"),
+    ("--jinja", Taking::None,
+     "hearth always renders the GGUF's Jinja chat template (--template or --raw change that); --jinja is not needed"),
+    ("-cnv", Taking::None,
+     "hearth run chats by default when no prompt is given (-p/-f/stdin); -cnv is not needed"),
+    ("--conversation", Taking::None,
+     "hearth run chats by default when no prompt is given (-p/-f/stdin); --conversation is not needed"),
+    ("-no-cnv", Taking::None,
+     "hearth run answers one prompt and exits when given one (-p/-f/stdin); -no-cnv is not needed"),
+    ("--no-conversation", Taking::None,
+     "hearth run answers one prompt and exits when given one (-p/-f/stdin); --no-conversation is not needed"),
+    ("--no-mmap", Taking::None, "hearth maps GGUF files read-only; --no-mmap changes nothing"),
+    ("--mlock", Taking::None, "hearth does not lock the model in memory; --mlock changes nothing"),
+];
+
+#[derive(Clone, Copy)]
+enum Taking {
+    None,
+    /// A value follows when it is one of these.
+    Optional(&'static [&'static str]),
+}
+
+/// llama.cpp's names for flags hearth has under another name (two dashes
+/// or one letter), beyond [`SINGLE_DASH`].
+const RENAMED: &[(&str, &str)] = &[
+    ("-hf", "--model"),
+    ("-hfr", "--model"),
+    ("--hf-repo", "--model"),
+    ("-np", "--max-sessions"),
+    ("--parallel", "--max-sessions"),
+];
+
 /// Rewrites llama.cpp's single-dash long flags (`-ngl`, `-ngl=N`, `-md`) to
-/// hearth's; everything after `--` and every text value is left as it is.
+/// hearth's, `-hf REPO[:QUANT]` to `--model hf://REPO[:QUANT]`, and drops
+/// the flags hearth has no use for with a line on stderr saying why;
+/// everything after `--` and every text value is left as it is.
 pub fn rewrite_llama_flags(args: Vec<OsString>) -> Vec<OsString> {
+    let (out, notes) = rewrite_llama_flags_noted(args);
+    for n in notes {
+        eprintln!("note: {n}");
+    }
+    out
+}
+
+/// [`rewrite_llama_flags`], the notes returned instead of printed.
+pub fn rewrite_llama_flags_noted(args: Vec<OsString>) -> (Vec<OsString>, Vec<String>) {
+    let mut notes: Vec<String> = Vec::new();
+    let mut kept = Vec::with_capacity(args.len());
+    let mut skip_value = false;
+    let mut hf_value = false;
+    let mut literal = false;
+    for (i, a) in args.iter().enumerate() {
+        let s = a.to_str().unwrap_or("");
+        if literal {
+            kept.push(a.clone());
+            continue;
+        }
+        if skip_value {
+            skip_value = false;
+            continue;
+        }
+        if hf_value {
+            hf_value = false;
+            let v = if s.contains("://") || std::path::Path::new(s).exists() {
+                s.to_string()
+            } else {
+                format!("hf://{s}")
+            };
+            kept.push(OsString::from(v));
+            continue;
+        }
+        let after_text_flag = i > 0
+            && args[i - 1]
+                .to_str()
+                .is_some_and(|p| TEXT_FLAGS.contains(&p));
+        if s == "--" {
+            literal = true;
+            kept.push(a.clone());
+            continue;
+        }
+        if after_text_flag {
+            kept.push(a.clone());
+            continue;
+        }
+        let (name, inline) = match s.split_once('=') {
+            Some((n, v)) if n.starts_with('-') => (n, Some(v)),
+            _ => (s, None),
+        };
+        if let Some((_, taking, note)) = ACCEPTED.iter().find(|(f, _, _)| *f == name) {
+            if !notes.iter().any(|n| n == note) {
+                notes.push(note.to_string());
+            }
+            if let (Taking::Optional(values), None) = (taking, inline) {
+                skip_value = args
+                    .get(i + 1)
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| values.contains(&n));
+            }
+            continue;
+        }
+        if matches!(name, "-np" | "--parallel") && args.get(1).is_none_or(|c| c != "serve") {
+            notes.push(format!(
+                "hearth run holds one conversation; {name} (parallel sequences) is `hearth serve --max-sessions N`"
+            ));
+            skip_value = inline.is_none();
+            continue;
+        }
+        if let Some((_, to)) = RENAMED.iter().find(|(f, _)| *f == name) {
+            let hf = to == &"--model" && name.contains("hf");
+            match inline {
+                Some(v) if hf => kept.push(OsString::from(format!("{to}=hf://{v}"))),
+                Some(v) => kept.push(OsString::from(format!("{to}={v}"))),
+                None => {
+                    kept.push(OsString::from(*to));
+                    hf_value = hf;
+                }
+            }
+            continue;
+        }
+        kept.push(a.clone());
+    }
+    (rewrite_single_dash(kept), notes)
+}
+
+/// [`SINGLE_DASH`]'s rewrites.
+fn rewrite_single_dash(args: Vec<OsString>) -> Vec<OsString> {
     let mut out = Vec::with_capacity(args.len());
     let mut literal = false;
     for (i, a) in args.iter().enumerate() {
@@ -289,6 +419,58 @@ mod tests {
 
     fn os(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn llama_cpp_flags_work_or_say_what_hearth_does() {
+        let (out, notes) = rewrite_llama_flags_noted(os(&[
+            "hearth",
+            "run",
+            "-hf",
+            "bartowski/Qwen-GGUF:Q4_K_M",
+            "-fa",
+            "on",
+            "-cnv",
+            "--jinja",
+            "-p",
+            "-fa",
+        ]));
+        assert_eq!(
+            out,
+            os(&[
+                "hearth",
+                "run",
+                "--model",
+                "hf://bartowski/Qwen-GGUF:Q4_K_M",
+                "-p",
+                "-fa"
+            ])
+        );
+        assert_eq!(notes.len(), 3, "{notes:?}");
+        assert!(notes[0].contains("flash") && notes[1].contains("chats by default"));
+        // -fa without a value leaves the next argument alone; -hf=REPO.
+        let (out, _) = rewrite_llama_flags_noted(os(&[
+            "hearth",
+            "run",
+            "-fa",
+            "-n",
+            "5",
+            "--hf-repo=o/r:Q8_0",
+        ]));
+        assert_eq!(
+            out,
+            os(&["hearth", "run", "-n", "5", "--model=hf://o/r:Q8_0"])
+        );
+        // -np: serve's sessions; run says what it is instead.
+        let (out, _) = rewrite_llama_flags_noted(os(&["hearth", "serve", "-np", "4"]));
+        assert_eq!(out, os(&["hearth", "serve", "--max-sessions", "4"]));
+        let (out, notes) = rewrite_llama_flags_noted(os(&["hearth", "run", "-np", "4", "-p", "x"]));
+        assert_eq!(out, os(&["hearth", "run", "-p", "x"]));
+        assert!(notes[0].contains("--max-sessions"), "{notes:?}");
+        // -no-cnv and --no-mmap: notes, nothing passed on.
+        let (out, notes) =
+            rewrite_llama_flags_noted(os(&["hearth", "run", "-no-cnv", "--no-mmap"]));
+        assert_eq!((out, notes.len()), (os(&["hearth", "run"]), 2));
     }
 
     #[test]

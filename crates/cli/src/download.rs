@@ -248,7 +248,7 @@ fn get(agent: &ureq::Agent, req: &Request, from: u64) -> Result<(ureq::Response,
                 return Err(status_error(label, &url, code, resp.status_text()))
             }
             // ureq's message starts with the URL.
-            Err(e) => bail!("{label}: {e}"),
+            Err(e) => bail!("{label}: {}", transport_error(&parsed, &e)),
         };
         hints.take_from(&resp, req.etag_is_sha256);
         if (300..400).contains(&resp.status()) {
@@ -273,6 +273,56 @@ pub fn host_port(u: &url::Url) -> String {
         (Some(h), None) => h.to_string(),
         _ => String::new(),
     }
+}
+
+/// A request that got no answer (no network, DNS, refused, timed out), said
+/// so plainly.
+fn transport_error(u: &url::Url, e: &ureq::Error) -> String {
+    format!(
+        "could not reach {} ({e}); downloading needs network access to it (offline, give a local .gguf path instead)",
+        host_port(u)
+    )
+}
+
+/// A small JSON document (the Hub's file listing), with the Hub's token
+/// when the host is the Hub's.
+pub fn get_json(url: &str, bearer: Option<(String, String)>) -> Result<serde_json::Value> {
+    let parsed = url::Url::parse(url).with_context(|| format!("bad URL '{url}'"))?;
+    let mut r = agent()
+        .request_url("GET", &parsed)
+        .set("Accept", "application/json");
+    if let Some((host, token)) = &bearer {
+        if host_port(&parsed) == *host {
+            r = r.set("Authorization", &format!("Bearer {token}"));
+        }
+    }
+    // The listing API answers directly; a redirect is followed once.
+    let resp = match r.call() {
+        Ok(resp) if (300..400).contains(&resp.status()) => {
+            let loc = resp.header("location").unwrap_or_default().to_string();
+            let next = parsed
+                .join(&loc)
+                .with_context(|| format!("bad redirect '{loc}' from {url}"))?;
+            agent()
+                .request_url("GET", &next)
+                .call()
+                .map_err(|e| match e {
+                    ureq::Error::Status(code, resp) => {
+                        status_error("listing", next.as_str(), code, resp.status_text())
+                    }
+                    e => anyhow::anyhow!("{}", transport_error(&next, &e)),
+                })?
+        }
+        Ok(resp) => resp,
+        Err(ureq::Error::Status(code, resp)) => {
+            return Err(status_error("listing", url, code, resp.status_text()))
+        }
+        Err(e) => bail!("{}", transport_error(&parsed, &e)),
+    };
+    let text = resp
+        .into_string()
+        .with_context(|| format!("reading {url}"))?;
+    serde_json::from_str(&text).with_context(|| format!("{url} did not answer JSON"))
 }
 
 fn status_error(label: &str, url: &str, code: u16, text: &str) -> anyhow::Error {

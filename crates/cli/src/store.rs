@@ -87,7 +87,7 @@ pub fn hf_bearer() -> Option<(String, String)> {
 fn parse_hf(arg: &str, rest: &str) -> Result<Remote> {
     let usage = || {
         anyhow::anyhow!(
-            "'{arg}': expected hf://OWNER/REPO/FILE.gguf or hf://OWNER/REPO/FILE.gguf@REVISION"
+            "'{arg}': expected hf://OWNER/REPO[:QUANT], hf://OWNER/REPO/FILE.gguf, or either with @REVISION"
         )
     };
     let (body, rev) = match rest.rsplit_once('@') {
@@ -96,7 +96,23 @@ fn parse_hf(arg: &str, rest: &str) -> Result<Remote> {
         None => (rest, "main"),
     };
     let segs: Vec<&str> = body.split('/').collect();
-    if segs.len() < 3 || segs.iter().any(|s| s.is_empty() || *s == "." || *s == "..") {
+    if segs.iter().any(|s| s.is_empty() || *s == "." || *s == "..") {
+        return Err(usage());
+    }
+    if segs.len() == 2 {
+        // hf://OWNER/REPO[:QUANT]: the file picked from the repository's listing.
+        let (repo, quant) = match segs[1].split_once(':') {
+            Some((r, q)) if !r.is_empty() && !q.is_empty() => (r, q),
+            Some(_) => return Err(usage()),
+            None => (segs[1], DEFAULT_QUANT),
+        };
+        if rev == "." || rev == ".." {
+            return Err(usage());
+        }
+        let file = pick_quant(segs[0], repo, quant, rev)?;
+        return hf_remote(segs[0], repo, &file, rev);
+    }
+    if segs.len() < 3 {
         return Err(usage());
     }
     if rev == "." || rev == ".." {
@@ -107,6 +123,62 @@ fn parse_hf(arg: &str, rest: &str) -> Result<Remote> {
         bail!("'{arg}': hearth pulls .gguf files (got '{file}')");
     }
     hf_remote(owner, repo, &file, rev)
+}
+
+/// The quantization `hf://OWNER/REPO` means without `:QUANT` (llama.cpp's
+/// `-hf` and Ollama's `hf.co/...` pick the same).
+const DEFAULT_QUANT: &str = "Q4_K_M";
+
+/// The repository's GGUF of quantization `quant` (case-insensitive, as a
+/// whole word of the file name: `Q4_K_M` is not `IQ4_K_M`), from the Hub's
+/// listing; projector (mmproj) files are never picked, and of a split GGUF
+/// the first part.
+fn pick_quant(owner: &str, repo: &str, quant: &str, rev: &str) -> Result<String> {
+    let url = format!(
+        "{}/api/models/{}/{}/revision/{}",
+        hf_endpoint(),
+        encode(owner),
+        encode(repo),
+        encode(rev)
+    );
+    let info = download::get_json(&url, hf_bearer())
+        .with_context(|| format!("hf://{owner}/{repo}: listing its files"))?;
+    let files: Vec<&str> = info["siblings"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|f| f["rfilename"].as_str()).collect())
+        .unwrap_or_default();
+    let ggufs: Vec<&str> = files
+        .iter()
+        .copied()
+        .filter(|f| {
+            f.to_ascii_lowercase().ends_with(".gguf") && !f.to_ascii_lowercase().contains("mmproj")
+        })
+        .collect();
+    let is_word = |f: &str| {
+        let name = f.rsplit('/').next().unwrap_or(f).to_ascii_lowercase();
+        let q = quant.to_ascii_lowercase();
+        name.match_indices(&q).any(|(i, _)| {
+            let before = name[..i].chars().last();
+            let after = name[i + q.len()..].chars().next();
+            before.is_none_or(|c| !c.is_ascii_alphanumeric())
+                && after.is_none_or(|c| c == '.' || c == '-')
+        })
+    };
+    let mut picked: Vec<&str> = ggufs
+        .iter()
+        .copied()
+        .filter(|f| is_word(f))
+        .filter(|f| split_index(f).is_none_or(|(k, _)| k == 1))
+        .collect();
+    picked.sort_by_key(|f| (f.matches('/').count(), f.len()));
+    match picked.first() {
+        Some(f) => Ok(f.to_string()),
+        None if ggufs.is_empty() => bail!("hf://{owner}/{repo}: the repository has no .gguf files"),
+        None => bail!(
+            "hf://{owner}/{repo}: no {quant} GGUF; it has: {} (name one as hf://{owner}/{repo}:QUANT or hf://{owner}/{repo}/FILE.gguf)",
+            ggufs.join(", ")
+        ),
+    }
 }
 
 fn hf_remote(owner: &str, repo: &str, file: &str, rev: &str) -> Result<Remote> {
@@ -295,7 +367,19 @@ impl Remote {
                 sha256: sha256.map(|s| (s.to_string(), "--sha256".to_string())),
                 etag_is_sha256: self.hf,
             };
-            let got = download::download(&req, &part)?;
+            let got = match download::download(&req, &part) {
+                Ok(g) => g,
+                Err(e) => {
+                    // Nothing arrived: no empty part, no empty folders left.
+                    if std::fs::metadata(&part).is_ok_and(|m| m.len() == 0) {
+                        let _ = std::fs::remove_file(&part);
+                    }
+                    if !part.exists() {
+                        prune_empty_dirs(&p.path);
+                    }
+                    return Err(e);
+                }
+            };
             check_gguf_magic(&part, &name)?;
             // The record goes first: a file in place always has one. A
             // rename keeps the modification time, so the stamp carries over.

@@ -667,3 +667,79 @@ fn split_ggufs_pull_every_part_and_say_they_cannot_load() {
     );
     std::fs::remove_dir_all(&home).unwrap();
 }
+
+/// `hf://OWNER/REPO[:QUANT]`: the file is picked from the repository's
+/// listing (Q4_K_M by default, as a whole word of the name, never an
+/// mmproj); an unknown quantization lists what there is; offline, or when
+/// the file cannot be had, the error says so and no empty folder is left.
+#[test]
+fn hub_repo_and_quant_pick_the_file_from_the_listing() {
+    let home = temp_home("quant");
+    let server = Server::start();
+    let listing = serde_json::json!({"siblings": [
+        {"rfilename": "README.md"}, {"rfilename": "mmproj-m-Q4_K_M.gguf"}, {"rfilename": "m-IQ4_K_M.gguf"},
+        {"rfilename": "m-Q4_K_M.gguf"}, {"rfilename": "m-Q8_0.gguf"},
+    ]});
+    let listing = Arc::new(listing.to_string().into_bytes());
+    server.route("/api/models/o/r/revision/main", file(listing.clone()));
+    let (q4, q8) = (blob(4096, 7), blob(2048, 9));
+    server.route("/o/r/resolve/main/m-Q4_K_M.gguf", file(q4.clone()));
+    server.route("/o/r/resolve/main/m-Q8_0.gguf", file(q8.clone()));
+
+    let o = hearth(&home, Some(&server), &["pull", "hf://o/r"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let path = home.join("models/hf/o/r/main/m-Q4_K_M.gguf");
+    assert_eq!(
+        stdout(&o).trim().lines().last(),
+        Some(path.to_str().unwrap())
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), *q4);
+    let o = hearth(&home, Some(&server), &["pull", "hf://o/r:q8_0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(home.join("models/hf/o/r/main/m-Q8_0.gguf")).unwrap(),
+        *q8
+    );
+
+    let o = hearth(&home, Some(&server), &["pull", "hf://o/r:Q5_K_M"]);
+    let err = stderr(&o);
+    assert!(
+        !o.status.success() && err.contains("no Q5_K_M GGUF"),
+        "{err}"
+    );
+    assert!(
+        err.contains("m-IQ4_K_M.gguf, m-Q4_K_M.gguf, m-Q8_0.gguf") && !err.contains("mmproj"),
+        "{err}"
+    );
+
+    // Listed, but the file is not served: nothing left behind.
+    server.route("/api/models/o/gone/revision/main", file(listing));
+    let o = hearth(&home, Some(&server), &["pull", "hf://o/gone"]);
+    assert!(!o.status.success(), "{}", stderr(&o));
+    assert!(
+        !home.join("models/hf/o/gone").exists(),
+        "{:?}",
+        hearth_files(&home)
+    );
+    // Offline: a plain message, and no folder either.
+    let o = hearth(&home, None, &["pull", "hf://o/r2:Q4_K_M"]);
+    let err = stderr(&o);
+    assert!(
+        !o.status.success() && err.contains("could not reach 127.0.0.1:9"),
+        "{err}"
+    );
+    assert!(err.contains("network access"), "{err}");
+    assert!(!home.join("models/hf/o/r2").exists());
+    let o = hearth(&home, None, &["pull", "hf://o/r3/x.gguf"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("could not reach"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        !home.join("models/hf/o/r3").exists(),
+        "{:?}",
+        hearth_files(&home)
+    );
+    std::fs::remove_dir_all(&home).unwrap();
+}

@@ -153,3 +153,101 @@ fn run_answers_as_a_chat_model_by_default() {
         "--raw completes the text instead"
     );
 }
+
+/// `cat main.py | hearth run -p "Review this code"`: the piped text and the
+/// prompt both reach the model, stdin first (as Ollama joins them).
+#[test]
+fn piped_stdin_joins_the_prompt() {
+    use std::io::Write;
+    let code = "def add(a, b): return a - b";
+    let mut child = hearth_cmd()
+        .args([
+            "run",
+            "-m",
+            "smollm2-135m",
+            "-p",
+            "Find the bug in this code, one sentence.",
+            "-n",
+            "0",
+            "--verbose-prompt",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(code.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stderr);
+    let (c, p) = (shown.find(code), shown.find("Find the bug in this code"));
+    assert!(c.is_some() && p.is_some() && c < p, "{shown}");
+    // Without a pipe (stdin /dev/null) only the prompt goes.
+    let out = hearth(&[
+        "run",
+        "-m",
+        "smollm2-135m",
+        "-p",
+        "Hi.",
+        "-n",
+        "0",
+        "--verbose-prompt",
+    ]);
+    assert!(out.status.success() && !text(&out.stderr).contains(code));
+}
+
+/// llama.cpp's multi-letter flags either work or say, in one line, what
+/// hearth does instead; never the help with exit 0.
+#[test]
+fn llama_cpp_flags_never_print_the_help() {
+    // The Hub is a closed local port: the download fails at once.
+    let home = std::env::temp_dir().join(format!("hearth-hf-flag-{}", std::process::id()));
+    let out = hearth_cmd()
+        .args([
+            "run",
+            "-hf",
+            "bartowski/Nope-GGUF/nope.gguf",
+            "-p",
+            "hi",
+            "-n",
+            "1",
+        ])
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .env("HEARTH_HOME", &home)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&home);
+    let err = text(&out.stderr);
+    assert!(!out.status.success() && !err.contains("Usage:"), "{err}");
+    assert!(
+        err.contains("hf://bartowski/Nope-GGUF/nope.gguf") || err.contains("bartowski"),
+        "{err}"
+    );
+    let out = hearth(&[
+        "run",
+        "-m",
+        "smollm2-135m",
+        "-fa",
+        "on",
+        "-cnv",
+        "--jinja",
+        "-p",
+        "Hi.",
+        "-n",
+        "1",
+    ]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    for note in ["flash", "chats by default", "Jinja"] {
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with("note: ") && l.contains(note)),
+            "{note}: {err}"
+        );
+    }
+}

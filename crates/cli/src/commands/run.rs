@@ -363,6 +363,18 @@ fn read_prompt(args: &Args) -> Result<Option<String>> {
         Ok(s)
     };
     Ok(Some(match (&args.prompt, &args.file) {
+        // `cat main.py | hearth run -p "Review this code"`: the piped text
+        // first, then the prompt, as Ollama joins them.
+        (Some(p), None) if stdin_is_data() => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("reading stdin")?;
+            match s.trim().is_empty() {
+                true => p.clone(),
+                false => format!("{}\n\n{p}", s.trim_end()),
+            }
+        }
         (Some(p), _) => p.clone(),
         (None, Some(f)) if f.as_os_str() == "-" => stdin()?,
         (None, Some(f)) => std::fs::read_to_string(f)
@@ -370,6 +382,20 @@ fn read_prompt(args: &Args) -> Result<Option<String>> {
         (None, None) if !std::io::stdin().is_terminal() => stdin()?,
         (None, None) => return Ok(None),
     }))
+}
+
+/// Whether stdin is a pipe or a file (text piped in), not a terminal or a
+/// device such as /dev/null.
+fn stdin_is_data() -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    if std::io::stdin().is_terminal() {
+        return false;
+    }
+    let Ok(meta) = std::fs::metadata("/dev/stdin") else {
+        return false;
+    };
+    let t = meta.file_type();
+    t.is_fifo() || t.is_file()
 }
 
 /// One `run` invocation, on whichever backend.
