@@ -120,6 +120,11 @@ impl Prompter {
         !matches!(self.renderer, Renderer::None(_))
     }
 
+    /// Whether the format is hearth's own (Muse Glimmer's, for a file without a template).
+    pub fn is_builtin_format(&self) -> bool {
+        matches!(self.renderer, Renderer::MuseGlimmer)
+    }
+
     pub fn describe(&self) -> String {
         let r = match &self.renderer {
             Renderer::Jinja(_) => "GGUF chat template",

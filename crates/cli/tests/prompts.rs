@@ -251,3 +251,35 @@ fn llama_cpp_flags_never_print_the_help() {
         );
     }
 }
+
+/// A base model (no chat template in its GGUF) completes the prompt as it
+/// is, saying so once; `--chat` renders it with the built-in template.
+#[test]
+fn a_base_model_runs_raw_and_says_so_once() {
+    let args = [
+        "run",
+        "-m",
+        "gemma3-270m",
+        "-p",
+        "Once upon a time",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+    ];
+    let out = hearth(&args);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(err.matches("is a base model").count(), 1, "{err}");
+    let raw = hearth(&[&args[..], &["--raw"]].concat());
+    assert_eq!(text(&out.stdout), text(&raw.stdout), "the same as --raw");
+    assert!(!text(&raw.stderr).contains("base model"));
+    let chat = hearth(&[&args[..], &["--chat", "--verbose-prompt"]].concat());
+    let err = text(&chat.stderr);
+    assert!(
+        chat.status.success()
+            && err.contains("<start_of_turn>user")
+            && !err.contains("is a base model"),
+        "{err}"
+    );
+}

@@ -815,7 +815,11 @@ fn message_stream(w: Writer, rx: mpsc::UnboundedReceiver<Event>) -> impl Stream<
                 return Some((vec![("error", error_body(&e.into()))], None));
             }
             // A long prefill says it is alive the way Anthropic's streams do.
-            Some(Event::Progress(_)) => out.push(("ping", json!({"type": "ping"}))),
+            // (Each chunk but the last: the content follows that one.)
+            Some(Event::Progress(p)) if p.processed < p.total => {
+                out.push(("ping", json!({"type": "ping"})))
+            }
+            Some(Event::Progress(_)) => {}
             Some(Event::Admitted { .. }) | Some(Event::Logprobs(_)) => {}
             None => {
                 let e = ApiError::server("the engine dropped the request");

@@ -216,7 +216,7 @@ fn row(name: String, path: &Path, size: u64, problem: Option<String>) -> Row {
 
 /// "instruct" when the name says so (Instruct, chat, -it) or the file carries
 /// a chat template; "base" otherwise.
-fn kind(f: &GgufFile) -> &'static str {
+pub(crate) fn kind(f: &GgufFile) -> &'static str {
     let md = f.metadata();
     let named = ["general.name", "general.finetune", "general.basename"]
         .iter()

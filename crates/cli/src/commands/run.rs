@@ -141,7 +141,20 @@ pub fn run(args: Args) -> Result<()> {
             early,
         );
     };
-    let chat = !args.raw && prompter.has_chat_format();
+    // A base model (no chat template in the GGUF, not named instruct or
+    // chat) completes the prompt as it is, unless --chat asks for its
+    // architecture's built-in template.
+    let base = super::list::kind(model.file()) == "base"
+        && !prompter.is_builtin_format()
+        && prompter.has_chat_format();
+    if base && !args.raw && !args.chat {
+        eprintln!(
+            "note: {} is a base model (its GGUF has no chat template): completing the prompt as it is; --chat renders it with the {} built-in template",
+            args.model.as_deref().unwrap_or("the model"),
+            model.file().architecture().unwrap_or("architecture's")
+        );
+    }
+    let chat = !args.raw && prompter.has_chat_format() && (!base || args.chat);
     let format = match chat {
         true => prompter.output,
         false => hearth_chat::parser::OutputFormat::Plain,

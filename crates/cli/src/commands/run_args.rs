@@ -18,11 +18,12 @@ pub struct Args {
     #[arg(short, long)]
     pub file: Option<PathBuf>,
     /// Plain text completion: feed the prompt as it is, without the model's
-    /// chat template (base models without a template always are).
+    /// chat template (a base model, whose GGUF has none, always is unless --chat).
     #[arg(long, visible_alias = "no-chat")]
     pub raw: bool,
-    /// Render the prompt with the chat template (the default; kept for scripts).
-    #[arg(long, hide = true, conflicts_with = "raw")]
+    /// Render the prompt as a chat turn even for a base model (with its
+    /// architecture's built-in template); chat models always are.
+    #[arg(long, conflicts_with = "raw")]
     pub chat: bool,
     /// A system message before the prompt (chat mode; also -sys).
     #[arg(long = "system-prompt", conflicts_with = "raw")]
