@@ -158,7 +158,62 @@ def main():
     finally:
         term.close()
     print("PASS interactive chat: two turns with cache reuse, Ctrl-C keeps the session, /save, Ctrl-D")
+    commands()
     images(home)
+
+
+def commands():
+    """Ollama's REPL habits: a \"\"\" message over several lines, /set parameter,
+    /set system, /show info|parameters|system, and Ctrl-C during a long
+    prompt dropping that message."""
+    term = Terminal(["run", "-m", MODEL, "-n", "24", "-t", "2", "-c", "4096"])
+    try:
+        term.read_until(r"chatting with .*\n", 120)
+        term.read_until(r">>> ", 60)
+        term.send("/set parameter temperature 0\r")
+        term.read_until(r"set temperature to 0", 30)
+        term.send("/set parameter top_k banana\r")
+        term.read_until(r"error: top_k: 'banana' is not a number", 30)
+        term.send("/show parameters\r")
+        out, _ = term.read_until(r"num_ctx 4096", 30)
+        assert "temperature 0" in out and "num_predict 24" in out, out
+        term.send("/show info\r")
+        out, _ = term.read_until(r"file .*SmolLM2", 30)
+        assert "architecture" in out and "llama" in out, out
+        term.send("/set system You answer in one word.\r")
+        term.read_until(r"system message set", 30)
+        term.send("/show system\r")
+        term.read_until(r"You answer in one word\.", 30)
+        term.read_until(r">>> ", 30)
+        # A message of three lines: one user turn. Each line is typed at its
+        # own "... " prompt (the line editor drops input typed ahead of it).
+        term.send('"""What colour is\r')
+        term.read_until(r"\.\.\. ", 30)
+        term.send("the sky\r")
+        term.read_until(r"\.\.\. ", 30)
+        out1, n1, p1, c1, _ = turn(term, 'on a clear day?"""')
+        assert n1 > 0, out1
+        out2, n2, p2, c2, _ = turn(term, "And grass?")
+        assert c2 >= p1, (p1, p2, c2)
+        # A long message, stopped while its prompt is prefilled: dropped.
+        term.send('"""\r')
+        for i in range(180):
+            term.read_until(r"\.\.\. ", 30)
+            term.send(f"Line {i}: the quick brown fox jumps over the lazy dog again.\r")
+        term.read_until(r"\.\.\. ", 30)
+        term.send('end of the long message"""\r')
+        term.read_until(r"end of the long message", 60)
+        time.sleep(0.15)
+        term.send(b"\x03")
+        term.read_until(r"stopped during the prompt; the message was dropped", 60)
+        term.read_until(r">>> ", 30)
+        out3, n3, p3, c3, _ = turn(term, "And snow?")
+        assert p3 < p2 + 60, f"the dropped message is not in the prompt: {p3} tokens (turn 2: {p2})"
+        assert c3 >= p2, f"the conversation before it is still cached: {c3} of {p3}"
+        quit_cleanly(term)
+    finally:
+        term.close()
+    print("PASS interactive commands: \"\"\" multi-line, /set parameter, /set system, /show, a stopped prompt dropped")
 
 
 def images(home):

@@ -120,6 +120,14 @@ impl Prompter {
         !matches!(self.renderer, Renderer::None(_))
     }
 
+    /// The Jinja template's source (none for the built-in format).
+    pub fn template_source(&self) -> Option<&str> {
+        match &self.renderer {
+            Renderer::Jinja(t) => Some(t.source()),
+            _ => None,
+        }
+    }
+
     /// Whether the format is hearth's own (Muse Glimmer's, for a file without a template).
     pub fn is_builtin_format(&self) -> bool {
         matches!(self.renderer, Renderer::MuseGlimmer)

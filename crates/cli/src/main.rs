@@ -61,6 +61,8 @@ enum Command {
     Template(commands::template::Args),
     /// Parse generated text (stdin) into reasoning, content and tool-call events.
     Parse(commands::parse::Args),
+    /// A model in a dozen lines: architecture, size, shape, chat format, file.
+    Show(commands::show::Args),
     /// Show a GGUF's metadata, tensors, quantization mix and implied model config.
     Inspect(commands::inspect::Args),
     /// Write a synthetic GGUF: a real model's tensor layout and Q4_K_M mix, seeded random weights.
@@ -102,6 +104,7 @@ fn main() {
         Command::Pull(a) => commands::pull::run(a),
         Command::List(a) => commands::list::run(a),
         Command::Rm(a) => commands::rm::run(a),
+        Command::Show(a) => commands::show::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Run(a) => commands::run::run(a),
         Command::Serve(a) => commands::serve::run(a),

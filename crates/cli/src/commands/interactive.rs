@@ -36,9 +36,16 @@ extern "C" fn on_sigint(_: libc::c_int) {
 /// Prompt tokens prefilled per step, so Ctrl-C stops a long prefill quickly.
 const PREFILL_CHUNK: usize = 256;
 
-const HELP: &str = "commands: /clear (start over), /save FILE (the transcript as JSON), \
-/load FILE (continue a saved transcript), /image FILE (attach an image to your next message; \
-needs --mmproj), /help, /exit; Ctrl-C stops an answer, Ctrl-D quits";
+const HELP: &str = "commands:
+  /set parameter NAME VALUE   temperature, top_k, top_p, min_p, seed, repeat_penalty, num_predict
+  /set system TEXT            the system message (/set system with no text removes it)
+  /show info|parameters|template|system
+  /clear                      start over
+  /save FILE, /load FILE      the transcript as JSON, and back
+  /image FILE                 attach an image to your next message (needs --mmproj)
+  /help, /exit
+  \"\"\" begins and ends a message of several lines; Ctrl-C stops an answer (or a long prompt,
+  which is then dropped); Ctrl-D quits";
 
 /// One chat: the model, its session and the messages so far.
 pub struct Chat<'a, B: Backend> {
@@ -52,6 +59,10 @@ pub struct Chat<'a, B: Backend> {
     pub vision: Option<&'a ImageInput>,
     /// Images (`--image`) that go with the first message.
     pub images: Vec<(PathBuf, RgbImage)>,
+    /// What `/show info` prints (the model's summary).
+    pub info: String,
+    /// Tokens per answer (`-n`, `/set parameter num_predict`).
+    pub n_predict: usize,
 }
 
 impl<B: Backend + 'static> Chat<'_, B> {
@@ -66,7 +77,7 @@ impl<B: Backend + 'static> Chat<'_, B> {
             .as_ref()
             .map(|d| d.make(args.ctx, &self.sampling))
             .transpose()?;
-        let system: Vec<Value> = args
+        let mut system: Vec<Value> = args
             .system_prompt
             .iter()
             .map(|s| json!({"role": "system", "content": s}))
@@ -94,10 +105,21 @@ impl<B: Backend + 'static> Chat<'_, B> {
                 Err(ReadlineError::Eof) => break,
                 Err(e) => return Err(e).context("reading a line"),
             };
-            let line = line.trim();
+            let mut line = line.trim().to_string();
             if line.is_empty() {
                 continue;
             }
+            // `"""`: the message goes on over several lines to a closing `"""`.
+            if let Some(first) = line.strip_prefix("\"\"\"") {
+                match multi_line(&mut editor, first) {
+                    Some(text) => line = text,
+                    None => continue,
+                }
+                if line.trim().is_empty() {
+                    continue;
+                }
+            }
+            let line = line.as_str();
             let _ = editor.add_history_entry(line);
             let (cmd, rest) = line.split_once(' ').unwrap_or((line, ""));
             match cmd {
@@ -109,6 +131,14 @@ impl<B: Backend + 'static> Chat<'_, B> {
                     session.reset();
                     eprintln!("(cleared)");
                 }
+                "/set" => match self.set(rest.trim(), &mut system, &mut messages) {
+                    Ok(said) => eprintln!("({said})"),
+                    Err(e) => eprintln!("error: {e:#}"),
+                },
+                "/show" => match self.show(rest.trim(), &system) {
+                    Ok(text) => eprintln!("{text}"),
+                    Err(e) => eprintln!("error: {e:#}"),
+                },
                 "/image" => match self.attach(rest.trim()) {
                     Ok(image) => pending.push(image),
                     Err(e) => eprintln!("error: {e:#}"),
@@ -146,7 +176,16 @@ impl<B: Backend + 'static> Chat<'_, B> {
                     shown.append(&mut pending);
                     messages.push(json!({"role": "user", "content": content}));
                     match self.answer(&mut session, &messages, &shown, n_draft) {
-                        Ok(reply) => messages.push(json!({"role": "assistant", "content": reply})),
+                        // Stopped before the answer began (a long prompt):
+                        // the message is dropped, as if never sent.
+                        Ok(None) => {
+                            messages.pop();
+                            pending = shown.split_off(shown.len() - attached);
+                            eprintln!("(stopped during the prompt; the message was dropped)");
+                        }
+                        Ok(Some(reply)) => {
+                            messages.push(json!({"role": "assistant", "content": reply}))
+                        }
                         Err(e) => {
                             messages.pop();
                             // The images wait for the next message again.
@@ -159,6 +198,113 @@ impl<B: Backend + 'static> Chat<'_, B> {
         }
         let _ = editor.save_history(&history);
         Ok(())
+    }
+
+    /// `/set parameter NAME VALUE` and `/set system TEXT`; what was set.
+    fn set(
+        &mut self,
+        rest: &str,
+        system: &mut Vec<Value>,
+        messages: &mut Vec<Value>,
+    ) -> Result<String> {
+        let (what, rest) = rest.split_once(' ').unwrap_or((rest, ""));
+        match what {
+            "parameter" => {
+                let (name, value) = rest
+                    .trim()
+                    .split_once(' ')
+                    .context("/set parameter NAME VALUE (e.g. /set parameter temperature 0)")?;
+                let value = value.trim();
+                let num = || -> Result<f64> {
+                    value
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|x| x.is_finite())
+                        .with_context(|| format!("{name}: '{value}' is not a number"))
+                };
+                let c = &mut self.sampling;
+                match name {
+                    "temperature" | "temp" => {
+                        let t = num()?;
+                        anyhow::ensure!((0.0..=5.0).contains(&t), "temperature: between 0 and 5");
+                        c.temperature = t as f32;
+                    }
+                    "top_k" => {
+                        let k = num()?;
+                        anyhow::ensure!(k >= 0.0 && k.fract() == 0.0, "top_k: a whole number, 0 for off");
+                        c.top_k = k as usize;
+                    }
+                    "top_p" => {
+                        let p = num()?;
+                        anyhow::ensure!(p > 0.0 && p <= 1.0, "top_p: in (0, 1]");
+                        c.top_p = p as f32;
+                    }
+                    "min_p" => {
+                        let p = num()?;
+                        anyhow::ensure!((0.0..=1.0).contains(&p), "min_p: in [0, 1]");
+                        c.min_p = p as f32;
+                    }
+                    "repeat_penalty" => {
+                        let p = num()?;
+                        anyhow::ensure!(p > 0.0, "repeat_penalty: above 0");
+                        c.repeat_penalty = p as f32;
+                    }
+                    "seed" => {
+                        let x = num()?;
+                        anyhow::ensure!(x >= 0.0 && x.fract() == 0.0, "seed: a whole number");
+                        c.seed = x as u64;
+                    }
+                    "num_predict" | "n_predict" => {
+                        let n = num()?;
+                        anyhow::ensure!(n >= 1.0 && n.fract() == 0.0, "num_predict: a whole number, at least 1");
+                        self.n_predict = n as usize;
+                    }
+                    other => bail!("unknown parameter '{other}'; known: temperature, top_k, top_p, min_p, repeat_penalty, seed, num_predict"),
+                }
+                Ok(format!("set {name} to {value}"))
+            }
+            "system" => {
+                let text = rest.trim();
+                let had = !system.is_empty();
+                *system = match text.is_empty() {
+                    true => Vec::new(),
+                    false => vec![json!({"role": "system", "content": text})],
+                };
+                // The conversation keeps its turns under the new system message.
+                if had {
+                    messages.remove(0);
+                }
+                for (i, m) in system.iter().enumerate() {
+                    messages.insert(i, m.clone());
+                }
+                Ok(match text.is_empty() {
+                    true => "system message removed".into(),
+                    false => "system message set".into(),
+                })
+            }
+            _ => bail!("/set parameter NAME VALUE, or /set system TEXT"),
+        }
+    }
+
+    /// `/show info|parameters|template|system`.
+    fn show(&self, what: &str, system: &[Value]) -> Result<String> {
+        let c = &self.sampling;
+        Ok(match what {
+            "info" | "" => self.info.clone(),
+            "parameters" => format!(
+                "temperature {}\ntop_k {}\ntop_p {}\nmin_p {}\nrepeat_penalty {}\nseed {}\nnum_predict {}\nnum_ctx {}",
+                c.temperature, c.top_k, c.top_p, c.min_p, c.repeat_penalty, c.seed, self.n_predict, self.args.ctx
+            ),
+            "template" => match self.prompter.template_source() {
+                Some(t) => t.to_string(),
+                None => format!("({})", self.prompter.describe()),
+            },
+            "system" => match system.first().and_then(|m| m["content"].as_str()) {
+                Some(s) => s.to_string(),
+                None => "(no system message)".into(),
+            },
+            other => bail!("/show {other}: show info, parameters, template or system"),
+        })
     }
 
     /// `/image FILE`: the image, decoded (limits checked), for the next message.
@@ -221,14 +367,14 @@ impl<B: Backend + 'static> Chat<'_, B> {
 
     /// Generates the assistant's answer to `messages` (with `images` at
     /// their markers), streaming it; returns its text (what was shown, when
-    /// Ctrl-C stopped it).
+    /// Ctrl-C stopped it), or `None` when Ctrl-C came during the prompt.
     fn answer(
         &self,
         session: &mut Session<B::State>,
         messages: &[Value],
         images: &[(PathBuf, RgbImage)],
         n_draft: usize,
-    ) -> Result<String> {
+    ) -> Result<Option<String>> {
         let args = self.args;
         let ids = self.prompt(messages, images)?;
         if ids.len() >= args.ctx {
@@ -240,7 +386,7 @@ impl<B: Backend + 'static> Chat<'_, B> {
         }
         let resume = session.prepare_prompt(&ids);
         let params = TurnParams {
-            max_tokens: args.n_predict.min(args.ctx - ids.len()),
+            max_tokens: self.n_predict.min(args.ctx - ids.len()),
             stop: args.stop.clone(),
             ignore_eos: args.ignore_eos,
             n_draft,
@@ -268,7 +414,13 @@ impl<B: Backend + 'static> Chat<'_, B> {
         // SAFETY: puts back the handler that was there.
         unsafe { libc::signal(libc::SIGINT, previous) };
         result?;
-        Ok(self.wrap_up(&turn, &mut out))
+        if turn.prefilling() {
+            // Stopped inside the prompt: no answer, and the session holds
+            // only what was prefilled (the next turn reuses what matches).
+            println!();
+            return Ok(None);
+        }
+        Ok(Some(self.wrap_up(&turn, &mut out)))
     }
 
     /// Steps the turn to its end, or until Ctrl-C.
@@ -332,6 +484,29 @@ impl<B: Backend + 'static> Chat<'_, B> {
         );
         out.content()
     }
+}
+
+/// The lines of a `"""` message up to the closing `"""` (`first`: the text
+/// after the opening one); `None` when input ended or Ctrl-C came first.
+fn multi_line(editor: &mut rustyline::DefaultEditor, first: &str) -> Option<String> {
+    if let Some(one) = first.strip_suffix("\"\"\"") {
+        return Some(one.to_string());
+    }
+    let mut lines = vec![first.to_string()];
+    loop {
+        match editor.readline("... ") {
+            Ok(l) => match l.strip_suffix("\"\"\"") {
+                Some(last) => {
+                    lines.push(last.to_string());
+                    break;
+                }
+                None => lines.push(l),
+            },
+            Err(_) => return None,
+        }
+    }
+    let text = lines.join("\n");
+    Some(text.trim_matches('\n').to_string())
 }
 
 /// The transcript as `{"messages": [...]}`.

@@ -233,7 +233,7 @@ pub(crate) fn kind(f: &GgufFile) -> &'static str {
 }
 
 /// `general.file_type` (llama.cpp's llama_ftype) -> its quantization name.
-fn ftype_name(t: u64) -> Option<&'static str> {
+pub(crate) fn ftype_name(t: u64) -> Option<&'static str> {
     Some(match t {
         0 => "F32",
         1 => "F16",

@@ -11,6 +11,7 @@ pub mod rm;
 pub mod run;
 mod run_args;
 pub mod serve;
+pub mod show;
 pub mod spec;
 pub mod synth;
 pub mod template;

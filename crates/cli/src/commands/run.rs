@@ -304,6 +304,8 @@ fn interactive(
             model_name,
             vision,
             images,
+            info: super::show::summary(model.file().path(), model.file()),
+            n_predict: args.n_predict,
         };
         return chat.run(drafters);
     }
@@ -318,6 +320,8 @@ fn interactive(
         model_name,
         vision,
         images,
+        info: super::show::summary(model.file().path(), model.file()),
+        n_predict: args.n_predict,
     };
     chat.run(cpu_drafters(spec, model)?)
 }
