@@ -71,6 +71,11 @@ enum Command {
 
 const MAX_THREADS: usize = 1024;
 
+/// `hearth run --verbose`: details (the speculation's banners) that are
+/// otherwise left out.
+pub(crate) static VERBOSE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Sizes the global worker pool (all cores by default).
 pub(crate) fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
     let mut b = rayon::ThreadPoolBuilder::new();

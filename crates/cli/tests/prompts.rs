@@ -283,3 +283,47 @@ fn a_base_model_runs_raw_and_says_so_once() {
         "{err}"
     );
 }
+
+/// Without --verbose a run prints one stats line (load, prompt, first
+/// token, eval, total) and no KV or speculation details.
+#[test]
+fn one_stats_line_unless_verbose() {
+    let out = hearth(&[
+        "run",
+        "-m",
+        "smollm2-135m",
+        "-p",
+        "Hi.",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+    ]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].starts_with("load ")
+            && lines[0].contains("first token")
+            && lines[0].contains("total"),
+        "{err}"
+    );
+    let out = hearth(&[
+        "run",
+        "-m",
+        "smollm2-135m",
+        "-p",
+        "Hi.",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "-v",
+    ]);
+    assert!(
+        text(&out.stderr).contains("KV cache: "),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -36,6 +36,7 @@ fn gemma3_greedy_text_equals_llama_cpp() {
             "2",
             "-c",
             "32768",
+            "--verbose",
             "--stats-json",
         ])
         .arg(&stats)
@@ -62,11 +63,28 @@ fn gemma3_greedy_text_equals_llama_cpp() {
     assert!(
         s["prefill_tok_s"].as_f64().unwrap() > 0.0 && s["decode_tok_s"].as_f64().unwrap() > 0.0
     );
+    for key in ["load_ms", "time_to_first_token_ms", "total_ms"] {
+        assert!(s[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {s}");
+    }
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // --verbose: the KV cache's layout after the one stats line.
     assert!(
         stderr.contains("3 global layers x 32768 positions + 15 sliding layers x 512 slots"),
         "{stderr}"
     );
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("load "))
+        .expect("the stats line");
+    for part in [
+        "| prompt 6 tokens, ",
+        " tok/s | first token ",
+        "| eval 16 tokens, ",
+        "| total ",
+        "| finish: length",
+    ] {
+        assert!(line.contains(part), "{part}: {line}");
+    }
     std::fs::remove_file(&stats).unwrap();
 }
 

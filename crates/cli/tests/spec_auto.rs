@@ -143,8 +143,9 @@ fn auto_picks_the_packaged_drafter_and_keeps_the_output() {
     assert!(!plain_err.contains("spec auto"), "{plain_err}");
     assert!(!f.installed().exists(), "--spec none installed the drafter");
 
-    // The default is auto: the drafter is copied in and used, adaptively.
-    let (text, err, stats) = f.run(QWEN, &[]);
+    // The default is auto: the drafter is copied in and used, adaptively
+    // (the banner says so with --verbose).
+    let (text, err, stats) = f.run(QWEN, &["--verbose"]);
     assert!(
         err.contains(&format!(
             "spec auto: DFlash drafter {DRAFTER} for {QWEN}, adaptive"
@@ -165,8 +166,12 @@ fn auto_picks_the_packaged_drafter_and_keeps_the_output() {
 
     // The packaged file by its path (its record names the packaged sha256).
     let by_path = f.home.join("models").join(QWEN_FILE);
-    let (text, _, stats) = f.run(by_path.to_str().unwrap(), &[]);
+    let (text, err, stats) = f.run(by_path.to_str().unwrap(), &[]);
     assert_eq!(stats["spec"], "dflash");
+    assert!(
+        !err.contains("spec auto"),
+        "no banner without --verbose: {err}"
+    );
     assert_eq!(text, plain);
     // A link to it without a record is not hashed to find out: plain.
     let bare = f.dir.join("my-model.gguf");

@@ -70,6 +70,8 @@ fn output_grammar(
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let started = std::time::Instant::now();
+    crate::VERBOSE.store(args.verbose, std::sync::atomic::Ordering::Relaxed);
     crate::device::check(args.device)?;
     check_run(&args)?;
     args.spec.precheck(args.device)?;
@@ -100,6 +102,7 @@ pub fn run(args: Args) -> Result<()> {
         .set_kv_types(kv)
         .map_err(|e| anyhow::anyhow!("--cache-type-k/-v {kv}: {e}"))?;
     let model = Arc::new(model);
+    let load_time = started.elapsed();
     let tokenizer =
         Arc::new(Tokenizer::from_gguf(model.file().metadata()).context("building the tokenizer")?);
     let prompter = Prompter::from_gguf(model.file(), Some(tokenizer.clone()), "auto")?;
@@ -240,6 +243,8 @@ pub fn run(args: Args) -> Result<()> {
         n_draft: 0,
         spec: &spec,
         grammar,
+        started,
+        load_time,
     };
     #[cfg(feature = "cuda")]
     if args.device == Device::Cuda {
@@ -431,6 +436,9 @@ struct Job<'a> {
     spec: &'a SpecConfig,
     /// --json-schema / --grammar.
     grammar: Option<(Grammars, OutputGrammar)>,
+    /// When `run` began, and how long the model took to load.
+    started: std::time::Instant,
+    load_time: std::time::Duration,
 }
 
 impl Job<'_> {
@@ -486,19 +494,32 @@ impl Job<'_> {
     fn report(&self, path: &Path, stats: &TurnStats, kv: &str, kv_bytes: usize) -> Result<()> {
         let args = self.args;
         let finish = stats.finish.map_or("length", FinishReason::as_str);
+        let encode_ms: f64 = self
+            .image_stats
+            .iter()
+            .filter_map(|i| i["encode_ms"].as_f64())
+            .sum();
+        // The first token comes from the prompt's last pass (after the images' encode).
+        let ttft_ms = encode_ms + stats.prefill_time.as_secs_f64() * 1e3;
+        let total = self.started.elapsed().as_secs_f64();
         eprintln!();
+        // One line in llama-cli's terms; the KV cache and speculation with --verbose.
         eprintln!(
-            "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | finish: {finish}",
+            "load {:.2} s | prompt {} tokens, {:.1} tok/s | first token {:.0} ms | eval {} tokens, {:.1} tok/s | total {total:.2} s | finish: {finish}",
+            self.load_time.as_secs_f64(),
             stats.prompt_tokens,
             stats.prefill_tok_s(),
+            ttft_ms,
             stats.tokens.len(),
             stats.decode_tok_s(),
         );
-        eprintln!("{kv}");
         let spec = stats.spec.as_ref().map(|sp| (self.n_draft, sp));
         let kind = self.spec.kind.as_str();
-        if let Some((k, sp)) = spec {
-            eprintln!("{}", spec_summary(kind, k, self.spec.adaptive, sp));
+        if args.verbose {
+            eprintln!("{kv}");
+            if let Some((k, sp)) = spec {
+                eprintln!("{}", spec_summary(kind, k, self.spec.adaptive, sp));
+            }
         }
         if let Some(p) = &args.stats_json {
             let mut json = json!({
@@ -514,17 +535,12 @@ impl Job<'_> {
                 "constraint_ms": stats.constraint_time.as_secs_f64() * 1e3,
                 "decode_ms": stats.decode_time.as_secs_f64() * 1e3,
                 "prefill_ms": stats.prefill_time.as_secs_f64() * 1e3,
+                "load_ms": self.load_time.as_secs_f64() * 1e3,
+                "time_to_first_token_ms": ttft_ms,
+                "total_ms": total * 1e3,
             });
             if !self.image_stats.is_empty() {
                 json["images"] = Value::Array(self.image_stats.clone());
-                // Encoding the images, then the prefill that yields the first token.
-                let encode_ms: f64 = self
-                    .image_stats
-                    .iter()
-                    .filter_map(|i| i["encode_ms"].as_f64())
-                    .sum();
-                json["time_to_first_token_ms"] =
-                    json!(encode_ms + stats.prefill_time.as_secs_f64() * 1e3);
             }
             if let Some((k, sp)) = spec {
                 let extra = json!({

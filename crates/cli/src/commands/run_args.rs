@@ -34,6 +34,9 @@ pub struct Args {
     /// Print the rendered prompt (text and token count) to stderr before generating.
     #[arg(long)]
     pub verbose_prompt: bool,
+    /// Also print the KV cache's layout and the speculation's details (and banners).
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
     /// Tokens to generate (-1 = until end of generation or the context is full).
     #[arg(short = 'n', long = "n-predict", visible_alias = "predict", default_value_t = 128,
           value_parser = crate::cli_args::parse_n_predict, allow_negative_numbers = true)]

@@ -172,12 +172,14 @@ impl SpecArgs {
             }
         };
         let adaptive = self.spec_adaptive.unwrap_or(true);
-        eprintln!(
-            "spec auto: DFlash drafter {} for {}{} (--spec none turns it off)",
-            d.name,
-            m.name,
-            if adaptive { ", adaptive length" } else { "" }
-        );
+        if crate::VERBOSE.load(std::sync::atomic::Ordering::Relaxed) {
+            eprintln!(
+                "spec auto: DFlash drafter {} for {}{} (--spec none turns it off)",
+                d.name,
+                m.name,
+                if adaptive { ", adaptive length" } else { "" }
+            );
+        }
         Ok(SpecConfig {
             kind: SpecKind::Dflash,
             draft_model: Some(path),
