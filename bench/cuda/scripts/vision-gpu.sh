@@ -151,7 +151,7 @@ PY
       for spec in none "dflash --draft-model $H/e2e-dflash.gguf" ngram; do
         # shellcheck disable=SC2086
         "$H/hearth" run --device cuda -m "$H/e2e-text.gguf" --mmproj "$H/e2e-mm.gguf" --image "$img" \
-          -p "Describe the image." -n 32 --temp 0 --spec $spec >"$H/spec.txt" 2>"$H/spec.err" || { cat "$H/spec.err"; exit 1; }
+          -p "Describe the image." -n 32 --temp 0 --verbose --spec $spec >"$H/spec.txt" 2>"$H/spec.err" || { cat "$H/spec.err"; exit 1; }
         [[ $spec == none ]] && cp "$H/spec.txt" "$H/spec-none.txt"
         if cmp -s "$H/spec.txt" "$H/spec-none.txt"; then same=identical; else same=DIFFERENT; fi
         echo "cuda --image --spec ${spec%% *}: text $same to --spec none; $(grep -E '^spec:' "$H/spec.err" | cut -c1-120)" | tee -a "$OUT/e2e.log"
