@@ -159,7 +159,50 @@ def main():
         term.close()
     print("PASS interactive chat: two turns with cache reuse, Ctrl-C keeps the session, /save, Ctrl-D")
     commands()
+    progress(home)
     images(home)
+
+
+def progress(home):
+    """`hearth run -f big.txt > out` on a terminal: a spinner while the model
+    loads and the prefill's percentage on stderr; stdout holds only the
+    answer. With stderr not a terminal, neither is printed."""
+    big = os.path.join(home, "big.txt")
+    with open(big, "w") as f:
+        f.write(" ".join(f"Item {i} is a red apple." for i in range(500)) + "\nHow many apples?")
+    out_path = os.path.join(home, "answer.txt")
+    master, slave = pty.openpty()
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen([BIN, "run", "-m", "qwen2.5-coder-0.5b", "-f", big, "-n", "4", "--temp", "0",
+                                 "-t", "2", "-c", "8192"], stdin=subprocess.DEVNULL, stdout=out, stderr=slave)
+    os.close(slave)
+    seen = b""
+    while True:
+        r, _, _ = select.select([master], [], [], 1.0)
+        if r:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                chunk = b""
+            if not chunk and proc.poll() is not None:
+                break
+            seen += chunk
+        elif proc.poll() is not None:
+            break
+    proc.wait(timeout=60)
+    os.close(master)
+    err = seen.decode("utf-8", "replace")
+    assert proc.returncode == 0, err
+    assert "loading qwen2.5-coder-0.5b" in err, err[:500]
+    pct = [int(x) for x in re.findall(r"reading the prompt: (\d+)%", err)]
+    assert len(pct) >= 3 and pct == sorted(pct) and pct[-1] < 100, (pct, err[:500])
+    answer = open(out_path).read()
+    assert answer.strip() and "\x1b" not in answer and "reading the prompt" not in answer, answer
+    plain = subprocess.run([BIN, "run", "-m", "qwen2.5-coder-0.5b", "-f", big, "-n", "4", "--temp", "0", "-t", "2",
+                            "-c", "8192"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert plain.returncode == 0 and "reading the prompt" not in plain.stderr and "loading" not in plain.stderr
+    assert plain.stdout == answer, (plain.stdout, answer)
+    print("PASS progress: a load spinner and the prefill's percentage on a terminal, stdout clean")
 
 
 def commands():

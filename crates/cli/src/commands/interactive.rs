@@ -430,6 +430,8 @@ impl<B: Backend + 'static> Chat<'_, B> {
         session: &mut Session<B::State>,
         out: &mut Output,
     ) -> Result<()> {
+        let total = turn.stats().prompt_tokens;
+        let mut shown = super::progress::Prefill::new(total - turn.prompt_fed());
         while turn.finished().is_none() {
             if INTERRUPTED.swap(false, Ordering::Relaxed) {
                 turn.cancel();
@@ -447,6 +449,9 @@ impl<B: Backend + 'static> Chat<'_, B> {
             match step {
                 Ok(s) => {
                     session.push_fed(&s.fed);
+                    if was_prefilling {
+                        shown.update(turn.prompt_fed(), total);
+                    }
                     if was_prefilling && !turn.prefilling() {
                         // Where the next turn's prompt diverges (the reply is
                         // re-rendered): a sliding-window ring that cannot roll

@@ -5,6 +5,7 @@ pub mod interactive;
 pub mod list;
 mod output;
 pub mod parse;
+mod progress;
 pub mod ps;
 pub mod pull;
 pub mod rm;

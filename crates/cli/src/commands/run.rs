@@ -97,7 +97,12 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         Model::load
     };
+    let spinner = super::progress::Spinner::start(format!(
+        "loading {}",
+        args.model.as_deref().unwrap_or("the model")
+    ));
     let mut model = load(&path).with_context(|| format!("loading {}", path.display()))?;
+    drop(spinner);
     model
         .set_kv_types(kv)
         .map_err(|e| anyhow::anyhow!("--cache-type-k/-v {kv}: {e}"))?;
@@ -473,15 +478,28 @@ impl Job<'_> {
             turn = turn.constrained(grammars.constraint(g)?);
         }
         let mut out = Output::new(self.parser.take(), args.hide_reasoning);
+        let total = turn.stats().prompt_tokens;
+        let mut shown = super::progress::Prefill::new(total);
         while turn.finished().is_none() {
+            // A chunk per step while prefilling (the forward pass's own
+            // chunk: the same numerics as one whole pass), for the progress line.
+            let chunk = match turn.prefilling() {
+                true => hearth_models::MAX_CHUNK,
+                false => usize::MAX,
+            };
+            let prefilling = turn.prefilling();
             turn.step(
                 backend,
                 &mut state,
                 drafter.as_mut().map(|d| &mut **d as _),
-                usize::MAX,
+                chunk,
                 &mut |t| out.text(t),
             )?;
+            if prefilling {
+                shown.update(turn.prompt_fed(), total);
+            }
         }
+        drop(shown);
         let (stats, _) = turn.into_parts();
         out.finish(stats.finish.unwrap_or(FinishReason::Length));
         if let Some(e) = out.error {
