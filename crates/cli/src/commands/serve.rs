@@ -13,7 +13,19 @@ use hearth_server::{Loaded, ServerOptions};
 
 use super::spec::SpecArgs;
 
+/// Examples at the end of `hearth serve --help`.
+const EXAMPLES: &str = "Examples:
+  hearth serve                                   every model hearth knows, each loaded on first request
+  hearth serve -m qwen2.5-coder-1.5b -c 32768    one model, loaded now, 32K context per session
+  hearth serve --models qwen2.5-coder-1.5b,gemma3-270m --keep-alive 10m
+  hearth serve --alias claude-3-5-haiku-latest=qwen2.5-coder-0.5b --api-key \"$KEY\"
+  hearth serve --port 11434                      Ollama's port, for clients that assume it
+  hearth ps                                      what the running server holds
+Clients: OpenAI (base URL http://127.0.0.1:8000/v1), Anthropic (ANTHROPIC_BASE_URL=http://127.0.0.1:8000),
+Ollama (host http://127.0.0.1:8000); README.md has Claude Code, Codex, OpenCode and Pi set up.";
+
 #[derive(clap::Args)]
+#[command(after_help = EXAMPLES)]
 pub struct Args {
     /// Serve this model alone (a packaged name, see `hearth pull --list`, or
     /// a .gguf path), loaded at start and never unloaded. Without -m (and
