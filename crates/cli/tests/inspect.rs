@@ -107,3 +107,50 @@ fn bad_inputs_give_clear_errors() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The table output puts the config first and lists tensors only with
+/// `--tensors` (their count otherwise).
+#[test]
+fn tables_put_the_config_first_and_tensors_on_request() {
+    let short = String::from_utf8(hearth(&["inspect", "gemma3-270m"]).stdout).unwrap();
+    let config = short.find("\nconfig:").expect("config");
+    assert!(config < short.find("\nmetadata:").unwrap(), "{short}");
+    assert!(
+        short.contains("tensors: 236 (`--tensors`") && !short.contains("token_embd.weight"),
+        "{short}"
+    );
+    assert!(
+        short.lines().count() < 80,
+        "{} lines",
+        short.lines().count()
+    );
+    let full = String::from_utf8(hearth(&["inspect", "gemma3-270m", "--tensors"]).stdout).unwrap();
+    assert!(
+        full.contains("token_embd.weight") && full.lines().count() > 236,
+        "{full}"
+    );
+}
+
+/// `hearth show` is a model in a dozen lines.
+#[test]
+fn show_is_a_short_summary() {
+    let out = hearth(&["show", "qwen2.5-coder-0.5b"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(text.lines().count() <= 16, "{text}");
+    for want in [
+        "architecture      qwen2",
+        "Q4_K_M",
+        "context length    32768",
+        "type              instruct",
+        "chat template     from the GGUF",
+        "tool calls        hermes",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    let base = String::from_utf8(hearth(&["show", "gemma3-270m"]).stdout).unwrap();
+    assert!(
+        base.contains("type              base") && base.contains("none in the GGUF"),
+        "{base}"
+    );
+}

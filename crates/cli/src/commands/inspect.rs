@@ -17,6 +17,11 @@ pub struct Args {
     /// Print long metadata arrays (vocabularies, merges) in full.
     #[arg(long)]
     pub full: bool,
+    /// List every tensor (name, type, shape, size); the table output
+    /// otherwise gives their count and the per-type totals. `hearth show`
+    /// is the short summary.
+    #[arg(long)]
+    pub tensors: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -30,7 +35,7 @@ pub fn run(args: Args) -> Result<()> {
         );
         return Ok(());
     }
-    print_tables(&file, &config, args.full)
+    print_tables(&file, &config, args.full, args.tensors)
 }
 
 /// Arrays longer than this are summarized unless `--full`.
@@ -171,6 +176,7 @@ fn print_tables(
     file: &GgufFile,
     config: &Result<ModelConfig, hearth_models::ConfigError>,
     full: bool,
+    tensors: bool,
 ) -> Result<()> {
     outln!(
         "{}  ({})",
@@ -184,65 +190,6 @@ fn print_tables(
         file.metadata().len(),
         file.tensors().len(),
         file.data_offset()
-    );
-    outln!("\nmetadata:");
-    for (k, v) in file.metadata().iter() {
-        match v {
-            Value::Array(..) if full => outln!("  {k} = {v:?}"),
-            _ => outln!("  {k} = {v}"),
-        }
-    }
-    let name_w = file
-        .tensors()
-        .iter()
-        .map(|t| t.name.len())
-        .max()
-        .unwrap_or(4)
-        .max(4);
-    outln!("\ntensors (shape in ggml order, innermost first):");
-    outln!(
-        "  {:name_w$}  {:7}  {:>22}  {:>12}",
-        "name",
-        "type",
-        "shape",
-        "bytes"
-    );
-    for t in file.tensors() {
-        let shape = t
-            .shape
-            .iter()
-            .map(u64::to_string)
-            .collect::<Vec<_>>()
-            .join(" x ");
-        outln!(
-            "  {:name_w$}  {:7}  {:>22}  {:>12}",
-            t.name,
-            t.ty.name(),
-            shape,
-            human_bytes(t.n_bytes())
-        );
-    }
-    let stats = type_stats(file);
-    let (bytes, elements) = stats
-        .values()
-        .fold((0, 0), |(b, e), s| (b + s.bytes, e + s.elements));
-    outln!("\nby type:");
-    for (t, s) in &stats {
-        outln!(
-            "  {:7} {:5} tensors  {:>12}  {:5.1}%  {:.2} bits/weight",
-            t.name(),
-            s.count,
-            human_bytes(s.bytes),
-            100.0 * s.bytes as f64 / bytes.max(1) as f64,
-            t.bits_per_weight()
-        );
-    }
-    outln!(
-        "  total   {:5} tensors  {:>12}  {:.1}M parameters, {:.3} bits/weight",
-        file.tensors().len(),
-        human_bytes(bytes),
-        elements as f64 / 1e6,
-        bytes as f64 * 8.0 / elements.max(1) as f64
     );
     outln!("\nconfig:");
     match config {
@@ -287,5 +234,72 @@ fn print_tables(
             }
         }
     }
+    outln!("\nmetadata:");
+    for (k, v) in file.metadata().iter() {
+        match v {
+            Value::Array(..) if full => outln!("  {k} = {v:?}"),
+            _ => outln!("  {k} = {v}"),
+        }
+    }
+    let name_w = file
+        .tensors()
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    if !tensors {
+        outln!(
+            "\ntensors: {} (`--tensors` lists each with its type, shape and size)",
+            file.tensors().len()
+        );
+    }
+    if tensors {
+        outln!("\ntensors (shape in ggml order, innermost first):");
+        outln!(
+            "  {:name_w$}  {:7}  {:>22}  {:>12}",
+            "name",
+            "type",
+            "shape",
+            "bytes"
+        );
+        for t in file.tensors() {
+            let shape = t
+                .shape
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(" x ");
+            outln!(
+                "  {:name_w$}  {:7}  {:>22}  {:>12}",
+                t.name,
+                t.ty.name(),
+                shape,
+                human_bytes(t.n_bytes())
+            );
+        }
+    }
+    let stats = type_stats(file);
+    let (bytes, elements) = stats
+        .values()
+        .fold((0, 0), |(b, e), s| (b + s.bytes, e + s.elements));
+    outln!("\nby type:");
+    for (t, s) in &stats {
+        outln!(
+            "  {:7} {:5} tensors  {:>12}  {:5.1}%  {:.2} bits/weight",
+            t.name(),
+            s.count,
+            human_bytes(s.bytes),
+            100.0 * s.bytes as f64 / bytes.max(1) as f64,
+            t.bits_per_weight()
+        );
+    }
+    outln!(
+        "  total   {:5} tensors  {:>12}  {:.1}M parameters, {:.3} bits/weight",
+        file.tensors().len(),
+        human_bytes(bytes),
+        elements as f64 / 1e6,
+        bytes as f64 * 8.0 / elements.max(1) as f64
+    );
     Ok(())
 }
