@@ -135,8 +135,8 @@ fn tables_put_the_config_first_and_tensors_on_request() {
 #[test]
 fn show_is_a_short_summary() {
     let out = hearth(&["show", "qwen2.5-coder-0.5b"]);
-    let text = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.lines().count() <= 16, "{text}");
     for want in [
         "architecture      qwen2",
