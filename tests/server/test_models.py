@@ -10,8 +10,8 @@ folder, the packaged files hard-linked in, so nothing is downloaded and
 --keep-alive 3s --alias gpt-4o-mini=smollm2-135m`:
 
 - before any request: /v1/models lists the three (unloaded, the alias
-  under its model), /api/tags lists them from their files, /api/ps is
-  empty and the process holds no model (RSS);
+  under its model), /api/tags and /api/show describe them from their files,
+  /api/ps is empty and the process holds no model (RSS);
 - requests alternate between two models and each answers what it answers
   alone (greedy; the same text each time, the reply naming its model); the
   alias reaches its model;
@@ -134,6 +134,10 @@ def test_models_are_listed_before_any_load():
     tags = {m.model: m for m in oll().list().models}
     assert sorted(tags) == sorted([A, B, C]), tags
     assert tags[B].details.family == "gemma3" and tags[A].size > 50_000_000, tags
+    # show describes a model from its file without loading it.
+    info = oll().show(C)
+    assert info.modelinfo["general.architecture"] == "qwen2" and "tools" in info.capabilities, info.capabilities
+    assert "<|im_start|>" in info.template and "tools" not in oll().show(B).capabilities
     assert loaded() == []
     assert rss_mib(S.proc.pid) < 150, rss_mib(S.proc.pid)
 

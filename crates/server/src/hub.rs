@@ -133,6 +133,18 @@ impl Entry {
 #[derive(Clone, Copy)]
 pub struct LoadTime(pub Duration);
 
+impl Entry {
+    /// `/api/show` from the file alone (the model not loaded), when the file is here.
+    fn show(&self) -> Option<Value> {
+        let card = self.card()?;
+        let path = lock(&self.local).path.clone()?;
+        let file = hearth_gguf::GgufFile::open(&path).ok()?;
+        let tools =
+            hearth_chat::detect::detect_gguf(&file) != hearth_chat::detect::OutputFormat::Plain;
+        Some(crate::ollama::show_body(&self.name, &card, tools))
+    }
+}
+
 /// Starts a model: loads its file, builds its state and engine thread.
 pub type Start = Arc<dyn Fn(&Entry, &FsPath) -> Result<Resident, String> + Send + Sync>;
 
@@ -887,6 +899,13 @@ async fn dispatch(State(hub): State<Arc<Hub>>, req: Request) -> Result<Response,
                 }
                 return Ok(Json(a).into_response());
             }
+        }
+    }
+    if path == "/api/show" && hub.state_of(&name) != "loaded" {
+        // A model not loaded is described from its file, without loading it.
+        let e = entry.clone();
+        if let Ok(Some(v)) = tokio::task::spawn_blocking(move || e.show()).await {
+            return Ok(Json(v).into_response());
         }
     }
     let mut lease = hub.acquire(&name).await?;

@@ -702,23 +702,29 @@ pub async fn show(
     let bytes = crate::routes::read_body(&app, &headers, body).await?;
     let m = crate::request::parse_object(&bytes)?;
     check_model(&app, &m)?;
-    let c = &app.card;
+    let tools = app.prompter.output != hearth_chat::detect::OutputFormat::Plain;
+    Ok(Json(show_body(&app.model_id, &app.card, tools)))
+}
+
+/// `/api/show`'s answer for a model's card (also the hub's, for a model
+/// not loaded: its card and tool format come from the file's header).
+pub(crate) fn show_body(name: &str, c: &ModelCard, tools: bool) -> Value {
     let mut caps = vec!["completion"];
-    if app.prompter.output != hearth_chat::detect::OutputFormat::Plain {
+    if tools {
         caps.push("tools");
     }
     if c.vision {
         caps.push("vision");
     }
-    Ok(Json(json!({
-        "modelfile": format!("# hearth serves this GGUF as is\nFROM {}\n", app.model_id),
+    json!({
+        "modelfile": format!("# hearth serves this GGUF as is\nFROM {name}\n"),
         "parameters": "",
         "template": c.template,
         "details": details(c),
         "model_info": c.model_info,
         "capabilities": caps,
         "modified_at": c.loaded_at,
-    })))
+    })
 }
 
 /// `GET /api/version`: hearth's version (Ollama's clients read it as a string).
