@@ -58,7 +58,8 @@ pub type Remove = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 #[derive(Default)]
 struct Local {
     path: Option<PathBuf>,
-    card: Option<ModelCard>,
+    /// Its card, and whether its format calls tools (both from one read).
+    card: Option<(ModelCard, bool)>,
 }
 
 impl Entry {
@@ -101,6 +102,11 @@ impl Entry {
 
     /// The card read from the file's header (no load), when the file is here.
     fn card(&self) -> Option<ModelCard> {
+        self.described().map(|(card, _)| card)
+    }
+
+    /// The card and tool-call capability, read from the file's header once.
+    fn described(&self) -> Option<(ModelCard, bool)> {
         let mut l = lock(&self.local);
         let path = l.path.clone().filter(|p| p.is_file())?;
         if l.card.is_none() {
@@ -112,9 +118,17 @@ impl Entry {
                 .and_then(|m| m.modified())
                 .map(crate::ollama::rfc3339)
                 .unwrap_or_default();
-            l.card = Some(card);
+            let tools =
+                hearth_chat::detect::detect_gguf(&file) != hearth_chat::detect::OutputFormat::Plain;
+            l.card = Some((card, tools));
         }
         l.card.clone()
+    }
+
+    /// `/api/show` from the file alone (the model not loaded), when the file is here.
+    fn show(&self) -> Option<Value> {
+        let (card, tools) = self.described()?;
+        Some(crate::ollama::show_body(&self.name, &card, tools))
     }
 
     /// Deletes the downloaded file (blocking).
@@ -132,18 +146,6 @@ impl Entry {
 /// How long a request waited for its model to load (Ollama's `load_duration`).
 #[derive(Clone, Copy)]
 pub struct LoadTime(pub Duration);
-
-impl Entry {
-    /// `/api/show` from the file alone (the model not loaded), when the file is here.
-    fn show(&self) -> Option<Value> {
-        let card = self.card()?;
-        let path = lock(&self.local).path.clone()?;
-        let file = hearth_gguf::GgufFile::open(&path).ok()?;
-        let tools =
-            hearth_chat::detect::detect_gguf(&file) != hearth_chat::detect::OutputFormat::Plain;
-        Some(crate::ollama::show_body(&self.name, &card, tools))
-    }
-}
 
 /// Starts a model: loads its file, builds its state and engine thread.
 pub type Start = Arc<dyn Fn(&Entry, &FsPath) -> Result<Resident, String> + Send + Sync>;
@@ -271,12 +273,13 @@ impl Hub {
         metrics: Arc<Metrics>,
         limits: BodyLimits,
         max_ctx: usize,
+        responses: Arc<Mutex<ResponseStore>>,
     ) -> Arc<Hub> {
         Arc::new(Hub {
             access,
             metrics,
             limits,
-            responses: Default::default(),
+            responses,
             max_ctx,
             created: SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

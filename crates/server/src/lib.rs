@@ -225,7 +225,8 @@ pub fn run_on<B: Backend + 'static>(
     let opts = Arc::new(opts);
     let metrics = Arc::new(Metrics::default());
     let load = Arc::new(load);
-    let hub_cell: Arc<std::sync::OnceLock<Arc<hub::Hub>>> = Default::default();
+    // Stored Responses are the server's, shared by every model it loads.
+    let responses: Arc<std::sync::Mutex<responses::ResponseStore>> = Default::default();
     let result = runtime.block_on(async {
         let addr = format!("{}:{}", opts.host, opts.port);
         let listener = tokio::net::TcpListener::bind(&addr)
@@ -242,16 +243,22 @@ pub fn run_on<B: Backend + 'static>(
             api_key: opts.api_key.clone(),
         };
         let start: hub::Start = {
-            let (opts, metrics, load, cell) = (
+            let (opts, metrics, load, responses) = (
                 opts.clone(),
                 metrics.clone(),
                 load.clone(),
-                hub_cell.clone(),
+                responses.clone(),
             );
             Arc::new(move |entry: &hub::Entry, path: &Path| {
-                let responses = cell.get().map(|h| h.responses.clone()).unwrap_or_default();
-                start_model(&opts, entry, path, &*load, metrics.clone(), responses)
-                    .map_err(|e| e.to_string())
+                start_model(
+                    &opts,
+                    entry,
+                    path,
+                    &*load,
+                    metrics.clone(),
+                    responses.clone(),
+                )
+                .map_err(|e| e.to_string())
             })
         };
         let hub = hub::Hub::new(
@@ -271,8 +278,8 @@ pub fn run_on<B: Backend + 'static>(
                 timeout: opts.timeouts.body,
             },
             opts.max_ctx,
+            responses,
         );
-        let _ = hub_cell.set(hub.clone());
         if let Some(name) = &pinned {
             hub.preload(name).await.map_err(|m| ServerError::Load {
                 path: opts
@@ -331,12 +338,10 @@ pub fn run_on<B: Backend + 'static>(
             },
         )
         .await;
-        Ok::<(), ServerError>(())
+        Ok::<_, ServerError>(hub)
     });
-    if let Some(hub) = hub_cell.get() {
-        hub.join();
-    }
-    result
+    // Every model's engine thread ends before the process does.
+    result.map(|hub| hub.join())
 }
 
 /// "5m", "90s", "1h".

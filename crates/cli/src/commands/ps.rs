@@ -97,17 +97,7 @@ pub fn run(args: Args) -> Result<()> {
                 .max(head[i].len())
         })
         .collect();
-    outln!(
-        "{:w0$}  {:>w1$}  {:>w2$}  {}",
-        head[0],
-        head[1],
-        head[2],
-        head[3],
-        w0 = w[0],
-        w1 = w[1],
-        w2 = w[2]
-    );
-    for r in rows {
+    for r in std::iter::once(head.map(String::from)).chain(rows) {
         outln!(
             "{:w0$}  {:>w1$}  {:>w2$}  {}",
             r[0],
