@@ -237,12 +237,22 @@ def turns(log_text):
             for line in log_text.splitlines() if line.startswith("llm_turn_stats ")]
 
 
+# An agent's own turns carry its whole system prompt (5k+ tokens); its side
+# requests (OpenCode's session title, Claude Code's topic check) are short
+# separate conversations and are left out of the reuse pairs. A side request
+# that rolls an agent's session back between two of its turns still shows:
+# the next turn's reuse is measured against the agent's previous turn.
+SIDE_REQUEST_TOKENS = 1500
+
+
 def reuse(ts):
     """Per turn after the first of its server session: reused / the previous
     turn's prompt (1.0 = the whole previous prompt came from the KV)."""
     last, out = {}, []
     for t in ts:
         sid, p, r = t["session_id"], int(t["prompt_tokens"]), int(t["reused_prompt_tokens"])
+        if p < SIDE_REQUEST_TOKENS:
+            continue
         if sid in last:
             out.append(min(1.0, r / max(1, last[sid])))
         last[sid] = p
@@ -252,9 +262,17 @@ def reuse(ts):
 def run_one(server, agent, task_name, args):
     prompt, files, check = TASKS[task_name]
     tmp = Path(tempfile.mkdtemp(prefix=f"hearth-{agent}-{task_name}-"))
-    home, work = tmp / "home", tmp / "work"
+    home = tmp / "home"
     home.mkdir()
-    work.mkdir()
+    if args.work_root:
+        # A short fixed path, as a user's project folder is (the small models
+        # copy a long random temporary path badly).
+        work = Path(args.work_root) / f"{agent}-{task_name}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+    else:
+        work = tmp / "work"
+        work.mkdir()
     for name, text in files.items():
         (work / name).write_text(text)
     cmd, env = AGENTS[agent](server, home, work, prompt, args.max_turns)
@@ -297,6 +315,7 @@ def main():
     ap.add_argument("--max-turns", type=int, default=12)
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per agent run")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--work-root", help="make each task's folder here (default: inside its temporary folder)")
     ap.add_argument("--strict", action="store_true", help="a task not done is an error too")
     args = ap.parse_args()
     model = args.model

@@ -137,6 +137,7 @@ cargo build --profile ci -q -p hearth
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 export HEARTH_BIN="$target_dir/ci/hearth"
 part "cli: interactive chat through a pseudo-terminal" python3 tests/cli/test_interactive.py
+part "cli: split GGUFs joined (against gguf-py's split writer)" python3 tests/cli/test_split.py
 part "server: openai SDK against hearth serve" python3 tests/server/test_server.py
 part "server: images (--mmproj) with the openai SDK" python3 tests/server/test_vision.py
 part "server: sessions saved to disk, ring checkpoints" python3 tests/server/test_sessions.py

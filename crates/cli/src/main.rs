@@ -57,6 +57,8 @@ enum Command {
     List(commands::list::Args),
     /// Delete downloaded models.
     Rm(commands::rm::Args),
+    /// Join a split GGUF (NAME-00001-of-0000N.gguf …) into one file.
+    Join(commands::join::Args),
     /// Chat with a model: answer one prompt (-p, -f, piped stdin), or with no prompt on a
     /// terminal an interactive session (streams to stdout; speed figures to stderr).
     Run(commands::run::Args),
@@ -118,6 +120,7 @@ fn main() {
         Command::Pull(a) => commands::pull::run(a),
         Command::List(a) => commands::list::run(a),
         Command::Rm(a) => commands::rm::run(a),
+        Command::Join(a) => commands::join::run(a),
         Command::Show(a) => commands::show::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Run(a) => commands::run::run(a),

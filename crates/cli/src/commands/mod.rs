@@ -2,6 +2,7 @@ pub mod bench;
 pub mod images;
 pub mod inspect;
 pub mod interactive;
+pub mod join;
 pub mod list;
 mod output;
 pub mod parse;

@@ -78,7 +78,7 @@ pub fn run(args: Args) -> Result<()> {
             if args.force {
                 r.remove()?;
             }
-            r.fetch(sha256.as_deref())?
+            vec![r.fetch_model(sha256.as_deref())?]
         }
     };
     // One path per line, for scripts: the file's (the last line), or every
