@@ -633,38 +633,83 @@ fn a_server_without_ranges_restarts_from_zero() {
     std::fs::remove_dir_all(&home).unwrap();
 }
 
+/// `gguf` rewritten as a split GGUF of two parts (gguf-split's keys; the
+/// first part holds the metadata and the first half of the tensors).
+fn split_in_two(gguf: &[u8]) -> [Vec<u8>; 2] {
+    use hearth_gguf::{GgufFile, GgufWriter, Value};
+    let f = GgufFile::from_bytes("tiny.gguf", gguf.to_vec()).unwrap();
+    let half = f.tensors().len() / 2;
+    let ranges = [0..half, half..f.tensors().len()];
+    ranges.map(|r| {
+        let mut w = GgufWriter::new();
+        let no = if r.start == 0 { 0u16 } else { 1 };
+        if no == 0 {
+            for (k, v) in f.metadata().iter() {
+                w.set(k, v.clone());
+            }
+        }
+        w.set("split.no", Value::U16(no));
+        w.set("split.count", Value::U16(2));
+        w.set("split.tensors.count", Value::I32(f.tensors().len() as i32));
+        let ts = &f.tensors()[r];
+        for t in ts {
+            w.add_tensor(t.name.clone(), t.ty, &t.shape).unwrap();
+        }
+        let mut sink = w.begin(Vec::new()).unwrap();
+        for t in ts {
+            sink.write(&t.name, f.tensor(&t.name).unwrap().data).unwrap();
+        }
+        sink.finish().unwrap()
+    })
+}
+
 #[test]
-fn split_ggufs_pull_every_part_and_say_they_cannot_load() {
+fn split_ggufs_pull_every_part_and_join_them() {
     let home = temp_home("split");
     let server = Server::start();
-    let parts = [blob(1 << 20, 21), blob(1 << 19, 22)];
+    let whole = tiny_gguf();
+    let parts = split_in_two(&whole);
     for (i, p) in parts.iter().enumerate() {
         server.route(
             &format!("/s/m-0000{}-of-00002.gguf", i + 1),
-            file(p.clone()),
+            file(Arc::new(p.clone())),
         );
     }
     let url = format!("{}/s/m-00001-of-00002.gguf", server.base);
     let o = hearth(&home, Some(&server), &["pull", &url]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let paths: Vec<String> = stdout(&o).lines().map(String::from).collect();
-    assert_eq!(paths.len(), 2);
-    for (p, want) in paths.iter().zip(&parts) {
-        assert_eq!(sha256(&std::fs::read(p).unwrap()), sha256(want));
-    }
-    let n = server.log.lock().unwrap().len();
-    let o = hearth(&home, Some(&server), &["run", "-m", &url, "-p", "x"]);
-    assert!(!o.status.success());
     let err = stderr(&o);
-    assert!(
-        err.contains("split GGUF (2 files)") && err.contains("llama-gguf-split --merge"),
-        "{err}"
-    );
-    assert_eq!(
-        server.log.lock().unwrap().len(),
-        n,
-        "no request for a model that cannot load"
-    );
+    assert!(err.contains("joining 2 parts"), "{err}");
+    let paths: Vec<String> = stdout(&o).lines().map(String::from).collect();
+    assert_eq!(paths.len(), 1, "{paths:?}");
+    let joined = PathBuf::from(&paths[0]);
+    assert_eq!(joined.file_name().unwrap(), "m.gguf");
+    // The parts are gone; the joined file holds every tensor of the whole.
+    let mut left: Vec<String> = std::fs::read_dir(joined.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["m.gguf", "m.gguf.hearth.json"]);
+    let a = hearth_gguf::GgufFile::from_bytes("whole", whole.to_vec()).unwrap();
+    let b = hearth_gguf::GgufFile::open(&joined).unwrap();
+    assert_eq!(a.tensors().len(), b.tensors().len());
+    for t in a.tensors() {
+        assert_eq!(a.tensor(&t.name).unwrap().data, b.tensor(&t.name).unwrap().data);
+    }
+    assert_eq!(b.metadata().get_u64("split.count"), Some(0));
+    // Known now: no request for it again, and it runs.
+    let n = server.log.lock().unwrap().len();
+    let o = hearth(&home, Some(&server), &["pull", &url]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().last(), Some(paths[0].as_str()));
+    let o = hearth(&home, Some(&server), &["run", "-m", &url, "-p", "x", "-n", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(server.log.lock().unwrap().len(), n, "no download once joined");
+    // rm removes the joined file.
+    let o = hearth(&home, Some(&server), &["rm", &url]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!joined.exists());
     std::fs::remove_dir_all(&home).unwrap();
 }
 
