@@ -358,4 +358,26 @@ fn help_is_grouped_with_examples_and_wrapped() {
         top.contains("Examples:") && top.contains("hearth show"),
         "{top}"
     );
+    // bench, template and join: grouped the same way, with examples.
+    for (cmd, headings) in [
+        (
+            "bench",
+            &["Model:", "What to measure:", "Output:", "Backend:", "KV cache:"][..],
+        ),
+        ("template", &["Template:", "Conversation:", "Rendering:"][..]),
+        ("join", &[][..]),
+    ] {
+        let out = hearth_cmd()
+            .args([cmd, "--help"])
+            .env("COLUMNS", "80")
+            .output()
+            .unwrap();
+        let help = text(&out.stdout);
+        assert!(out.status.success(), "{help}");
+        for heading in headings.iter().chain(&["Examples:"]) {
+            assert!(help.lines().any(|l| l == *heading), "{cmd}: {heading} in:\n{help}");
+        }
+        let long: Vec<&str> = help.lines().filter(|l| l.chars().count() > 80).collect();
+        assert!(long.is_empty(), "{cmd}: lines over 80 columns: {long:?}");
+    }
 }

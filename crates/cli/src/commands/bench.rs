@@ -8,53 +8,61 @@ use hearth_models::{Logits, Model};
 use rand::{Rng, SeedableRng};
 
 #[derive(clap::Args)]
+#[command(after_help = "Examples:
+  hearth bench                                  pp512 and tg128 of the default model, all cores
+  hearth bench -m qwen2.5-coder-1.5b -t 2 -r 5  two threads, five repetitions
+  hearth bench -p 0 -n 64 --depth 4096,16384    decode only, also at 4K and 16K of context
+  hearth bench --batch 4,8                      decode of 4 and 8 sessions together
+  hearth bench --device cuda --roofline         on the GPU, with its copy bandwidth first
+  hearth bench --json                           one JSON object, for scripts")]
 pub struct Args {
     /// Model name or .gguf path [default: qwen2.5-coder-0.5b]
-    #[arg(short, long)]
+    #[arg(help_heading = "Model", short, long)]
     pub model: Option<String>,
     /// Prompt tokens for the prefill test (0 = skip).
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    #[arg(help_heading = "What to measure", short = 'p', long = "n-prompt", default_value_t = 512)]
     pub n_prompt: usize,
     /// Generated tokens for the decode test (0 = skip).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    #[arg(help_heading = "What to measure", short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
     /// Worker threads [default: all cores].
-    #[arg(short, long)]
+    #[arg(help_heading = "Model", short, long)]
     pub threads: Option<usize>,
     /// Repetitions (after one warm-up run that is not counted).
-    #[arg(short, long, default_value_t = 3)]
+    #[arg(help_heading = "What to measure", short, long, default_value_t = 3)]
     pub reps: usize,
-    /// Print JSON: {"model","threads","pp":{"tokens","tok_s"},"tg":{"tokens","tok_s"},"tg_gbps"}.
-    #[arg(long)]
+    /// Print one JSON object: model, threads, pp and tg (each tokens and
+    /// tok_s), tg_gbps.
+    #[arg(help_heading = "Output", long)]
     pub json: bool,
     /// Backend: cpu or cuda.
-    #[arg(long, value_enum, default_value_t = crate::device::Device::Cpu)]
+    #[arg(help_heading = "Backend", long, value_enum, default_value_t = crate::device::Device::Cpu)]
     pub device: crate::device::Device,
     /// llama-bench's -ngl, accepted: hearth places layers by --device.
-    #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_name = "N",
+    #[arg(help_heading = "Backend", long = "n-gpu-layers", visible_alias = "gpu-layers", value_name = "N",
           value_parser = crate::cli_args::parse_gpu_layers, allow_negative_numbers = true)]
     pub n_gpu_layers: Option<crate::cli_args::GpuLayers>,
     /// Also decode at these context depths (comma-separated), like llama-bench
     /// -d: on the CPU after a real prefill of that many random tokens (not
     /// timed); with cuda the cache is filled by pseudo-random keys and values.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(help_heading = "What to measure", long, value_delimiter = ',')]
     pub depth: Vec<usize>,
     /// cuda: measure the device copy bandwidth (the decode roofline) first.
-    #[arg(long)]
+    #[arg(help_heading = "Backend", long)]
     pub roofline: bool,
     /// cuda: launch every kernel of a decode step instead of replaying a CUDA graph.
-    #[arg(long)]
+    #[arg(help_heading = "Backend", long)]
     pub no_graph: bool,
     /// Also decode this many sessions together (comma-separated), one
     /// batched pass per step as `serve` runs concurrent requests (each after
     /// a 16-token prefill, ordinary numerics): aggregate tok/s over all of
     /// them (llama-batched-bench's question).
-    #[arg(long, value_delimiter = ',', value_name = "N")]
+    #[arg(help_heading = "What to measure", long, value_delimiter = ',', value_name = "N")]
     pub batch: Vec<usize>,
     /// cuda: time the kernels alone (GEMV variants, attention, GEMM) on random data; no model needed.
-    #[arg(long)]
+    #[arg(help_heading = "Backend", long)]
     pub kernels: bool,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "KV cache")]
     pub kv: crate::cli_args::KvCacheArgs,
 }
 

@@ -10,34 +10,39 @@ use hearth_gguf::GgufFile;
 use serde_json::{Map, Value};
 
 #[derive(clap::Args)]
+#[command(after_help = r#"Examples:
+  echo '[{"role":"user","content":"hi"}]' | hearth template -m qwen2.5-coder-0.5b --messages -
+  hearth template -m gemma3-270m --messages request.json      a chat request's messages and tools
+  hearth template --format muse-glimmer --messages chat.json --tools tools.json
+  hearth template --template chat_template.jinja --messages chat.json --kwargs '{"enable_thinking":false}'"#)]
 pub struct Args {
     /// Model name (see `hearth pull --list`) or path to a .gguf file; its chat
     /// template and BOS/EOS tokens are used (default: the default model).
-    #[arg(short, long, conflicts_with = "format")]
+    #[arg(help_heading = "Template", short, long, conflicts_with = "format")]
     pub model: Option<String>,
     /// Use a built-in prompt format instead of a model's template: muse-glimmer.
-    #[arg(long)]
+    #[arg(help_heading = "Template", long)]
     pub format: Option<String>,
     /// Render this chat_template.jinja instead of the model's template (BOS/EOS
     /// still come from -m when given, else they are empty).
-    #[arg(long, conflicts_with = "format")]
+    #[arg(help_heading = "Template", long, conflicts_with = "format")]
     pub template: Option<String>,
     /// JSON file ("-" for stdin): a messages array, or a chat request object
     /// with "messages" (and optionally "tools", "chat_template_kwargs").
-    #[arg(long)]
+    #[arg(help_heading = "Conversation", long)]
     pub messages: String,
     /// JSON file with an OpenAI `tools` array.
-    #[arg(long)]
+    #[arg(help_heading = "Conversation", long)]
     pub tools: Option<String>,
     /// Extra template variables as a JSON object (chat_template_kwargs).
-    #[arg(long)]
+    #[arg(help_heading = "Conversation", long)]
     pub kwargs: Option<String>,
     /// Do not end with the assistant turn's opening (add_generation_prompt=false).
-    #[arg(long)]
+    #[arg(help_heading = "Rendering", long)]
     pub no_generation_prompt: bool,
     /// Pass tool-call `arguments` strings as given instead of decoding JSON
     /// strings into objects (the decoding is what hearth's server does).
-    #[arg(long)]
+    #[arg(help_heading = "Rendering", long)]
     pub raw_arguments: bool,
 }
 
