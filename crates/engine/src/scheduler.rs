@@ -107,6 +107,12 @@ pub struct Summary {
     pub completion_tokens: usize,
     /// The stop string (of the job's `stop`) that ended the turn, if one did.
     pub stop_sequence: Option<String>,
+    /// Prompt tokens prefilled (not reused) and the time they took.
+    pub prefilled_tokens: usize,
+    pub prefill_time: std::time::Duration,
+    /// Tokens decoded after the first and the time they took.
+    pub decoded_tokens: usize,
+    pub decode_time: std::time::Duration,
 }
 
 /// Why the scheduler could not serve a request.
@@ -902,6 +908,8 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         let s: &TurnStats = a.turn.stats();
         // The turn's last event goes out after its stats line is logged, so a
         // client that has its response finds the turn in the log.
+        let prefilled = a.turn.prompt_fed() - s.reused_tokens;
+        let decoded = s.sampled.saturating_sub(1) as u64;
         let (finish, last) = match (error, s.finish) {
             (Some(e), _) => {
                 // The state may be half-written: start this session over.
@@ -923,12 +931,14 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                     cached_tokens: s.reused_tokens,
                     completion_tokens: s.sampled,
                     stop_sequence: s.stop_sequence.clone(),
+                    prefilled_tokens: prefilled,
+                    prefill_time: s.prefill_time,
+                    decoded_tokens: decoded as usize,
+                    decode_time: s.decode_time,
                 })),
             ),
             (None, None) => unreachable!("finish of a running turn"),
         };
-        let prefilled = a.turn.prompt_fed() - s.reused_tokens;
-        let decoded = s.sampled.saturating_sub(1) as u64;
         let m = &self.stats;
         if s.finish == Some(FinishReason::Cancelled) {
             m.cancelled_requests.fetch_add(1, Ordering::Relaxed);

@@ -139,7 +139,11 @@ impl Access {
                 return Ok(Some(self.preflight(origin, headers)));
             }
         }
-        if path != "/health" && !self.authorized(headers) {
+        // The health probe and the chat page (it holds no secret and asks
+        // for the key itself) need no key.
+        let public = path == "/health"
+            || (matches!(*method, Method::GET | Method::HEAD) && crate::webui::is_public(path));
+        if !public && !self.authorized(headers) {
             return Err(ApiError::unauthorized());
         }
         Ok(None)

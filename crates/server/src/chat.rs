@@ -506,8 +506,27 @@ impl Reply {
     }
 
     fn usage_chunk(&self, object: &str, s: &Summary) -> Value {
-        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [], "usage": usage(s, &self.image_tokens)})
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [],
+               "usage": usage(s, &self.image_tokens), "timings": timings(s)})
     }
+}
+
+/// llama-server's `timings`: the prompt tokens reused (`cache_n`), those
+/// prefilled and how fast, the tokens decoded after the first and how fast.
+pub(crate) fn timings(s: &Summary) -> Value {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let rate = |n: usize, d: std::time::Duration| {
+        if d.is_zero() {
+            0.0
+        } else {
+            n as f64 / d.as_secs_f64()
+        }
+    };
+    json!({"cache_n": s.cached_tokens,
+           "prompt_n": s.prefilled_tokens, "prompt_ms": ms(s.prefill_time),
+           "prompt_per_second": rate(s.prefilled_tokens, s.prefill_time),
+           "predicted_n": s.decoded_tokens, "predicted_ms": ms(s.decode_time),
+           "predicted_per_second": rate(s.decoded_tokens, s.decode_time)})
 }
 
 /// OpenAI's usage; with images, `prompt_tokens_details.image_tokens` (their
@@ -774,7 +793,7 @@ async fn chat_whole(
     Ok(Json(json!({
         "id": reply.id, "object": "chat.completion", "created": reply.created, "model": reply.model,
         "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
-        "usage": usage(&summary, &reply.image_tokens)
+        "usage": usage(&summary, &reply.image_tokens), "timings": timings(&summary)
     }))
     .into_response())
 }
@@ -836,7 +855,7 @@ async fn completion_whole(
         "id": reply.id, "object": "text_completion", "created": reply.created, "model": reply.model,
         "choices": [{"index": 0, "text": text, "logprobs": logprobs.map(|l| reply.completion_logprobs(&l)),
                      "finish_reason": completion_finish(summary.finish)}],
-        "usage": usage(&summary, &reply.image_tokens)
+        "usage": usage(&summary, &reply.image_tokens), "timings": timings(&summary)
     }))
     .into_response())
 }

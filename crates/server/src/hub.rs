@@ -212,6 +212,8 @@ pub struct HubOptions {
     pub keep_alive: Option<Duration>,
     /// Models loaded at once, at most (a pinned one included).
     pub max_models: usize,
+    /// The chat page at `/`.
+    pub webui: bool,
     /// The loaded models' memory (files + KV budgets), at most.
     pub memory_budget: Option<u64>,
 }
@@ -748,6 +750,7 @@ const ROUTE_LIST: &[&str] = &[
     "DELETE /v1/sessions[/{id}]",
     "GET /health",
     "GET /metrics",
+    "GET / (the chat page)",
 ];
 
 pub fn router(hub: Arc<Hub>) -> Router {
@@ -772,6 +775,9 @@ pub fn router(hub: Arc<Hub>) -> Router {
         .route("/v1/sessions/{id}/restore", post(restore));
     for path in MODEL_ROUTES {
         r = r.route(path, any(dispatch));
+    }
+    if hub.opts.webui {
+        r = r.merge(crate::webui::routes());
     }
     r.fallback(|req: Request| async move {
         let mut e = ApiError::not_found(req.uri().path());
@@ -1022,6 +1028,11 @@ async fn metrics(State(hub): State<Arc<Hub>>) -> Response {
 
 /// `GET /v1/models`: every model this server can serve, with its state.
 async fn models(State(hub): State<Arc<Hub>>) -> Json<Value> {
+    let vision: HashMap<String, bool> = hub
+        .residents()
+        .into_iter()
+        .map(|r| (r.app.model_id.clone(), r.app.card.vision))
+        .collect();
     let data: Vec<Value> = hub
         .opts
         .entries
@@ -1036,7 +1047,9 @@ async fn models(State(hub): State<Arc<Hub>>) -> Json<Value> {
                 .collect();
             json!({"id": e.name, "object": "model", "created": hub.created, "owned_by": "hearth",
                    "max_model_len": hub.max_ctx, "status": {"value": hub.state_of(&e.name)},
-                   "aliases": aliases})
+                   "aliases": aliases,
+                   // Image input (a loaded model with --mmproj): the web page's attach button.
+                   "capabilities": {"vision": vision.get(&e.name).copied().unwrap_or(false)}})
         })
         .collect();
     Json(json!({"object": "list", "data": data}))

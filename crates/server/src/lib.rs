@@ -29,6 +29,7 @@ pub mod routes;
 pub mod session_file;
 pub mod tokenize;
 pub mod validate;
+pub mod webui;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -64,6 +65,8 @@ pub struct ServerOptions {
     pub keep_alive: Option<std::time::Duration>,
     /// Models loaded at once, at most.
     pub max_models: usize,
+    /// The chat page at `/` (`--no-webui` turns it off).
+    pub webui: bool,
     /// The loaded models' memory (files + KV budgets), at most.
     pub models_memory_bytes: Option<u64>,
     pub host: String,
@@ -268,6 +271,7 @@ pub fn run_on<B: Backend + 'static>(
                 default,
                 keep_alive: opts.keep_alive,
                 max_models: opts.max_models,
+                webui: opts.webui,
                 memory_budget: opts.models_memory_bytes,
             },
             start,
@@ -316,6 +320,12 @@ pub fn run_on<B: Backend + 'static>(
             "hearth serve: listening on http://{host}:{}/v1",
             local.port()
         ));
+        if opts.webui {
+            eprintln!(
+                "hearth serve: the chat page is at http://{host}:{}/",
+                local.port()
+            );
+        }
         if !local.ip().is_loopback() && opts.api_key.is_none() {
             eprintln!(
                 "warning: listening on a non-loopback address without an API key; set --api-key"

@@ -100,6 +100,9 @@ pub struct Args {
     /// CORS headers are sent and cross-origin requests get 403.
     #[arg(long, value_name = "ORIGIN", value_delimiter = ',')]
     pub cors_origin: Vec<String>,
+    /// Do not serve the chat page at `/` (the API only).
+    #[arg(long)]
+    pub no_webui: bool,
     /// Seconds a client has from a request's first byte to its complete headers.
     #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = parse_secs)]
     pub header_timeout: f64,
@@ -294,6 +297,7 @@ pub fn run(mut args: Args) -> Result<()> {
         default_model,
         keep_alive: parse_keep_alive(&args.keep_alive)?,
         max_models: args.max_models.max(1),
+        webui: !args.no_webui,
         models_memory_bytes: args
             .models_memory_mib
             .map(|m| m.saturating_mul(1024 * 1024)),
