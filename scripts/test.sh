@@ -42,6 +42,13 @@ trap summary EXIT
 
 setup() {
   python3 -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
+  # A real browser for the web page's test: Debian's chromium (Playwright
+  # drives it; it downloads no browser of its own).
+  if ! command -v chromium >/dev/null 2>&1; then
+    local sudo=""
+    [[ $(id -u) -eq 0 ]] || sudo="sudo"
+    $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q chromium >/dev/null
+  fi
   python3 scripts/fetch_models.py all >/dev/null
   # The tokenizer.json test input is derived from a packaged model (7 MB, not committed).
   local qwen
@@ -139,6 +146,7 @@ export HEARTH_BIN="$target_dir/ci/hearth"
 part "cli: interactive chat through a pseudo-terminal" python3 tests/cli/test_interactive.py
 part "cli: split GGUFs joined (against gguf-py's split writer)" python3 tests/cli/test_split.py
 part "server: openai SDK against hearth serve" python3 tests/server/test_server.py
+part "web page: chat in a headless chromium" python3 tests/webui/test_webui.py
 part "server: images (--mmproj) with the openai SDK" python3 tests/server/test_vision.py
 part "server: sessions saved to disk, ring checkpoints" python3 tests/server/test_sessions.py
 part "server: continuous batching (batch-invariant replies, passes shared, short request during a long prefill)" \

@@ -21,6 +21,7 @@ const EXAMPLES: &str = "Examples:
   hearth serve --alias claude-3-5-haiku-latest=qwen2.5-coder-0.5b --api-key \"$KEY\"
   hearth serve --port 11434                      Ollama's port, for clients that assume it
   hearth ps                                      what the running server holds
+The chat page: open http://127.0.0.1:8000/ in a browser (--no-webui turns it off).
 Clients: OpenAI (base URL http://127.0.0.1:8000/v1), Anthropic (ANTHROPIC_BASE_URL=http://127.0.0.1:8000),
 Ollama (host http://127.0.0.1:8000); README.md has Claude Code, Codex, OpenCode and Pi set up.";
 
