@@ -127,6 +127,14 @@ def chat_checks(browser, srv):
         size = len(html) + sum(len(urllib.request.urlopen(base + a.decode()).read()) for a in assets)
         assert len(assets) == 2 and all(re.search(rb"-[0-9a-f]{12}\.(js|css)$", a) for a in assets), assets
         print(f"page: {size} bytes (HTML+JS+CSS), interactive in {tti * 1000:.0f} ms (models listed)")
+        with urllib.request.urlopen(base + "/") as r:
+            csp = r.headers["Content-Security-Policy"]
+        assert "default-src 'none'" in csp and "connect-src 'self'" in csp and "script-src 'self'" in csp, csp
+        import http.client
+        c = http.client.HTTPConnection(srv.host, srv.port, timeout=10)
+        c.request("GET", "/", headers={"Host": "evil.example"})
+        assert c.getresponse().status == 403, "a foreign Host got the page"
+        print("the page carries a same-origin-only CSP; a foreign Host gets 403 for it as for the API")
 
         # 1. A streamed reply, seen growing, equal to the API's greedy reply.
         p.page.click("#settings-open")
@@ -221,6 +229,23 @@ def chat_checks(browser, srv):
         bad = p.foreign()
         assert not bad, f"requests left the origin: {bad}"
         print(f"network: {len(p.urls)} requests, all to {base}")
+        # Export, then import into a browser profile that has nothing.
+        with p.page.expect_download() as dl:
+            p.page.click("#export")
+        exported = SHOTS / "export.json"
+        dl.value.save_as(str(exported))
+        data = json.loads(exported.read_text())
+        assert len(data["conversations"]) == 3, [c["title"] for c in data["conversations"]]
+        q = Page(browser, base)
+        try:
+            q.open()
+            q.page.set_input_files("#import-file", str(exported))
+            q.page.wait_for_function("() => document.querySelectorAll('#conversations li').length == 3")
+            q.page.click("#conversations li:last-child")
+            assert q.page.eval_on_selector_all(".msg.assistant .body", "els => els.map(e => e.innerText)")[0] == final
+        finally:
+            q.close()
+        print("export / import: 3 conversations out, and back in a fresh browser profile")
         p.page.click("#conversations li:last-child")
         p.page.set_viewport_size({"width": 390, "height": 760})
         p.page.wait_for_timeout(500)  # the sidebar's slide-out

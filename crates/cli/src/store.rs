@@ -575,14 +575,10 @@ pub fn sha256_file(file: &Path) -> Result<String> {
 pub fn join_parts(parts: &[PathBuf], out: &Path, source: &str) -> Result<()> {
     use std::io::IsTerminal;
     let tty = std::io::stderr().is_terminal();
-    eprintln!(
-        "joining {} parts into {}",
-        parts.len(),
-        out.display()
-    );
+    eprintln!("joining {} parts into {}", parts.len(), out.display());
     let mut shown = u64::MAX;
     hearth_gguf::split::join(parts, out, |done, total| {
-        let pct = if total == 0 { 100 } else { done * 100 / total };
+        let pct = (done * 100).checked_div(total).unwrap_or(100);
         if tty && pct != shown {
             shown = pct;
             eprint!("\rjoining: {pct}%");

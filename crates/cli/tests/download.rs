@@ -657,7 +657,8 @@ fn split_in_two(gguf: &[u8]) -> [Vec<u8>; 2] {
         }
         let mut sink = w.begin(Vec::new()).unwrap();
         for t in ts {
-            sink.write(&t.name, f.tensor(&t.name).unwrap().data).unwrap();
+            sink.write(&t.name, f.tensor(&t.name).unwrap().data)
+                .unwrap();
         }
         sink.finish().unwrap()
     })
@@ -695,7 +696,10 @@ fn split_ggufs_pull_every_part_and_join_them() {
     let b = hearth_gguf::GgufFile::open(&joined).unwrap();
     assert_eq!(a.tensors().len(), b.tensors().len());
     for t in a.tensors() {
-        assert_eq!(a.tensor(&t.name).unwrap().data, b.tensor(&t.name).unwrap().data);
+        assert_eq!(
+            a.tensor(&t.name).unwrap().data,
+            b.tensor(&t.name).unwrap().data
+        );
     }
     assert_eq!(b.metadata().get_u64("split.count"), Some(0));
     // Known now: no request for it again, and it runs.
@@ -703,9 +707,17 @@ fn split_ggufs_pull_every_part_and_join_them() {
     let o = hearth(&home, Some(&server), &["pull", &url]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o).lines().last(), Some(paths[0].as_str()));
-    let o = hearth(&home, Some(&server), &["run", "-m", &url, "-p", "x", "-n", "2"]);
+    let o = hearth(
+        &home,
+        Some(&server),
+        &["run", "-m", &url, "-p", "x", "-n", "2"],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(server.log.lock().unwrap().len(), n, "no download once joined");
+    assert_eq!(
+        server.log.lock().unwrap().len(),
+        n,
+        "no download once joined"
+    );
     // rm removes the joined file.
     let o = hearth(&home, Some(&server), &["rm", &url]);
     assert!(o.status.success(), "{}", stderr(&o));

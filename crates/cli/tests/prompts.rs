@@ -362,9 +362,18 @@ fn help_is_grouped_with_examples_and_wrapped() {
     for (cmd, headings) in [
         (
             "bench",
-            &["Model:", "What to measure:", "Output:", "Backend:", "KV cache:"][..],
+            &[
+                "Model:",
+                "What to measure:",
+                "Output:",
+                "Backend:",
+                "KV cache:",
+            ][..],
         ),
-        ("template", &["Template:", "Conversation:", "Rendering:"][..]),
+        (
+            "template",
+            &["Template:", "Conversation:", "Rendering:"][..],
+        ),
         ("join", &[][..]),
     ] {
         let out = hearth_cmd()
@@ -375,7 +384,10 @@ fn help_is_grouped_with_examples_and_wrapped() {
         let help = text(&out.stdout);
         assert!(out.status.success(), "{help}");
         for heading in headings.iter().chain(&["Examples:"]) {
-            assert!(help.lines().any(|l| l == *heading), "{cmd}: {heading} in:\n{help}");
+            assert!(
+                help.lines().any(|l| l == *heading),
+                "{cmd}: {heading} in:\n{help}"
+            );
         }
         let long: Vec<&str> = help.lines().filter(|l| l.chars().count() > 80).collect();
         assert!(long.is_empty(), "{cmd}: lines over 80 columns: {long:?}");

@@ -56,7 +56,9 @@ fn part_name(name: &str) -> Option<(&str, usize)> {
     let b = tail.as_bytes();
     let num = |r: std::ops::Range<usize>| -> Option<usize> {
         let s = tail.get(r)?;
-        s.bytes().all(|c| c.is_ascii_digit()).then(|| s.parse().ok())?
+        s.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| s.parse().ok())?
     };
     if b[0] != b'-' || tail.get(6..10)? != "-of-" || !tail.ends_with(".gguf") {
         return None;
@@ -128,7 +130,9 @@ pub fn join(
 
     let tmp = out.with_file_name(format!(
         "{}.joining",
-        out.file_name().and_then(|s| s.to_str()).unwrap_or("joined.gguf")
+        out.file_name()
+            .and_then(|s| s.to_str())
+            .unwrap_or("joined.gguf")
     ));
     let result = (|| {
         let file = File::create(&tmp).map_err(|e| bad(&tmp, e.to_string()))?;
@@ -169,10 +173,7 @@ mod tests {
         assert_eq!(all.len(), 3);
         assert_eq!(all[0], Path::new("/m/Qwen-7B-Q4_K_M-00001-of-00003.gguf"));
         assert_eq!(all[2], Path::new("/m/Qwen-7B-Q4_K_M-00003-of-00003.gguf"));
-        assert_eq!(
-            joined_name(p).unwrap(),
-            Path::new("/m/Qwen-7B-Q4_K_M.gguf")
-        );
+        assert_eq!(joined_name(p).unwrap(), Path::new("/m/Qwen-7B-Q4_K_M.gguf"));
         for not in [
             "model.gguf",
             "-00001-of-00002.gguf",

@@ -814,7 +814,8 @@ function importFile(file) {
       const list = Array.isArray(j) ? j : j.conversations;
       if (!Array.isArray(list)) throw new Error("expected a list of conversations");
       let n = 0;
-      for (const c of list) {
+      // Unshifted last first: the file's order is kept, ahead of what was here.
+      for (const c of list.slice().reverse()) {
         if (!c || typeof c.id !== "string" || !Array.isArray(c.messages)) continue;
         const msgs = c.messages
           .filter((m) => m && ["user", "assistant", "tool"].includes(m.role))

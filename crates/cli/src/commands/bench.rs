@@ -20,10 +20,20 @@ pub struct Args {
     #[arg(help_heading = "Model", short, long)]
     pub model: Option<String>,
     /// Prompt tokens for the prefill test (0 = skip).
-    #[arg(help_heading = "What to measure", short = 'p', long = "n-prompt", default_value_t = 512)]
+    #[arg(
+        help_heading = "What to measure",
+        short = 'p',
+        long = "n-prompt",
+        default_value_t = 512
+    )]
     pub n_prompt: usize,
     /// Generated tokens for the decode test (0 = skip).
-    #[arg(help_heading = "What to measure", short = 'n', long = "n-gen", default_value_t = 128)]
+    #[arg(
+        help_heading = "What to measure",
+        short = 'n',
+        long = "n-gen",
+        default_value_t = 128
+    )]
     pub n_gen: usize,
     /// Worker threads [default: all cores].
     #[arg(help_heading = "Model", short, long)]
@@ -57,7 +67,12 @@ pub struct Args {
     /// batched pass per step as `serve` runs concurrent requests (each after
     /// a 16-token prefill, ordinary numerics): aggregate tok/s over all of
     /// them (llama-batched-bench's question).
-    #[arg(help_heading = "What to measure", long, value_delimiter = ',', value_name = "N")]
+    #[arg(
+        help_heading = "What to measure",
+        long,
+        value_delimiter = ',',
+        value_name = "N"
+    )]
     pub batch: Vec<usize>,
     /// cuda: time the kernels alone (GEMV variants, attention, GEMM) on random data; no model needed.
     #[arg(help_heading = "Backend", long)]
