@@ -209,6 +209,32 @@ def chat_checks(browser, srv):
         assert [m["content"] for m in second["messages"] if m["role"] != "system"] == ["What is 2 + 2?"], second["messages"]
         titles = p.page.eval_on_selector_all("#conversations li span", "els => els.map(e => e.innerText)")
         assert titles == ["What is 2 + 2?", question], titles
+        # Regenerate (greedy: the same reply again), edit and resend, a server error shown.
+        before = p.reply_text()
+        p.page.hover(".msg.assistant")
+        p.page.click(".msg.assistant .regenerate")
+        p.wait_reply_done()
+        assert p.reply_text() == before and p.page.locator(".msg").count() == 2, p.page.inner_text("#messages")
+        assert p.bodies[-1]["messages"] == second["messages"], p.bodies[-1]["messages"]
+        p.page.hover(".msg.user")
+        p.page.click(".msg.user .edit")
+        assert p.page.input_value("#input") == "What is 2 + 2?" and p.page.locator(".msg").count() == 0
+        p.page.fill("#input", "What is 3 + 3?")
+        p.page.keyboard.press("Enter")
+        p.wait_reply_done()
+        assert [m["content"] for m in p.bodies[-1]["messages"] if m["role"] != "system"] == ["What is 3 + 3?"]
+        assert p.page.locator(".msg").count() == 2
+        p.page.click("#settings-open")
+        p.page.fill("#set-temperature", "-3")
+        p.page.click("#settings-save")
+        p.send("this one fails")
+        p.wait_reply_done()
+        err = p.page.inner_text(".msg.assistant .error")
+        assert "temperature" in err and "HTTP 400" in err, err
+        p.page.click("#settings-open")
+        p.page.fill("#set-temperature", "0")
+        p.page.click("#settings-save")
+        print(f"regenerate (the same greedy reply), edit and resend, a server error shown: {err!r}")
         # Back to the first: its next turn reuses its session's KV.
         p.page.click("#conversations li:nth-child(2)")
         p.page.click("#settings-open")
