@@ -77,6 +77,16 @@ pub struct Args {
     /// cuda: time the kernels alone (GEMV variants, attention, GEMM) on random data; no model needed.
     #[arg(help_heading = "Backend", long)]
     pub kernels: bool,
+    /// CPU: first measure the memory read bandwidth with a buffer of this
+    /// many MiB (far past the last-level cache), the decode roofline that tg
+    /// is reported against (0 = skip).
+    #[arg(
+        help_heading = "What to measure",
+        long,
+        value_name = "MIB",
+        default_value_t = 1024
+    )]
+    pub bandwidth_mib: usize,
     #[command(flatten, next_help_heading = "KV cache")]
     pub kv: crate::cli_args::KvCacheArgs,
 }
@@ -232,6 +242,10 @@ pub fn run(args: Args) -> Result<()> {
         .set_kv_types(kv)
         .map_err(|e| anyhow::anyhow!("--cache-type-k/-v {kv}: {e}"))?;
     let reps = args.reps.max(1);
+    // The roofline first, before the model's pages compete for the cache.
+    let read = (args.bandwidth_mib > 0 && args.n_gen > 0)
+        .then(|| hearth_kernels::cpu::bandwidth::read_bandwidth(args.bandwidth_mib << 20, 5));
+    let read_gbps = read.map(|b| b.best / 1e9);
     let measure = |f: &dyn Fn(u64) -> Result<f64>| -> Result<Summary> {
         f(0)?; // warm-up
         Ok(summarize(
@@ -269,6 +283,8 @@ pub fn run(args: Args) -> Result<()> {
             "pp": pp.as_ref().map(|s| serde_json::json!({"tokens": args.n_prompt, "tok_s": s.median, "min": s.min, "max": s.max})),
             "tg": tg.as_ref().map(|s| serde_json::json!({"tokens": args.n_gen, "tok_s": s.median, "min": s.min, "max": s.max})),
             "tg_gbps": tg_gbps,
+            "read_gbps": read_gbps,
+            "tg_fraction_of_read": tg_gbps.zip(read_gbps).map(|(t, r)| t / r),
             "tg_depth": tg_depth.iter().map(|(d, s)| serde_json::json!({"depth": d, "tokens": args.n_gen, "tok_s": s.median, "min": s.min, "max": s.max})).collect::<Vec<_>>(),
             "tg_batch": tg_batch.iter().map(|(b, s)| serde_json::json!({"sessions": b, "tokens": args.n_gen, "aggregate_tok_s": s.median, "min": s.min, "max": s.max})).collect::<Vec<_>>(),
             "reps": reps,
@@ -302,10 +318,17 @@ pub fn run(args: Args) -> Result<()> {
     }
     if let Some(s) = &tg {
         row(format!("tg{}", args.n_gen), s)?;
-        outln!(
-            "decode weight bandwidth: {:.2} GB/s",
-            tg_gbps.unwrap_or(0.0)
-        );
+        let tg_gbps = tg_gbps.unwrap_or(0.0);
+        match (read, read_gbps) {
+            (Some(b), Some(r)) => outln!(
+                "decode weight bandwidth: {tg_gbps:.2} GB/s = {:.0}% of the measured read bandwidth, {r:.2} GB/s ({} threads reading {} MiB, best of {})",
+                100.0 * tg_gbps / r,
+                b.threads,
+                b.bytes >> 20,
+                b.passes
+            ),
+            _ => outln!("decode weight bandwidth: {tg_gbps:.2} GB/s"),
+        }
     }
     for (d, s) in &tg_depth {
         row(format!("tg{}@d{d}", args.n_gen), s)?;

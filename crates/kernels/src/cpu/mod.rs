@@ -10,9 +10,11 @@
 //! - [`attention`] over the hybrid [`kv_cache`] (flat and ring caches).
 //! - [`simd`]: the vector interface and the one runtime ISA dispatch point.
 //! - [`amx`]: Intel AMX-INT8 tiles for the batched Q4_K products.
+//! - [`bandwidth`]: the memory read bandwidth (the decode roofline).
 
 pub mod amx;
 pub mod attention;
+pub mod bandwidth;
 pub mod gemm;
 pub mod ggml_order;
 pub mod interleaved;
