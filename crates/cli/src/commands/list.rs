@@ -205,8 +205,8 @@ fn row(name: String, path: &Path, size: u64, problem: Option<String>) -> Row {
             r.quant = md
                 .get_u64("general.file_type")
                 .and_then(ftype_name)
-                .unwrap_or("?")
-                .to_string();
+                .map(str::to_string)
+                .unwrap_or_else(|| dominant_type(&f));
             r.kind = kind(&f).to_string();
         }
         Err(e) => r.problem = Some(format!("not a readable GGUF: {e}")),
@@ -218,6 +218,10 @@ fn row(name: String, path: &Path, size: u64, problem: Option<String>) -> Row {
 /// a chat template; "base" otherwise.
 pub(crate) fn kind(f: &GgufFile) -> &'static str {
     let md = f.metadata();
+    // A drafter (DFlash) is no model to chat with.
+    if f.architecture().is_some_and(|a| a.starts_with("dflash")) {
+        return "drafter";
+    }
     let named = ["general.name", "general.finetune", "general.basename"]
         .iter()
         .filter_map(|k| md.get_str(k))
@@ -270,4 +274,17 @@ pub(crate) fn ftype_name(t: u64) -> Option<&'static str> {
         38 => "MXFP4_MOE",
         _ => return None,
     })
+}
+
+/// A file without `general.file_type`: the type holding most of its weight
+/// bytes (matrices only), "?" when it has none.
+fn dominant_type(f: &GgufFile) -> String {
+    let mut bytes: std::collections::BTreeMap<&'static str, u64> = Default::default();
+    for t in f.tensors().iter().filter(|t| t.shape.len() >= 2) {
+        *bytes.entry(t.ty.name()).or_default() += t.n_bytes();
+    }
+    bytes
+        .into_iter()
+        .max_by_key(|&(_, b)| b)
+        .map_or("?".to_string(), |(n, _)| n.to_string())
 }

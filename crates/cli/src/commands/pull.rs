@@ -47,7 +47,8 @@ pub fn run(args: Args) -> Result<()> {
                     ),
                     Err(_) => "-".to_string(),
                 };
-                outln!("  {:20} {:10} {}{default}", m.name, state, m.description);
+                let w = reg.all().map(|m| m.name.len()).max().unwrap_or(20);
+                outln!("  {:w$} {:10} {}{default}", m.name, state, m.description);
             }
             return Ok(());
         }
