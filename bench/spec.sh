@@ -4,7 +4,7 @@
 #
 #   bench/spec.sh MODEL N_TOKENS TEMP THREADS CONFIG... [-- PROMPT_GLOB]
 #
-# CONFIG: none | ngram:K | draft:DRAFT_MODEL:K | dflash:DRAFT_GGUF:B:K
+# CONFIG: none | ngram:K | ngram-adaptive:K | draft:DRAFT_MODEL:K | dflash:DRAFT_GGUF:B:K
 #   | dflash-adaptive:DRAFT_GGUF:B:K (--spec-adaptive: K is the most drafted per cycle)
 #   | auto (what `hearth run` does by default: the packaged drafter, adaptive)
 # HEARTH_BIN=path uses that binary instead of building target/release/hearth.
@@ -40,6 +40,7 @@ for prompt in $glob; do
       none) flags=(--spec none) ;;
       auto) flags=(--spec auto) ;;
       ngram) flags=(--spec ngram --n-draft "$a") ;;
+      ngram-adaptive) flags=(--spec ngram --n-draft "$a" --spec-adaptive) ;;
       draft) flags=(--spec draft --draft-model "$a" --n-draft "$b") ;;
       dflash) flags=(--spec dflash --draft-model "$a" --block-length "$b" --n-draft "$c") ;;
       dflash-adaptive) flags=(--spec dflash --draft-model "$a" --block-length "$b" --n-draft "$c" --spec-adaptive) ;;
@@ -79,4 +80,18 @@ for c in configs:
     mean = acc / fwd if fwd else 0.0
     by = ", ".join(f"{a / d:.2f}" for d, a in zip(dr, ac) if d)
     print(f"{c:40} {rate:7.2f} {rate / base:6.2f} {mean:8.2f} {mean + 1 if fwd else 1:7.2f} {same:3}/{len(names)}  [{by}]")
+# Per prompt: each config's decode rate over the first config's.
+def rate_of(nm, c):
+    j = json.load(open(f"{out}/{nm}.{tag(c)}.json"))
+    return j["decode_tok_s"]
+print(f"per prompt, decode tok/s over {configs[0]}'s:")
+print(f"{'prompt':28}" + "".join(f" {c[:14]:>14}" for c in configs[1:]))
+worst = {c: 9e9 for c in configs[1:]}
+for nm in names:
+    b = rate_of(nm, configs[0])
+    rs = [rate_of(nm, c) / b for c in configs[1:]]
+    for c, r in zip(configs[1:], rs):
+        worst[c] = min(worst[c], r)
+    print(f"{nm:28}" + "".join(f" {r:14.2f}" for r in rs))
+print(f"{'lowest':28}" + "".join(f" {worst[c]:14.2f}" for c in configs[1:]))
 PY

@@ -136,20 +136,17 @@ impl Drop for Fixture {
 }
 
 #[test]
-fn auto_picks_the_packaged_drafter_and_keeps_the_output() {
+fn auto_looks_up_on_the_cpu_and_keeps_the_output() {
     let f = Fixture::new("spec-auto", |_| {});
     let (plain, plain_err, plain_stats) = f.run(QWEN, &["--spec", "none"]);
     assert_eq!(plain_stats["spec"], "none");
     assert!(!plain_err.contains("spec auto"), "{plain_err}");
-    assert!(!f.installed().exists(), "--spec none installed the drafter");
 
-    // The default is auto: the drafter is copied in and used, adaptively
-    // (the banner says so with --verbose).
+    // The default is auto: on the CPU, prompt lookup, adaptive (the banner
+    // says so with --verbose); the DFlash drafter is neither copied in nor used.
     let (text, err, stats) = f.run(QWEN, &["--verbose"]);
     assert!(
-        err.contains(&format!(
-            "spec auto: DFlash drafter {DRAFTER} for {QWEN}, adaptive"
-        )),
+        err.contains("spec auto: prompt lookup (n-gram), up to 4 tokens, adaptive"),
         "{err}"
     );
     assert_eq!(
@@ -157,51 +154,52 @@ fn auto_picks_the_packaged_drafter_and_keeps_the_output() {
         1,
         "{err}"
     );
-    assert_eq!(stats["spec"], "dflash", "{stats}");
+    assert_eq!(stats["spec"], "ngram", "{stats}");
     assert_eq!(stats["adaptive"], true);
-    assert_eq!(stats["n_draft"], 3, "block size 4: K up to 3");
+    assert_eq!(stats["n_draft"], 4);
     assert_eq!(text, plain, "speculation changed the greedy output");
-    assert_eq!(std::fs::read(f.installed()).unwrap(), f.drafter_bytes);
-    assert!(PathBuf::from(format!("{}.hearth.json", f.installed().display())).is_file());
+    assert!(
+        !f.installed().exists(),
+        "auto on the CPU installed the DFlash drafter"
+    );
 
-    // The packaged file by its path (its record names the packaged sha256).
-    let by_path = f.home.join("models").join(QWEN_FILE);
-    let (text, err, stats) = f.run(by_path.to_str().unwrap(), &[]);
-    assert_eq!(stats["spec"], "dflash");
+    // Any model: a file by its path, a link without a record, a model
+    // without a drafter; no banner without --verbose.
+    let bare = f.dir.join("my-model.gguf");
+    std::os::unix::fs::symlink(real_models_dir().join(QWEN_FILE), &bare).unwrap();
+    let (text, err, stats) = f.run(bare.to_str().unwrap(), &[]);
+    assert_eq!(stats["spec"], "ngram");
     assert!(
         !err.contains("spec auto"),
         "no banner without --verbose: {err}"
     );
     assert_eq!(text, plain);
-    // A link to it without a record is not hashed to find out: plain.
-    let bare = f.dir.join("my-model.gguf");
-    std::os::unix::fs::symlink(real_models_dir().join(QWEN_FILE), &bare).unwrap();
-    let (text, err, stats) = f.run(bare.to_str().unwrap(), &[]);
-    assert_eq!(stats["spec"], "none");
+    let (_, err, stats) = f.run("smollm2-135m", &[]);
+    assert_eq!(stats["spec"], "ngram");
     assert!(!err.contains("spec auto"), "{err}");
+    // --spec-adaptive=false under auto: lookup at a fixed K.
+    let (text, _, stats) = f.run(QWEN, &["--spec-adaptive=false"]);
+    assert_eq!(
+        (stats["spec"].as_str(), stats["adaptive"].as_bool()),
+        (Some("ngram"), Some(false))
+    );
     assert_eq!(text, plain);
 
-    // --spec dflash without --draft-model takes the packaged drafter, at a
-    // fixed K unless --spec-adaptive.
+    // --spec dflash without --draft-model takes the packaged drafter (copied
+    // in), at a fixed K unless --spec-adaptive.
     let (text, _, stats) = f.run(QWEN, &["--spec", "dflash"]);
     assert_eq!(
         (stats["spec"].as_str(), stats["adaptive"].as_bool()),
         (Some("dflash"), Some(false))
     );
+    assert_eq!(stats["n_draft"], 3, "block size 4: K up to 3");
     assert_eq!(text, plain);
+    assert_eq!(std::fs::read(f.installed()).unwrap(), f.drafter_bytes);
+    assert!(PathBuf::from(format!("{}.hearth.json", f.installed().display())).is_file());
     let (_, _, stats) = f.run(QWEN, &["--spec", "dflash", "--spec-adaptive"]);
     assert_eq!(stats["adaptive"], true);
-    // --spec-adaptive=false under auto: the drafter, fixed K.
-    let (_, _, stats) = f.run(QWEN, &["--spec-adaptive=false"]);
-    assert_eq!(
-        (stats["spec"].as_str(), stats["adaptive"].as_bool()),
-        (Some("dflash"), Some(false))
-    );
 
-    // A target without a drafter: auto is plain, explicit dflash says why.
-    let (_, err, stats) = f.run("smollm2-135m", &[]);
-    assert_eq!(stats["spec"], "none");
-    assert!(!err.contains("spec auto"), "{err}");
+    // A target without a drafter: explicit dflash says why.
     let out = f.hearth(&["run", "-m", "smollm2-135m", "-p", "hi", "--spec", "dflash"]);
     assert!(!out.status.success());
     let err = stderr(&out);
@@ -271,15 +269,17 @@ fn a_missing_or_mismatched_repository_file_is_reported() {
         stderr(&out)
     );
     assert!(!f.installed().exists());
-    // auto: one line saying why, then plain decoding.
-    let (_, err, stats) = f.run(QWEN, &[]);
-    assert_eq!(stats["spec"], "none");
+    // --spec dflash: the same error (auto on the CPU uses no drafter file,
+    // and decodes as ever).
+    let out = f.hearth(&["run", "-m", QWEN, "-p", "hi", "--spec", "dflash"]);
+    assert!(!out.status.success());
     assert!(
-        err.contains(&format!(
-            "spec auto: the packaged drafter {DRAFTER} is not usable"
-        )),
-        "{err}"
+        stderr(&out).contains("the repository file and models/registry.json disagree"),
+        "{}",
+        stderr(&out)
     );
+    let (_, _, stats) = f.run(QWEN, &[]);
+    assert_eq!(stats["spec"], "ngram");
 
     // The repository file is missing.
     let f = Fixture::new("spec-missing", |_| {});

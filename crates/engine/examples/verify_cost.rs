@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use hearth_models::{Logits, Model, State};
+use hearth_models::{Backend, Logits, Model, State};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -26,23 +26,53 @@ fn main() {
         .forward(&mut state, &prompt, Logits::None)
         .expect("prefill");
     let reps = 12;
-    let mut base = 0.0;
+    // Both row orders: llama.cpp's batched one (prefill), and the
+    // batch-invariant one a speculative verify pass runs (every row as a
+    // one-row decode step computes it).
+    let orders = ["batched", "invariant (verify)"];
+    let mut base = [0.0f64; 2];
     for n in 1..=max_n {
         let block: Vec<u32> = (0..n as u32).map(|i| 200 + i).collect();
-        let mut times = Vec::new();
-        for _ in 0..reps {
-            let t = Instant::now();
-            model
-                .forward(&mut state, &block, Logits::All)
+        let mut line = format!("n={n}:");
+        for (k, name) in orders.iter().enumerate() {
+            let mut times = Vec::new();
+            for _ in 0..reps {
+                let t = Instant::now();
+                let mut hidden = Vec::new();
+                if k == 0 {
+                    Backend::forward_tapped(
+                        &model,
+                        &mut state,
+                        &block,
+                        Logits::All,
+                        &[],
+                        &mut hidden,
+                    )
+                } else {
+                    Backend::forward_verify(
+                        &model,
+                        &mut state,
+                        &block,
+                        Logits::All,
+                        &[],
+                        &mut hidden,
+                    )
+                }
                 .expect("forward");
-            times.push(t.elapsed().as_secs_f64());
-            state.rollback(pos).expect("rollback");
+                times.push(t.elapsed().as_secs_f64());
+                state.rollback(pos).expect("rollback");
+            }
+            times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            let med = times[reps / 2];
+            if n == 1 {
+                base[k] = med;
+            }
+            line += &format!(
+                "  {name} {:.2} ms (x{:.2} of n=1)",
+                med * 1e3,
+                med / base[k]
+            );
         }
-        times.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        let med = times[reps / 2];
-        if n == 1 {
-            base = med;
-        }
-        println!("n={n}: {:.2} ms (x{:.2} of n=1)", med * 1e3, med / base);
+        println!("{line}");
     }
 }

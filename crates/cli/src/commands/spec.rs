@@ -2,9 +2,15 @@
 //! resolve to the engine's plain `SpecConfig`; the engine's factory builds
 //! the drafters (`hearth_engine::spec::factory`).
 //!
-//! `--spec auto` (the default) speculates with the target's packaged drafter
-//! when the registry has one (models/registry.json, `drafters`) and
-//! otherwise decodes plainly, as `--spec none` does.
+//! `--spec auto` (the default for `run`): on the CPU, prompt lookup (n-gram
+//! drafts of up to [`AUTO_LOOKUP_K`] tokens) for any model, adaptive: its
+//! length follows the acceptance and it drafts only while its cycles beat
+//! plain steps, so it never costs more than a few probing cycles. On CUDA, the
+//! target's packaged DFlash drafter when the registry has one
+//! (models/registry.json, `drafters`), else plain decoding. (The DFlash
+//! drafter is not used on the CPU: there its draft forward and the wider
+//! verify pass cost more than its accepted tokens save; BENCHMARKS.md
+//! "Speculative decoding".)
 
 use std::path::{Path, PathBuf};
 
@@ -15,6 +21,11 @@ use hearth_engine::spec::SpecKind;
 use crate::device::Device;
 use crate::registry::{models_dir, registry, PackagedModel, Registry};
 use crate::store::{self, ModelName};
+
+/// The most tokens `--spec auto`'s prompt lookup drafts per cycle on the
+/// CPU (held-out coding prompts, qwen2.5-coder-0.5b, 2 threads: 4 gave 1.27x,
+/// 8 1.26x; on three non-code prompts 1.23x and 1.15x).
+pub const AUTO_LOOKUP_K: usize = 4;
 
 /// What `--spec` asked for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -27,9 +38,8 @@ pub enum SpecChoice {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SpecArgs {
-    /// Speculative decoding: auto (the target's packaged DFlash drafter when
-    /// the registry has one and the run can use it: CPU, no images; else
-    /// none), none, dflash (a DFlash draft GGUF: --draft-model, or the
+    /// Speculative decoding: auto (CPU: prompt lookup, adaptive, for any
+    /// model; CUDA: the target's packaged DFlash drafter, else none), none, dflash (a DFlash draft GGUF: --draft-model, or the
     /// target's packaged drafter), draft (a small model with the same
     /// vocabulary, --draft-model) or ngram (prompt lookup, no extra model).
     /// Output is the same as without it. [default: auto for `run`; none for
@@ -151,11 +161,28 @@ impl SpecArgs {
         Ok(config)
     }
 
-    /// `--spec auto`: the packaged DFlash drafter of a packaged target
-    /// (with images too: the drafter reads the target's hidden states), else
-    /// no speculation (quietly: one stderr line says which drafter was
+    /// `--spec auto`: on the CPU prompt lookup, adaptive; on CUDA the
+    /// packaged DFlash drafter of a packaged target (with images too: the
+    /// drafter reads the target's hidden states), else no speculation
+    /// (quietly: with --verbose one stderr line says which drafter was
     /// picked, or why a registered one could not be).
-    fn auto(&self, _device: Device, target: Target) -> Result<SpecConfig> {
+    fn auto(&self, device: Device, target: Target) -> Result<SpecConfig> {
+        let adaptive = self.spec_adaptive.unwrap_or(true);
+        if device == Device::Cpu {
+            let k = self.n_draft.unwrap_or(AUTO_LOOKUP_K);
+            if crate::VERBOSE.load(std::sync::atomic::Ordering::Relaxed) {
+                eprintln!(
+                    "spec auto: prompt lookup (n-gram), up to {k} tokens{} (--spec none turns it off)",
+                    if adaptive { ", adaptive" } else { "" }
+                );
+            }
+            return Ok(SpecConfig {
+                kind: SpecKind::Ngram,
+                n_draft: Some(k),
+                adaptive,
+                ..SpecConfig::default()
+            });
+        }
         let none = SpecConfig::default();
         let reg = registry()?;
         let Some(m) = packaged_target(&reg, target) else {
@@ -171,7 +198,6 @@ impl SpecArgs {
                 return Ok(none);
             }
         };
-        let adaptive = self.spec_adaptive.unwrap_or(true);
         if crate::VERBOSE.load(std::sync::atomic::Ordering::Relaxed) {
             eprintln!(
                 "spec auto: DFlash drafter {} for {}{} (--spec none turns it off)",
@@ -279,18 +305,22 @@ mod tests {
     }
 
     #[test]
-    fn auto_without_a_packaged_target_decodes_plainly() {
+    fn auto_without_a_packaged_target_looks_up_on_the_cpu() {
         let a = args(&[]);
         let t = Target {
             arg: Some("/nonexistent.gguf"),
             path: Path::new("/nonexistent.gguf"),
         };
-        // A file with no packaged record: plain decoding, on either device.
-        for device in [Device::Cuda, Device::Cpu] {
-            let c = a.config(device, t).unwrap();
-            assert_eq!(c.kind, SpecKind::None);
-            assert!(c.check().is_ok());
-        }
+        // A file with no packaged record: plain decoding on cuda; prompt
+        // lookup on the CPU (any model has a context to look up).
+        let c = a.config(Device::Cuda, t).unwrap();
+        assert_eq!(c.kind, SpecKind::None);
+        let c = a.config(Device::Cpu, t).unwrap();
+        assert_eq!(
+            (c.kind, c.adaptive, c.n_draft),
+            (SpecKind::Ngram, true, Some(AUTO_LOOKUP_K))
+        );
+        assert!(c.check().is_ok());
         // DFlash on cuda passes the flags' checks (the GPU drafter runs it).
         assert!(args(&["--spec", "dflash"]).precheck(Device::Cuda).is_ok());
         let c = args(&["--spec", "ngram"]).config(Device::Cpu, t).unwrap();
