@@ -89,13 +89,30 @@ fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut impl Rng) -> 
 }
 
 /// In the invariant order every row of a multi-row matmul equals the
-/// one-row matmul of that row, bit for bit (speculative verify passes),
-/// while the default batched orders do differ somewhere.
+/// one-row matmul of that row, bit for bit (speculative verify passes), for
+/// every packed type, every block size a verify pass takes (the 4-token
+/// blocks and the 1-3 token tails, each one pass over the weights) and
+/// every instruction set this machine has, while the default batched orders
+/// do differ somewhere.
 #[test]
 fn batch_invariant_rows_equal_single_rows() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
     let mut differed = false;
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0] {
+    let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon]
+        .into_iter()
+        .filter(|i| i.supported())
+        .collect();
+    for (ty, isa) in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q5_0,
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_1,
+    ]
+    .into_iter()
+    .flat_map(|ty| isas.iter().map(move |&isa| (ty, isa)))
+    {
         let (rows, cols) = (16, 4 * 256);
         let wq = random_matrix(ty, rows, cols, &mut rng);
         let m = QMatrix {
@@ -105,12 +122,12 @@ fn batch_invariant_rows_equal_single_rows() {
             data: &wq,
         };
         let pm = PackedMatrix::pack(&m).unwrap();
-        for n in [4, 5, 9] {
+        for n in [2, 3, 4, 5, 6, 7, 9, 16] {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
             let mut single = vec![0.0f32; n * rows];
             for t in 0..n {
                 matmul_packed(
-                    Isa::detect(),
+                    isa,
                     &pm,
                     &m,
                     &x[t * cols..(t + 1) * cols],
@@ -120,11 +137,10 @@ fn batch_invariant_rows_equal_single_rows() {
                 );
             }
             let (mut inv, mut batched) = (vec![0.0f32; n * rows], vec![0.0f32; n * rows]);
-            let isa = Isa::detect();
             matmul_packed(isa, &pm, &m, &x, n, &mut inv, RowOrder::Invariant);
             matmul_packed(isa, &pm, &m, &x, n, &mut batched, RowOrder::Batched);
             for (i, (a, b)) in inv.iter().zip(&single).enumerate() {
-                assert_eq!(a.to_bits(), b.to_bits(), "{ty} n {n} [{i}]");
+                assert_eq!(a.to_bits(), b.to_bits(), "{ty} {} n {n} [{i}]", isa.name());
             }
             differed |= batched
                 .iter()
