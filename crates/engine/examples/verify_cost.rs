@@ -39,26 +39,12 @@ fn main() {
             for _ in 0..reps {
                 let t = Instant::now();
                 let mut hidden = Vec::new();
-                if k == 0 {
-                    Backend::forward_tapped(
-                        &model,
-                        &mut state,
-                        &block,
-                        Logits::All,
-                        &[],
-                        &mut hidden,
-                    )
+                let pass = if k == 0 {
+                    <Model as Backend>::forward_tapped
                 } else {
-                    Backend::forward_verify(
-                        &model,
-                        &mut state,
-                        &block,
-                        Logits::All,
-                        &[],
-                        &mut hidden,
-                    )
-                }
-                .expect("forward");
+                    <Model as Backend>::forward_verify
+                };
+                pass(&model, &mut state, &block, Logits::All, &[], &mut hidden).expect("forward");
                 times.push(t.elapsed().as_secs_f64());
                 state.rollback(pos).expect("rollback");
             }

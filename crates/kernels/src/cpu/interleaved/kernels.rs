@@ -458,17 +458,6 @@ unsafe fn group_values<S: Simd, const NT: usize>(
     }
 }
 
-/// Whether every token of this call takes the one-token (vector) order:
-/// then blocks of 8 tokens share each weight pass (a verify pass of up to 8
-/// rows reads the weights once). The batched orders (Q4_K's repacked gemm,
-/// Q6_K's tiled order) keep their 4-token blocks.
-fn vec_order_only(acts: &Acts) -> bool {
-    match acts {
-        Acts::Q8K(_, gemm_rows, tiled, _) => *gemm_rows == 0 && !*tiled,
-        _ => true,
-    }
-}
-
 /// One group against tokens `t0..t0 + NT`, results written to `out`.
 #[inline(always)]
 unsafe fn group_tokens<S: Simd, const NT: usize>(
@@ -507,21 +496,10 @@ unsafe fn run_pairs<S: Simd>(
         let v = act(i * GROUP, g, u);
         std::ptr::copy_nonoverlapping(v.as_ptr(), out.add(t * half + i * GROUP), GROUP);
     };
-    let eight = vec_order_only(acts);
     for t0 in tokens.clone().step_by(TOKEN_TILE) {
         let t1 = (t0 + TOKEN_TILE).min(tokens.end);
         for i in pairs.clone() {
             let mut t = t0;
-            while eight && t + 8 <= t1 {
-                let (g, u) = (
-                    group_values::<S, 8>(pm, acts, n, 2 * i, t),
-                    group_values::<S, 8>(pm, acts, n, 2 * i + 1, t),
-                );
-                for k in 0..8 {
-                    emit(i, t + k, &g[k], &u[k]);
-                }
-                t += 8;
-            }
             while t + 4 <= t1 {
                 let (g, u) = (
                     group_values::<S, 4>(pm, acts, n, 2 * i, t),
@@ -566,15 +544,10 @@ unsafe fn run_groups<S: Simd>(
     tokens: std::ops::Range<usize>,
     out: *mut f32,
 ) {
-    let eight = vec_order_only(acts);
     for t0 in tokens.clone().step_by(TOKEN_TILE) {
         let t1 = (t0 + TOKEN_TILE).min(tokens.end);
         for g in groups.clone() {
             let mut t = t0;
-            while eight && t + 8 <= t1 {
-                group_tokens::<S, 8>(pm, acts, n, g, t, out);
-                t += 8;
-            }
             while t + 4 <= t1 {
                 group_tokens::<S, 4>(pm, acts, n, g, t, out);
                 t += 4;
