@@ -165,5 +165,8 @@ part "server: robustness (hostile schemas, injected panics, chunked framing, ses
 # ~1,000 hostile requests in 15 categories against one server (the full
 # 10,000-request run is in BENCHMARKS.md).
 part "server: hostile-request fuzz (1,000 requests)" python3 tests/server/fuzz_server.py --requests 1000
+# Three replicas behind SGLang Model Gateway (smg): cache-aware routing,
+# sessions shared through one session dir, SIGKILL failover, SIGTERM drain.
+part "server: 3 replicas behind SGLang Model Gateway (reuse, failover, drain)" python3 tests/gateway/test_gateway.py
 # The Pi coding agent (npm, pinned in tests/server/pi) doing a task against hearth.
 part "server: the Pi coding agent (qwen2.5-coder-1.5b creates hello.txt)" python3 tests/server/test_pi_agent.py

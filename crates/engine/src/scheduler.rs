@@ -202,6 +202,12 @@ pub struct SchedulerStats {
     pub decode_us: AtomicU64,
     pub live_sessions: AtomicU64,
     pub active_generations: AtomicU64,
+    /// Requests waiting for their session (or for room) to start.
+    pub waiting_requests: AtomicU64,
+    /// Positions held in every session's KV, idle and generating.
+    pub kv_tokens: AtomicU64,
+    /// Positions the KV states could hold: states x context.
+    pub kv_capacity_tokens: AtomicU64,
     pub session_evictions: AtomicU64,
     /// Evicted sessions kept on disk (`--session-dir`) and brought back.
     pub session_spills: AtomicU64,
@@ -428,6 +434,10 @@ impl<'a, B: Backend> Scheduler<'a, B> {
         self.stats
             .session_capacity
             .store(self.store.capacity() as u64, Ordering::Relaxed);
+        self.stats.kv_capacity_tokens.store(
+            (self.store.capacity() * self.store.max_ctx()) as u64,
+            Ordering::Relaxed,
+        );
         let mut active: Vec<Active<'a, B::State>> = Vec::new();
         let mut waiting: Vec<Job> = Vec::new();
         loop {
@@ -506,6 +516,16 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             self.stats
                 .active_generations
                 .store(active.len() as u64, Ordering::Relaxed);
+            self.stats
+                .waiting_requests
+                .store(waiting.len() as u64, Ordering::Relaxed);
+            let busy: usize = active
+                .iter()
+                .map(|a| a.lease.session.resident().len())
+                .sum();
+            self.stats
+                .kv_tokens
+                .store((self.store.idle_tokens() + busy) as u64, Ordering::Relaxed);
             self.stats
                 .live_sessions
                 .store(self.store.live() as u64, Ordering::Relaxed);

@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path as FsPath, PathBuf};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
@@ -236,6 +236,21 @@ pub struct Hub {
     start: Start,
     slots: Mutex<HashMap<String, Slot>>,
     reap: Notify,
+    /// [`Phase`] as a number: what `/health` says.
+    phase: AtomicU8,
+    /// Set once a drain's grace is over: new model requests are refused.
+    refusing: std::sync::atomic::AtomicBool,
+}
+
+/// Where the server is in its life, as `/health` reports it to a gateway
+/// or a readiness probe.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Phase {
+    /// The pinned model is loading: 503 "loading".
+    Starting = 0,
+    Ready = 1,
+    /// SIGTERM received: 503 "draining" while the requests in flight finish.
+    Draining = 2,
 }
 
 /// A request's hold on a resident model: while held it is not unloaded;
@@ -291,7 +306,48 @@ impl Hub {
             start,
             slots: Mutex::new(HashMap::new()),
             reap: Notify::new(),
+            phase: AtomicU8::new(Phase::Ready as u8),
+            refusing: Default::default(),
         })
+    }
+
+    pub fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Acquire) {
+            0 => Phase::Starting,
+            1 => Phase::Ready,
+            _ => Phase::Draining,
+        }
+    }
+
+    pub fn set_phase(&self, p: Phase) {
+        self.phase.store(p as u8, Ordering::Release);
+    }
+
+    /// From now on a model request is answered 503 (the drain's grace is over).
+    pub fn refuse_new(&self) {
+        self.refusing.store(true, Ordering::Release);
+    }
+
+    /// Model requests in flight (responses not yet done, streams included)
+    /// and models loading.
+    pub fn in_flight(&self) -> usize {
+        lock(&self.slots)
+            .values()
+            .map(|s| match s {
+                Slot::Ready(r) => r.in_flight.load(Ordering::Acquire),
+                Slot::Loading(_) => 1,
+            })
+            .sum()
+    }
+
+    /// The model a gateway is told this worker serves: the default, else
+    /// the only or first one.
+    fn primary(&self) -> Option<&Entry> {
+        self.opts
+            .default
+            .as_deref()
+            .and_then(|d| self.entry(d))
+            .or_else(|| self.opts.entries.first())
     }
 
     fn entry(&self, name: &str) -> Option<&Entry> {
@@ -750,12 +806,18 @@ const ROUTE_LIST: &[&str] = &[
     "DELETE /v1/sessions[/{id}]",
     "GET /health",
     "GET /metrics",
+    "GET /server_info|/model_info|/get_load (for gateways)",
     "GET / (the chat page)",
 ];
 
 pub fn router(hub: Arc<Hub>) -> Router {
     let mut r = Router::new()
         .route("/health", get(health))
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
+        .route("/model_info", get(model_info))
+        .route("/get_model_info", get(model_info))
+        .route("/get_load", get(get_load))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
         .route("/api/tags", get(tags))
@@ -830,9 +892,19 @@ async fn guard(State(hub): State<Arc<Hub>>, req: Request, next: Next) -> Respons
     };
     let origin = req.headers().get(header::ORIGIN).cloned();
     let (t0, method, logged) = (Instant::now(), req.method().clone(), path.to_string());
+    let refused = hub.refusing.load(Ordering::Acquire) && is_model_route(path);
     let mut response = match hub.access.check(req.method(), path, req.headers()) {
         Err(e) => e.into_response(),
         Ok(Some(preflight)) => preflight,
+        Ok(None) if refused => {
+            let mut r = ApiError::unavailable(
+                "This server is shutting down (draining); send the request to another replica.",
+            )
+            .into_response();
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            r
+        }
         Ok(None) => next.run(req).await,
     };
     if let Some(origin) = origin.as_ref().and_then(|o| o.to_str().ok()) {
@@ -848,6 +920,12 @@ async fn guard(State(hub): State<Arc<Hub>>, req: Request, next: Next) -> Respons
         t0.elapsed().as_secs_f64() * 1e3
     );
     response
+}
+
+/// Whether `path` is one of the routes that run a model (a drain refuses
+/// those once its grace is over; health, metrics and info stay open).
+fn is_model_route(path: &str) -> bool {
+    MODEL_ROUTES.contains(&path)
 }
 
 /// A model route: the body read once, its model found (and loaded), the
@@ -1014,8 +1092,73 @@ async fn clear_sessions(State(hub): State<Arc<Hub>>) -> Result<Json<Value>, ApiE
     Ok(Json(json!({"cleared": true, "sessions": n})))
 }
 
-async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// Liveness and readiness in one (what SGLang Model Gateway, llm-d and a
+/// Kubernetes probe poll): 200 once the pinned model is loaded; 503 while
+/// it loads (llama-server's "Loading model") and while the server drains
+/// after SIGTERM, so a gateway moves new traffic elsewhere.
+async fn health(State(hub): State<Arc<Hub>>) -> Response {
+    let (status, message) = match hub.phase() {
+        Phase::Ready => return Json(json!({"status": "ok"})).into_response(),
+        Phase::Starting => ("loading", "Loading model"),
+        Phase::Draining => ("draining", "The server is shutting down (draining)"),
+    };
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({
+            "status": status,
+            "error": {"code": 503, "message": message, "type": "unavailable_error"}
+        })),
+    )
+        .into_response()
+}
+
+/// `GET /server_info` (SGLang's, which SGLang Model Gateway reads when a
+/// worker joins): the served model's name, its context and how many
+/// sessions it runs at once.
+async fn server_info(State(hub): State<Arc<Hub>>) -> Json<Value> {
+    let name = hub.primary().map(|e| e.name.clone());
+    let capacity = hub.metrics.engine.session_capacity.load(Ordering::Relaxed);
+    Json(json!({
+        "model_path": name,
+        "served_model_name": name,
+        "engine": "hearth",
+        "version": env!("CARGO_PKG_VERSION"),
+        "context_length": hub.max_ctx,
+        "max_running_requests": capacity,
+        "max_total_tokens": hub.metrics.engine.kv_capacity_tokens.load(Ordering::Relaxed),
+        "status": match hub.phase() {
+            Phase::Starting => "loading",
+            Phase::Ready => "ready",
+            Phase::Draining => "draining",
+        },
+    }))
+}
+
+/// `GET /model_info` (SGLang's): the served model and its architecture.
+async fn model_info(State(hub): State<Arc<Hub>>) -> Json<Value> {
+    let entry = hub.primary();
+    let family = entry.and_then(|e| e.card()).map(|c| c.family);
+    Json(json!({
+        "model_path": entry.map(|e| e.name.clone()),
+        "tokenizer_path": entry.map(|e| e.name.clone()),
+        "is_generation": true,
+        "model_type": family,
+        "architectures": family.map(|f| vec![f]),
+    }))
+}
+
+/// `GET /get_load` (SGLang's shape: one entry per data-parallel rank):
+/// requests running and waiting, and the KV positions in use.
+async fn get_load(State(hub): State<Arc<Hub>>) -> Json<Value> {
+    let e = &hub.metrics.engine;
+    let running = e.active_generations.load(Ordering::Relaxed);
+    let waiting = e.waiting_requests.load(Ordering::Relaxed);
+    Json(json!([{
+        "dp_rank": 0,
+        "num_reqs": running + waiting,
+        "num_waiting_reqs": waiting,
+        "num_tokens": e.kv_tokens.load(Ordering::Relaxed),
+    }]))
 }
 
 async fn metrics(State(hub): State<Arc<Hub>>) -> Response {

@@ -93,6 +93,15 @@ pub struct ServerOptions {
     pub strict_tools: bool,
     /// Where `/v1/sessions/{id}/save` writes and `/restore` reads (`--session-dir`).
     pub session_dir: Option<PathBuf>,
+    /// `--shared-sessions`: the session dir is shared by replicas; evicted
+    /// and drained sessions (anonymous ones too) are kept there for any
+    /// replica to continue ([`session_file::SharedSpill`]).
+    pub shared_sessions: bool,
+    /// After SIGTERM: how long new requests are still served while /health
+    /// says 503 (a gateway's or probe's time to notice), then refused.
+    pub drain_grace: std::time::Duration,
+    /// After SIGTERM: the longest the requests in flight are waited for.
+    pub drain_timeout: std::time::Duration,
     /// `--no-prefix-sharing`: a new session never starts from another's KV.
     pub no_prefix_sharing: bool,
     /// `--no-prefix-reuse`: a request without a session id starts over.
@@ -227,6 +236,10 @@ pub fn run_on<B: Backend + 'static>(
         .build()?;
     let opts = Arc::new(opts);
     let metrics = Arc::new(Metrics::default());
+    *metrics.model_name.lock().unwrap_or_else(|e| e.into_inner()) = default
+        .clone()
+        .or_else(|| entries.first().map(|e| e.name.clone()))
+        .unwrap_or_default();
     let load = Arc::new(load);
     // Stored Responses are the server's, shared by every model it loads.
     let responses: Arc<std::sync::Mutex<responses::ResponseStore>> = Default::default();
@@ -284,33 +297,6 @@ pub fn run_on<B: Backend + 'static>(
             opts.max_ctx,
             responses,
         );
-        if let Some(name) = &pinned {
-            hub.preload(name).await.map_err(|m| ServerError::Load {
-                path: opts
-                    .model_path
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default(),
-                message: m
-                    .strip_prefix(&format!("Loading model '{name}' failed: "))
-                    .unwrap_or(&m)
-                    .to_string(),
-            })?;
-        } else {
-            eprintln!(
-                "hearth serve: {} model(s) on demand ({}); each loads on its first request{}",
-                opts.catalog.len(),
-                opts.catalog
-                    .iter()
-                    .map(|e| e.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                match opts.keep_alive {
-                    Some(d) => format!(" and unloads after {} idle", human_secs(d)),
-                    None => String::new(),
-                }
-            );
-        }
         let host = if local.is_ipv6() {
             format!("[{}]", local.ip())
         } else {
@@ -331,23 +317,85 @@ pub fn run_on<B: Backend + 'static>(
                 "warning: listening on a non-loopback address without an API key; set --api-key"
             );
         }
-        stdout_line("hearth serve: ready");
+        // The server answers while the pinned model loads (/health: 503
+        // "loading"; model requests wait for it), as llama-server does, so
+        // a gateway or probe sees a live process that is not ready yet.
+        let failed: Arc<std::sync::Mutex<Option<ServerError>>> = Default::default();
+        let load_failed = Arc::new(tokio::sync::Notify::new());
+        if let Some(name) = pinned.clone() {
+            hub.set_phase(hub::Phase::Starting);
+            let (hub, opts, failed, load_failed) = (
+                hub.clone(),
+                opts.clone(),
+                failed.clone(),
+                load_failed.clone(),
+            );
+            tokio::spawn(async move {
+                match hub.preload(&name).await {
+                    Ok(()) => {
+                        hub.set_phase(hub::Phase::Ready);
+                        stdout_line("hearth serve: ready");
+                    }
+                    Err(m) => {
+                        *failed.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Some(ServerError::Load {
+                                path: opts
+                                    .model_path
+                                    .as_ref()
+                                    .map(|p| p.display().to_string())
+                                    .unwrap_or_default(),
+                                message: m
+                                    .strip_prefix(&format!("Loading model '{name}' failed: "))
+                                    .unwrap_or(&m)
+                                    .to_string(),
+                            });
+                        load_failed.notify_one();
+                    }
+                }
+            });
+        } else {
+            eprintln!(
+                "hearth serve: {} model(s) on demand ({}); each loads on its first request{}",
+                opts.catalog.len(),
+                opts.catalog
+                    .iter()
+                    .map(|e| e.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                match opts.keep_alive {
+                    Some(d) => format!(" and unloads after {} idle", human_secs(d)),
+                    None => String::new(),
+                }
+            );
+            stdout_line("hearth serve: ready");
+        }
         tokio::spawn(hub.clone().reaper());
         let shutdown_hub = hub.clone();
+        let drain = (opts.drain_grace, opts.drain_timeout);
         conn::serve(
             listener,
             hub::router(hub.clone()),
             opts.timeouts,
             opts.max_body_bytes,
             async move {
-                shutdown_signal().await;
-                eprintln!("hearth serve: shutting down");
+                tokio::select! {
+                    sig = shutdown_signal() => match sig {
+                        // What an orchestrator sends: finish what is in flight.
+                        Signal::Terminate => drain_then_stop(&shutdown_hub, drain).await,
+                        // A person at the terminal: stop now.
+                        Signal::Interrupt => eprintln!("hearth serve: shutting down"),
+                    },
+                    _ = load_failed.notified() => {}
+                }
                 // Ends every generation, so open streams finish and the
                 // graceful shutdown does not wait on them.
                 shutdown_hub.shutdown();
             },
         )
         .await;
+        if let Some(e) = failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            return Err(e);
+        }
         Ok::<_, ServerError>(hub)
     });
     // Every model's engine thread ends before the process does.
@@ -477,8 +525,20 @@ fn start_model<B: Backend + 'static>(
         // Evicted sessions go to disk and come back on their next request;
         // not while speculating (a drafter's state is not in a session file).
         if drafters.is_none() {
-            let spill = session_file::DirSpill::new(dir, model_fingerprint).map_err(bad)?;
-            store.set_spill(Box::new(spill));
+            let spill: Box<dyn hearth_engine::session::SessionSpill> = match opts.shared_sessions {
+                true => {
+                    Box::new(session_file::SharedSpill::new(dir, model_fingerprint).map_err(bad)?)
+                }
+                false => {
+                    Box::new(session_file::DirSpill::new(dir, model_fingerprint).map_err(bad)?)
+                }
+            };
+            store.set_spill(spill);
+            if opts.shared_sessions {
+                store.keep_every_turn();
+            }
+        } else if opts.shared_sessions {
+            eprintln!("warning: --shared-sessions does nothing while speculating (a drafter's state is not in a session file)");
         }
     }
     let file_bytes = std::fs::metadata(path).map_or(0, |m| m.len());
@@ -562,7 +622,56 @@ fn stdout_line(line: &str) {
     let _ = writeln!(out, "{line}").and_then(|_| out.flush());
 }
 
-async fn shutdown_signal() {
+/// A drain (SIGTERM): /health answers 503 at once; new requests
+/// are still served for the grace (a gateway's or readiness probe's time to
+/// notice and send them elsewhere), then refused with 503; the requests in
+/// flight finish (up to the timeout). (With `--shared-sessions` every
+/// session is already in the session dir as of its last turn, for the
+/// replica a gateway moves it to.) A second signal stops at once.
+async fn drain_then_stop(
+    hub: &Arc<hub::Hub>,
+    (grace, timeout): (std::time::Duration, std::time::Duration),
+) {
+    hub.set_phase(hub::Phase::Draining);
+    let t0 = Instant::now();
+    eprintln!(
+        "hearth serve: draining ({} request(s) in flight; new ones served for {:.0} s more, then refused; Ctrl-C again to stop now)",
+        hub.in_flight(),
+        grace.as_secs_f64()
+    );
+    let wait = async {
+        tokio::time::sleep(grace).await;
+        hub.refuse_new();
+        while hub.in_flight() > 0 && t0.elapsed() < grace.max(timeout) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    tokio::select! {
+        _ = wait => {}
+        _ = shutdown_signal() => {
+            eprintln!("hearth serve: shutting down now (a second signal)");
+            return;
+        }
+    }
+    let left = hub.in_flight();
+    if left > 0 {
+        eprintln!("hearth serve: drain timeout: stopping {left} request(s) still in flight");
+    }
+    eprintln!(
+        "hearth serve: shutting down (drained in {:.1} s)",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// Which signal asked the server to stop.
+enum Signal {
+    /// SIGINT (Ctrl-C).
+    Interrupt,
+    /// SIGTERM.
+    Terminate,
+}
+
+async fn shutdown_signal() -> Signal {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -578,7 +687,7 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+        _ = ctrl_c => Signal::Interrupt,
+        _ = term => Signal::Terminate,
     }
 }

@@ -19,6 +19,9 @@ pub struct Metrics {
     pub engine: Arc<SchedulerStats>,
     /// Output that began like a tool call but was not one (returned as content).
     pub tool_call_parse_warnings: AtomicU64,
+    /// The served model's name, the `model_name` label of the gateway-named
+    /// series (`sglang:*`, `vllm:*`).
+    pub model_name: Mutex<String>,
 }
 
 impl Metrics {
@@ -230,6 +233,86 @@ impl Metrics {
             "hearth_active_generations",
             "Requests being prefilled or decoded.",
             get(&self.engine.active_generations) as f64,
+        );
+        let (running, waiting) = (
+            get(&self.engine.active_generations),
+            get(&self.engine.waiting_requests),
+        );
+        let (kv, kv_cap) = (
+            get(&self.engine.kv_tokens),
+            get(&self.engine.kv_capacity_tokens),
+        );
+        let usage = if kv_cap == 0 {
+            0.0
+        } else {
+            kv as f64 / kv_cap as f64
+        };
+        gauge(
+            "hearth_waiting_requests",
+            "Requests waiting to start (their session busy, or no room).",
+            waiting as f64,
+        );
+        gauge(
+            "hearth_kv_tokens",
+            "Positions held in the sessions' KV caches.",
+            kv as f64,
+        );
+        gauge(
+            "hearth_kv_capacity_tokens",
+            "Positions the KV states can hold (states x context).",
+            kv_cap as f64,
+        );
+        // The same load under the names gateways scrape: SGLang's (SGLang
+        // Model Gateway) and vLLM's (llm-d's endpoint picker, KServe).
+        let model = self
+            .model_name
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let label = format!(
+            "{{model_name=\"{}\"}}",
+            model.replace('\\', "\\\\").replace('"', "\\\"")
+        );
+        let mut labelled = |name: &str, help: &str, v: f64| {
+            let _ = writeln!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{label} {v}"
+            );
+        };
+        labelled(
+            "sglang:num_running_reqs",
+            "Requests running (hearth_active_generations).",
+            running as f64,
+        );
+        labelled(
+            "sglang:num_queue_reqs",
+            "Requests queued (hearth_waiting_requests).",
+            waiting as f64,
+        );
+        labelled(
+            "sglang:num_used_tokens",
+            "KV positions in use (hearth_kv_tokens).",
+            kv as f64,
+        );
+        labelled(
+            "sglang:token_usage",
+            "Share of the KV positions in use.",
+            usage,
+        );
+        labelled(
+            "vllm:num_requests_running",
+            "Requests running (hearth_active_generations).",
+            running as f64,
+        );
+        labelled(
+            "vllm:num_requests_waiting",
+            "Requests waiting (hearth_waiting_requests).",
+            waiting as f64,
+        );
+        labelled(
+            "vllm:kv_cache_usage_perc",
+            "Share of the KV positions in use (0-1).",
+            usage,
         );
         self.render_spec(&mut s);
         s

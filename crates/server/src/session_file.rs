@@ -85,9 +85,9 @@ impl DirSpill {
 }
 
 impl SessionSpill for DirSpill {
-    fn put(&mut self, id: &str, saved: &SavedSession) -> Result<(), String> {
+    fn put(&mut self, id: &str, saved: SavedSession) -> Result<(), String> {
         let path = self.path(id);
-        write_file(&path, &self.model, saved)
+        write_file(&path, &self.model, &saved)
             .map_err(|e| format!("writing {}: {e}", path.display()))?;
         self.kept.insert(id.to_string());
         Ok(())
@@ -121,6 +121,280 @@ impl SessionSpill for DirSpill {
         }
         ids.len()
     }
+}
+
+/// Sessions shared by every replica that mounts one `--session-dir`
+/// (`hearth serve --shared-sessions`), in `DIR/.shared`: every session is
+/// written there as each of its turns ends (and when evicted), and
+/// whichever replica gets a conversation's next turn without holding it
+/// continues it from there. Named sessions are found by id (here, or saved
+/// with `/v1/sessions/{id}/save` in DIR itself); anonymous ones (no id: a
+/// gateway forwards none) by their tokens: the kept conversation of the
+/// same tenant (`cache_salt`) whose ids the new prompt repeats the most of.
+///
+/// Files are written by a thread of their own (the engine only copies the
+/// state), whole, and renamed into place: a reader never sees half of one;
+/// of two replicas writing one session the last rename wins, and either
+/// file is a consistent prefix of the conversation. They are read back only
+/// after their checksum and model fingerprint are checked. A file is not
+/// removed when a replica takes it: a later turn prefills only what follows
+/// the prefix the file holds, so a stale file costs prefill time, never a
+/// wrong reply.
+pub struct SharedSpill {
+    dir: PathBuf,
+    /// DIR itself (explicitly saved sessions).
+    saved: PathBuf,
+    model: [u8; 32],
+    /// Anonymous files' ids, by name, with the length and mtime they were
+    /// read at (a file renamed over is read again).
+    ids: std::collections::HashMap<String, (u64, std::time::SystemTime, Vec<u32>)>,
+    /// Named sessions this process wrote (forget_all drops those only).
+    kept: HashSet<String>,
+    writes: Option<std::sync::mpsc::Sender<Pending>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+/// A file for the writer thread: where, the tenant prefix of an anonymous
+/// one (its older prefixes are then removed), what.
+struct Pending {
+    path: PathBuf,
+    tenant: Option<String>,
+    saved: SavedSession,
+}
+
+/// Most anonymous conversations kept; past it the oldest files go.
+const MAX_SHARED_ANONYMOUS: usize = 1024;
+
+/// A short hex tag of `bytes` for file names.
+fn tag(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `a-SALT-`: the start of tenant `salt`'s anonymous file names.
+fn tenant(salt: Option<&str>) -> String {
+    let key = match salt {
+        Some(s) => format!("salt:{s}"),
+        None => "nosalt".to_string(),
+    };
+    format!("a-{}-", tag(key.as_bytes()))
+}
+
+/// The anonymous files in `dir` whose names start with `prefix`, with
+/// their length and mtime.
+fn listed(dir: &Path, prefix: &str) -> Vec<(String, PathBuf, u64, std::time::SystemTime)> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(prefix) || !name.ends_with(".hsession") {
+                return None;
+            }
+            let meta = e.metadata().ok()?;
+            let mtime = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+            Some((name, e.path(), meta.len(), mtime))
+        })
+        .collect()
+}
+
+/// The writer thread's work on one file: written whole; for an anonymous
+/// conversation, its files at a prefix of these ids removed (superseded)
+/// and the oldest past [`MAX_SHARED_ANONYMOUS`] too.
+fn write_pending(model: &[u8; 32], dir: &Path, p: Pending) {
+    if let Err(e) = write_file(&p.path, model, &p.saved) {
+        eprintln!("--shared-sessions: writing {}: {e}", p.path.display());
+        return;
+    }
+    let Some(prefix) = p.tenant else { return };
+    let ids = &p.saved.ids;
+    for (_, path, _, _) in listed(dir, &prefix) {
+        if path == p.path {
+            continue;
+        }
+        if let Ok(old) = read_ids(&path, model) {
+            if old.len() < ids.len() && ids[..old.len()] == old[..] {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    let mut all = listed(dir, "a-");
+    if all.len() > MAX_SHARED_ANONYMOUS {
+        all.sort_by_key(|f| f.3);
+        for (_, path, _, _) in &all[..all.len() - MAX_SHARED_ANONYMOUS] {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl SharedSpill {
+    pub fn new(session_dir: &Path, model: [u8; 32]) -> io::Result<SharedSpill> {
+        let dir = session_dir.join(".shared");
+        std::fs::create_dir_all(&dir)?;
+        let (tx, rx) = std::sync::mpsc::channel::<Pending>();
+        let wdir = dir.clone();
+        let writer = std::thread::Builder::new()
+            .name("hearth-session-writer".into())
+            .spawn(move || {
+                for p in rx {
+                    write_pending(&model, &wdir, p);
+                }
+            })?;
+        Ok(SharedSpill {
+            dir,
+            saved: session_dir.to_path_buf(),
+            model,
+            ids: Default::default(),
+            kept: HashSet::new(),
+            writes: Some(tx),
+            writer: Some(writer),
+        })
+    }
+
+    fn named(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("n-{}", file_name(id)))
+    }
+
+    fn queue(&self, p: Pending) -> Result<(), String> {
+        self.writes
+            .as_ref()
+            .and_then(|w| w.send(p).ok())
+            .ok_or_else(|| "the session writer has stopped".to_string())
+    }
+
+    /// Tenant `salt`'s anonymous files with their ids.
+    fn anonymous(&mut self, salt: Option<&str>) -> Vec<(PathBuf, Vec<u32>)> {
+        let mut out = Vec::new();
+        for (name, path, len, mtime) in listed(&self.dir, &tenant(salt)) {
+            let ids = match self.ids.get(&name) {
+                Some((l, m, ids)) if *l == len && *m == mtime => ids.clone(),
+                _ => match read_ids(&path, &self.model) {
+                    Ok(ids) => {
+                        self.ids.insert(name, (len, mtime, ids.clone()));
+                        ids
+                    }
+                    Err(_) => continue,
+                },
+            };
+            out.push((path, ids));
+        }
+        out
+    }
+
+    fn read(&self, path: &Path) -> Result<SavedSession, String> {
+        read_file(path, &self.model).map_err(|e| match e {
+            ReadError::Io(e) => format!("reading {}: {e}", path.display()),
+            ReadError::Invalid(m) => format!("{}: {m}", path.display()),
+        })
+    }
+}
+
+impl Drop for SharedSpill {
+    /// The files queued are written before the server exits.
+    fn drop(&mut self) {
+        drop(self.writes.take());
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl SessionSpill for SharedSpill {
+    fn put(&mut self, id: &str, saved: SavedSession) -> Result<(), String> {
+        self.queue(Pending {
+            path: self.named(id),
+            tenant: None,
+            saved,
+        })?;
+        self.kept.insert(id.to_string());
+        Ok(())
+    }
+
+    fn take(&mut self, id: &str) -> Option<Result<SavedSession, String>> {
+        let saved = self.saved.join(format!("{}.hsession", file_name(id)));
+        [self.named(id), saved]
+            .into_iter()
+            .find(|p| p.is_file())
+            .map(|p| self.read(&p))
+    }
+
+    fn forget(&mut self, id: &str) -> bool {
+        self.kept.remove(id);
+        std::fs::remove_file(self.named(id)).is_ok()
+    }
+
+    fn forget_all(&mut self) -> usize {
+        let ids: Vec<String> = self.kept.drain().collect();
+        ids.iter()
+            .filter(|id| std::fs::remove_file(self.named(id)).is_ok())
+            .count()
+    }
+
+    fn put_anonymous(&mut self, salt: Option<&str>, saved: SavedSession) -> Result<(), String> {
+        let bytes: Vec<u8> = saved.ids.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let prefix = tenant(salt);
+        self.queue(Pending {
+            path: self.dir.join(format!("{prefix}{}.hsession", tag(&bytes))),
+            tenant: Some(prefix),
+            saved,
+        })
+    }
+
+    fn take_anonymous(
+        &mut self,
+        salt: Option<&str>,
+        ids: &[u32],
+    ) -> Option<Result<SavedSession, String>> {
+        let best = self
+            .anonymous(salt)
+            .into_iter()
+            .map(|(p, kept)| {
+                let n = hearth_engine::prompt::common_prefix(&kept, ids);
+                (p, n, kept.len())
+            })
+            .filter(|&(_, n, len)| {
+                n > 0 && n as f64 >= hearth_engine::session::ANONYMOUS_SIMILARITY * len as f64
+            })
+            .max_by_key(|&(_, n, _)| n)?;
+        let out = self.read(&best.0);
+        if out.is_err() {
+            // Damaged (or from another model): never offered again.
+            let _ = std::fs::remove_file(&best.0);
+        }
+        Some(out)
+    }
+}
+
+/// The token ids of session file `path` (its header only), after checking
+/// it is one and from this model; the state is not read (nor its checksum
+/// checked: [`read_file`] does that before anything is restored).
+pub fn read_ids(path: &Path, model: &[u8; 32]) -> Result<Vec<u32>, ReadError> {
+    let mut file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    if len < MIN_LEN {
+        return invalid("not a hearth session file");
+    }
+    let mut head = vec![0u8; HEAD];
+    file.read_exact(&mut head)?;
+    if ![&MAGIC[..], &MAGIC_IMAGES[..], &MAGIC_CHECKPOINTS[..]].contains(&&head[..MAGIC.len()]) {
+        return invalid("not a hearth session file");
+    }
+    if &head[MAGIC.len()..MAGIC.len() + 32] != model {
+        return invalid("the session file was saved with a different model");
+    }
+    let n = le_u64(&head[HEAD - 8..]);
+    if n.checked_mul(4).is_none_or(|b| b > len - MIN_LEN) {
+        return invalid("the session file is damaged (its lengths do not match its size)");
+    }
+    let mut raw = vec![0u8; n as usize * 4];
+    file.read_exact(&mut raw)?;
+    Ok(raw
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect())
 }
 
 /// What identifies a model for its sessions: the GGUF bytes before the
@@ -200,9 +474,18 @@ pub fn write_to<W: Write>(out: &mut W, model: &[u8; 32], saved: &SavedSession) -
 /// keeps the old file through the rename and a background thread deletes it.
 pub fn write_file(path: &Path, model: &[u8; 32], saved: &SavedSession) -> io::Result<u64> {
     static REPLACED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let tmp = path.with_extension("hsession.tmp");
-    let n = write_to(&mut std::fs::File::create(&tmp)?, model, saved)?;
+    // The temporary file is this process's and this write's own, so two
+    // replicas writing one session at once never mix their bytes: each
+    // renames a whole file over it, and the last rename wins.
     let k = REPLACED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("hsession.{}-{k}.tmp", std::process::id()));
+    let n = match write_to(&mut std::fs::File::create(&tmp)?, model, saved) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
     let old = path.with_extension(format!("hsession.old-{}-{k}", std::process::id()));
     let kept = std::fs::hard_link(path, &old).is_ok();
     let renamed = std::fs::rename(&tmp, path);
@@ -544,16 +827,16 @@ mod tests {
         let mut spill = DirSpill::new(&dir, fp).unwrap();
         assert!(!stale.exists(), "an earlier run's files are removed");
         let s = saved(&[1, 2, 3], b"kv");
-        spill.put("a/../b", &s).unwrap();
+        spill.put("a/../b", s.clone()).unwrap();
         assert!(dir.join(".evicted").join(file_name("a/../b")).exists());
         assert!(spill.take("other").is_none());
         assert_eq!(spill.take("a/../b").unwrap().unwrap(), s);
         assert!(spill.take("a/../b").is_none(), "taken once");
         assert_eq!(std::fs::read_dir(dir.join(".evicted")).unwrap().count(), 0);
-        spill.put("c", &s).unwrap();
+        spill.put("c", s.clone()).unwrap();
         assert!(spill.forget("c") && !spill.forget("c"));
         // A damaged file: an error, and it is gone.
-        spill.put("d", &s).unwrap();
+        spill.put("d", s.clone()).unwrap();
         let p = dir.join(".evicted").join("d.hsession");
         let mut bytes = std::fs::read(&p).unwrap();
         let n = bytes.len();
@@ -561,6 +844,79 @@ mod tests {
         std::fs::write(&p, bytes).unwrap();
         assert!(spill.take("d").unwrap().unwrap_err().contains("damaged"));
         assert!(!p.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Two replicas on one dir: what one keeps, the other finds (named by
+    /// id, anonymous by the prompt it continues, within its tenant only);
+    /// a conversation kept again at a longer prefix replaces the shorter
+    /// file; a damaged file is refused and removed.
+    #[test]
+    fn shared_sessions_cross_replicas_by_id_and_by_prompt() {
+        let dir = std::env::temp_dir().join(format!("hearth-shared-{}", std::process::id()));
+        let fp = fingerprint(b"model");
+        let shared = dir.join(".shared");
+        let files = |prefix: &str| -> Vec<PathBuf> {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(&shared)
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    let n = p.file_name().unwrap().to_string_lossy();
+                    n.starts_with(prefix) && n.ends_with(".hsession")
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        {
+            let mut a = SharedSpill::new(&dir, fp).unwrap();
+            a.put("s1", saved(&[1, 2, 3], b"named")).unwrap();
+            a.put_anonymous(None, saved(&[10, 11, 12, 13], b"turn 1"))
+                .unwrap();
+            a.put_anonymous(Some("tenant-b"), saved(&[10, 11, 12, 13], b"other tenant"))
+                .unwrap();
+            a.put_anonymous(None, saved(&[10, 11, 12, 13, 14, 15], b"turn 2"))
+                .unwrap();
+            // Dropped: its writes are done.
+        }
+        assert_eq!(files("a-").len(), 2, "the turn-1 file is superseded");
+        let mut b = SharedSpill::new(&dir, fp).unwrap();
+        assert_eq!(b.take("s1").unwrap().unwrap().state, b"named");
+        assert!(b.take("s2").is_none());
+        // The longest kept prefix of the new prompt, this tenant's.
+        let got = b
+            .take_anonymous(None, &[10, 11, 12, 13, 14, 15, 16, 17])
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.state, b"turn 2");
+        let other = b
+            .take_anonymous(Some("tenant-b"), &[10, 11, 12, 13, 99])
+            .unwrap()
+            .unwrap();
+        assert_eq!(other.state, b"other tenant");
+        assert!(b
+            .take_anonymous(Some("tenant-c"), &[10, 11, 12, 13])
+            .is_none());
+        // Less than half of the kept conversation repeated: not continued.
+        assert!(b.take_anonymous(None, &[10, 11, 99]).is_none());
+        // A damaged file: refused and removed.
+        let p = files("a-")
+            .into_iter()
+            .find(|p| read_ids(p, &fp).unwrap().len() == 6)
+            .unwrap();
+        let mut bytes = std::fs::read(&p).unwrap();
+        let n = bytes.len();
+        bytes[n - 40] ^= 1;
+        std::fs::write(&p, bytes).unwrap();
+        let e = b
+            .take_anonymous(None, &[10, 11, 12, 13, 14, 15])
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains("damaged"), "{e}");
+        assert!(!p.exists());
+        assert!(b.forget("s1") && b.take("s1").is_none());
+        drop(b);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

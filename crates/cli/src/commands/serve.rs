@@ -66,7 +66,7 @@ pub struct Args {
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
     /// The model id clients send [default: the packaged name, or the file name without .gguf].
-    #[arg(long)]
+    #[arg(long, visible_alias = "served-model-name")]
     pub model_id: Option<String>,
     /// Context size per session (prompt + generation), in tokens.
     #[arg(
@@ -134,6 +134,23 @@ pub struct Args {
     /// (not with `--spec`). Off unless given.
     #[arg(long, value_name = "DIR")]
     pub session_dir: Option<std::path::PathBuf>,
+    /// Replicas share --session-dir (a folder every replica mounts, behind a
+    /// gateway such as SGLang Model Gateway): sessions evicted for room or
+    /// still resident when the server drains (SIGTERM) are written to
+    /// `DIR/.shared`, anonymous conversations too, and whichever replica
+    /// gets a session's next turn continues it from there (by session id,
+    /// or by the prompt it repeats) instead of prefilling it all again.
+    #[arg(long, requires = "session_dir")]
+    pub shared_sessions: bool,
+    /// After SIGTERM, keep serving new requests this long while /health
+    /// already answers 503 (time for a gateway or readiness probe to move
+    /// traffic away), then refuse them with 503. Ctrl-C stops at once.
+    #[arg(long, value_name = "SECS", default_value_t = 0.0, value_parser = parse_secs_or_zero)]
+    pub drain_grace: f64,
+    /// After SIGTERM, wait at most this long for the requests in flight to
+    /// finish (then they are stopped) before the process exits.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = parse_secs_or_zero)]
+    pub drain_timeout: f64,
     /// Never start a session from another session's KV. By default a new
     /// session whose prompt begins like another's (an agent's system prompt
     /// and tools) copies that prefix instead of prefilling it; requests share
@@ -320,6 +337,9 @@ pub fn run(mut args: Args) -> Result<()> {
         strict_context: args.strict_context,
         strict_tools: args.strict_tools,
         session_dir: args.session_dir.clone(),
+        shared_sessions: args.shared_sessions,
+        drain_grace: Duration::from_secs_f64(args.drain_grace),
+        drain_timeout: Duration::from_secs_f64(args.drain_timeout),
         no_prefix_sharing: args.no_prefix_sharing,
         no_prefix_reuse: args.no_prefix_reuse,
         ring_slack: args.ring_slack,
@@ -480,6 +500,13 @@ fn api_key(arg: Option<String>, file: Option<&Path>) -> Result<Option<String>> {
 }
 
 /// A positive, finite number of seconds.
+fn parse_secs_or_zero(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && (0.0..=86_400.0).contains(&x) => Ok(x),
+        _ => Err(format!("'{s}' is not a number of seconds in [0, 86400]")),
+    }
+}
+
 fn parse_secs(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(x) if x.is_finite() && x > 0.0 && x <= 86_400.0 => Ok(x),

@@ -57,7 +57,7 @@ enum Pending {
 /// session is kept here in its saved form and comes back on its next request.
 pub trait SessionSpill: Send {
     /// Keeps session `id`'s saved form; an error says why it was not kept.
-    fn put(&mut self, id: &str, saved: &SavedSession) -> Result<(), String>;
+    fn put(&mut self, id: &str, saved: SavedSession) -> Result<(), String>;
     /// Takes back session `id`'s saved form (`None`: none is kept); an error
     /// says why a kept one could not be read.
     fn take(&mut self, id: &str) -> Option<Result<SavedSession, String>>;
@@ -65,6 +65,22 @@ pub trait SessionSpill: Send {
     fn forget(&mut self, id: &str) -> bool;
     /// Drops every kept form; how many there were.
     fn forget_all(&mut self) -> usize;
+    /// Keeps an anonymous session of tenant `salt` (no id: it is found
+    /// again by its tokens, [`Self::take_anonymous`]); the default keeps
+    /// nothing.
+    fn put_anonymous(&mut self, _salt: Option<&str>, _saved: SavedSession) -> Result<(), String> {
+        Err("anonymous sessions are not kept".into())
+    }
+    /// The kept anonymous session of tenant `salt` whose ids share the
+    /// longest prefix with `ids`, when that prefix is at least
+    /// [`ANONYMOUS_SIMILARITY`] of its own length (`None`: none is).
+    fn take_anonymous(
+        &mut self,
+        _salt: Option<&str>,
+        _ids: &[u32],
+    ) -> Option<Result<SavedSession, String>> {
+        None
+    }
 }
 
 /// Many sessions on one model load. Named sessions live until closed or
@@ -104,6 +120,9 @@ pub struct SessionStore<S> {
     pub anonymous_reuse: bool,
     /// Anonymous sessions named so far.
     anonymous_seq: u64,
+    /// Every session is kept in the spill as its turn ends
+    /// ([`Self::keep_every_turn`]).
+    persist_on_release: bool,
 }
 
 /// Anonymous sessions' keys begin with this control character, which no
@@ -164,6 +183,7 @@ impl<S: BackendState> SessionStore<S> {
             unspilled: 0,
             anonymous_reuse: true,
             anonymous_seq: 0,
+            persist_on_release: false,
         }
     }
 
@@ -206,7 +226,14 @@ impl<S: BackendState> SessionStore<S> {
         };
         let (session, fresh) = match self.idle.remove(&key) {
             Some(s) => (s, false),
-            None => (self.allocate_from(model, true)?, true),
+            None => {
+                let mut s = self.allocate_from(model, true)?;
+                // Not resident here: a conversation another replica (or
+                // this one, before an eviction) kept in the session dir.
+                let restored =
+                    prompt.images.is_empty() && self.unspill_anonymous(&mut s, prompt, salt);
+                (s, !restored)
+            }
         };
         self.busy.insert(key.clone());
         Ok(Acquire::Ready(Lease {
@@ -256,10 +283,93 @@ impl<S: BackendState> SessionStore<S> {
         Ok(())
     }
 
+    /// Restores into `session` the kept anonymous conversation of `salt`
+    /// that `prompt` continues, if the spill has one; whether it did.
+    fn unspill_anonymous(
+        &mut self,
+        session: &mut Session<S>,
+        prompt: &Prompt,
+        salt: Option<&str>,
+    ) -> bool {
+        let Some(taken) = self
+            .spill
+            .as_mut()
+            .and_then(|s| s.take_anonymous(salt, &prompt.ids))
+        else {
+            return false;
+        };
+        let restored = taken.and_then(|saved| session.restore(saved));
+        match restored {
+            Ok(n) => {
+                self.unspilled += 1;
+                session.cache_salt = salt.map(str::to_string);
+                eprintln!(
+                    "session restored: an anonymous conversation of {n} tokens from --session-dir"
+                );
+                true
+            }
+            Err(e) => {
+                session.reset();
+                eprintln!("an anonymous conversation kept in --session-dir could not be restored ({e}); it is prefilled");
+                false
+            }
+        }
+    }
+
+    /// Keeps `s` (idle, session `key`) in the spill; whether it was kept.
+    fn spill_one(&mut self, key: Option<&str>, s: &Session<S>) -> bool {
+        let Some(spill) = self.spill.as_mut() else {
+            return false;
+        };
+        if s.resident.is_empty() || key.is_none() {
+            return false;
+        }
+        let anonymous = is_anonymous(key);
+        if anonymous && !s.images.is_empty() {
+            return false;
+        }
+        let put = s.save().and_then(|saved| match anonymous {
+            true => spill.put_anonymous(s.cache_salt.as_deref(), saved),
+            false => spill.put(key.expect("named"), saved),
+        });
+        match put {
+            Ok(()) => {
+                self.spilled += 1;
+                true
+            }
+            Err(e) => {
+                if !(anonymous && e == "anonymous sessions are not kept") {
+                    eprintln!(
+                        "session {}: keeping its state on disk failed: {e}",
+                        display_id(key)
+                    );
+                }
+                false
+            }
+        }
+    }
+
+    /// From now on every session is kept in the spill as each turn ends
+    /// (replicas sharing a session dir: whichever replica gets a
+    /// conversation's next turn continues it from there).
+    pub fn keep_every_turn(&mut self) {
+        self.persist_on_release = true;
+    }
+
     /// New states get `slack` extra slots in their sliding-window rings, so a
     /// speculative verify pass of up to `slack` rejected drafts rolls back.
     pub fn set_ring_slack(&mut self, slack: usize) {
         self.ring_slack = slack;
+    }
+
+    /// The context of every state.
+    pub fn max_ctx(&self) -> usize {
+        self.max_ctx
+    }
+
+    /// Positions held by the idle sessions' KV.
+    pub fn idle_tokens(&self) -> usize {
+        self.idle.values().map(|s| s.resident.len()).sum()
     }
 
     pub fn capacity(&self) -> usize {
@@ -337,6 +447,9 @@ impl<S: BackendState> SessionStore<S> {
         }
         self.clock += 1;
         session.last_used = self.clock;
+        if self.persist_on_release {
+            self.spill_one(id.as_deref(), &session);
+        }
         self.idle.insert(id, session);
     }
 
@@ -528,23 +641,9 @@ impl<S: BackendState> SessionStore<S> {
             Some(k) => {
                 let s = self.idle.remove(&k).expect("victim is idle");
                 self.evictions += 1;
-                let kept = match (&k, self.spill.as_mut()) {
-                    (Some(id), Some(spill))
-                        if !s.resident.is_empty() && !is_anonymous(Some(id)) =>
-                    {
-                        let put = s.save().and_then(|saved| spill.put(id, &saved));
-                        match put {
-                            Ok(()) => {
-                                self.spilled += 1;
-                                ", kept in --session-dir"
-                            }
-                            Err(e) => {
-                                eprintln!("session {id}: keeping its state on disk failed: {e}");
-                                ""
-                            }
-                        }
-                    }
-                    _ => "",
+                let kept = match self.spill_one(k.as_deref(), &s) {
+                    true => ", kept in --session-dir",
+                    false => "",
                 };
                 eprintln!(
                     "session evicted: {} (least recently used; capacity {}{kept})",
