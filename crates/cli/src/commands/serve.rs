@@ -131,15 +131,17 @@ pub struct Args {
     /// `DIR/{id}.hsession` (tokens + KV state, tied to this model) and
     /// `/restore` reads it back. Sessions evicted for room (`--max-sessions`)
     /// are kept in `DIR/.evicted` and come back on their next request
-    /// (not with `--spec`). Off unless given.
+    /// (not with `--spec`); with --shared-sessions every session is kept
+    /// in `DIR/.shared` for any replica. Off unless given.
     #[arg(long, value_name = "DIR")]
     pub session_dir: Option<std::path::PathBuf>,
     /// Replicas share --session-dir (a folder every replica mounts, behind a
-    /// gateway such as SGLang Model Gateway): sessions evicted for room or
-    /// still resident when the server drains (SIGTERM) are written to
-    /// `DIR/.shared`, anonymous conversations too, and whichever replica
-    /// gets a session's next turn continues it from there (by session id,
-    /// or by the prompt it repeats) instead of prefilling it all again.
+    /// gateway such as SGLang Model Gateway): every session, anonymous
+    /// conversations too, is written to `DIR/.shared` as each of its turns
+    /// ends, and whichever replica gets its next turn without holding it
+    /// continues it from there (by session id, or by the prompt it repeats)
+    /// instead of prefilling it all again: after a replica is moved away
+    /// from, drained or killed. See deploy/README.md.
     #[arg(long, requires = "session_dir")]
     pub shared_sessions: bool,
     /// After SIGTERM, keep serving new requests this long while /health
