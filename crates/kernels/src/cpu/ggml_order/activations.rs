@@ -84,7 +84,14 @@ impl RefIsa {
     /// The build a native llama.cpp compile on this machine is: AVX-512
     /// where the CPU has it, AVX2 on other x86-64 CPUs. (Elsewhere the
     /// AVX-512 arithmetic, as before; llama.cpp's NEON exp is not modelled.)
+    /// `HEARTH_REF_ISA=avx512|avx2` follows that build instead, on any CPU
+    /// (a test checking outputs recorded from one build sets it).
     pub fn native() -> RefIsa {
+        match std::env::var("HEARTH_REF_ISA").as_deref() {
+            Ok("avx512") => return RefIsa::Avx512,
+            Ok("avx2") => return RefIsa::Avx2,
+            _ => {}
+        }
         #[cfg(target_arch = "x86_64")]
         if !is_x86_feature_detected!("avx512f") {
             return RefIsa::Avx2;
