@@ -27,7 +27,7 @@ for b in hearth gpu_tests; do
   chmod +x "$H/$b"
 done
 [[ -f "$G/vision_encode" ]] && cp "$G/vision_encode" "$H/"
-for f in tok.gguf g3h.bin.gz llama-src.tar.xz COMMIT; do
+for f in tok.gguf g3h.bin.gz q05h.bin.gz llama-src.tar.xz COMMIT; do
   [[ -f "$G/$f" ]] && cp "$G/$f" "$H/"
 done
 OUT=${OUT:-${HEARTH_LOGS:-/tmp/hearth-logs}}
@@ -56,6 +56,11 @@ g3like() { # gemma-3-270m's exact layout with random weights (like_gguf.py; the 
   [[ -f "$H/g3like.gguf" ]] && return
   gunzip -c "$H/g3h.bin.gz" >"$H/g3h.bin"
   python3 bench/cuda/scripts/like_gguf.py fill "$H/g3h.bin" "$H/g3like.gguf" >&2
+}
+q05like() { # the packaged qwen2.5-coder-0.5b's exact layout with random weights (like_gguf.py)
+  [[ -f "$H/q05like.gguf" ]] && return
+  gunzip -c "$H/q05h.bin.gz" >"$H/q05h.bin"
+  python3 bench/cuda/scripts/like_gguf.py fill "$H/q05h.bin" "$H/q05like.gguf" >&2
 }
 mg30() { # the Muse-Glimmer-30B shape
   [[ -f "$H/mg30.gguf" ]] || "$H/hearth" synth --preset muse-glimmer-30b --row-pool 64 \
@@ -361,6 +366,42 @@ PY
       kv_types kvq.log q32 "-p 512 -n 128 -r ${REPS:-2} --depth 32768" f16 q8_0 q4_0
       mg30
       kv_types kvq.log mg30 "-p 0 -n 64 -r 1 --depth 130000" f16 q8_0 ;;
+    firstrun)
+      # Issue 53: a first `hearth run --device cuda` on a machine with an
+      # empty kernel cache, the packaged qwen2.5-coder-0.5b's exact layout
+      # (like_gguf.py; q05h.bin.gz carried): the shipped sm_90 kernels, then
+      # NVRTC compiling them (HEARTH_CUDA_PREBUILT=0). Wall time from start
+      # to exit (-n 1) and the run's own load / first-token times.
+      q05like
+      for mode in shipped nvrtc; do
+        rm -rf "$H/kc-$mode"
+        envs=(HEARTH_KERNEL_CACHE="$H/kc-$mode")
+        [[ $mode == nvrtc ]] && envs+=(HEARTH_CUDA_PREBUILT=0)
+        t0=$(date +%s.%N)
+        env "${envs[@]}" "$H/hearth" run --device cuda -m "$H/q05like.gguf" --raw -p "def fib(n):" -n 1 --temp 0 \
+          --stats-json "$H/fr-$mode.json" 2>&1 | grep -E "^cuda:|^load " | tee -a "$OUT/firstrun.log"
+        t1=$(date +%s.%N)
+        python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print(f'== {sys.argv[2]}: {float(sys.argv[3]):.2f} s from start to exit; load {s[\"load_ms\"]/1e3:.2f} s, first token {s[\"time_to_first_token_ms\"]:.1f} ms after it')" \
+          "$H/fr-$mode.json" "$mode" "$(echo "$t1 - $t0" | bc)" | tee -a "$OUT/firstrun.log"
+      done ;;
+    spread)
+      # Issue 53: decode speed across separate launches (5 each): the GEMV
+      # choices measured anew by every launch (HEARTH_CUDA_RETUNE=1), then
+      # kept on disk by the first launch and reused by the next four.
+      q15
+      g3like
+      for m in g3like q15; do
+        for mode in retune kept; do
+          rm -rf "$H/kc-spread"
+          for i in 1 2 3 4 5; do
+            envs=(HEARTH_KERNEL_CACHE="$H/kc-spread")
+            [[ $mode == retune ]] && envs+=(HEARTH_CUDA_RETUNE=1)
+            tg=$(env "${envs[@]}" "$H/hearth" bench --device cuda -m "$H/$m.gguf" -p 0 -n 128 -r 3 2>/dev/null |
+              awk '$1 == "tg128" {print $2}')
+            echo "$m $mode launch $i: tg128 $tg tok/s" | tee -a "$OUT/spread.log"
+          done
+        done
+      done ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done

@@ -29,10 +29,10 @@ pub fn open() -> Result<Arc<Gpu>> {
         i.total_mem as f64 / (1u64 << 30) as f64,
         i.driver_version / 1000,
         i.driver_version % 1000 / 10,
-        if gpu.kernels_cached {
-            "from the cache"
-        } else {
-            "compiled with NVRTC"
+        match gpu.kernels {
+            hearth_cuda::compile::Origin::Prebuilt => "shipped for sm_90",
+            hearth_cuda::compile::Origin::Cache => "from the cache",
+            hearth_cuda::compile::Origin::Compiled => "compiled with NVRTC",
         },
         t0.elapsed().as_secs_f64()
     );

@@ -2,6 +2,14 @@
 //! with NVRTC for the device's own architecture (sm_90 on an H200) the first
 //! time they are needed, and the machine code is cached on disk, keyed by a
 //! hash of the source, the architecture and the driver and NVRTC versions.
+//!
+//! For sm_90 (H100, H200) the machine code also ships inside the binary
+//! (`crates/cuda/prebuilt/`, made by `scripts/prebuild-cuda-kernels.sh` with
+//! the NVRTC that CI pins): a first run there loads it at once instead of
+//! compiling for one to two minutes. It is used only while its recorded
+//! source hash is [`SOURCE`]'s (a test fails when the sources change without
+//! it), and CI's NVRTC step checks that compiling [`SOURCE`] gives exactly
+//! its bytes.
 
 use std::ffi::CString;
 use std::path::PathBuf;
@@ -32,6 +40,44 @@ pub const SOURCE: &str = concat!(
     "\n",
     include_str!("../kernels/persistent.cu"),
 );
+
+/// The sm_90 machine code of [`SOURCE`], gzipped (see the module's notes).
+const PREBUILT_SM90: &[u8] = include_bytes!("../prebuilt/sm90.cubin.gz");
+/// `SOURCE_HASH NVRTC_MAJOR.MINOR`: what [`PREBUILT_SM90`] was built from.
+const PREBUILT_SM90_KEY: &str = include_str!("../prebuilt/sm90.key");
+
+/// [`SOURCE`]'s hash as the prebuilt key writes it.
+pub fn source_hash() -> String {
+    format!("{:016x}", fnv1a64(&[SOURCE.as_bytes()]))
+}
+
+/// The shipped machine code for `arch`, when there is one built from this
+/// very source (HEARTH_CUDA_PREBUILT=0: never).
+pub fn prebuilt(arch: (i32, i32)) -> Option<Vec<u8>> {
+    if arch != (9, 0) || std::env::var("HEARTH_CUDA_PREBUILT").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    if PREBUILT_SM90_KEY.split_whitespace().next() != Some(source_hash().as_str()) {
+        return None;
+    }
+    let mut out = Vec::new();
+    use std::io::Read;
+    flate2::read::GzDecoder::new(PREBUILT_SM90)
+        .read_to_end(&mut out)
+        .ok()?;
+    Some(out)
+}
+
+/// Where a module's machine code came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Shipped in the binary (sm_90).
+    Prebuilt,
+    /// The disk cache of an earlier compile.
+    Cache,
+    /// Compiled now with NVRTC.
+    Compiled,
+}
 
 /// 64-bit FNV-1a: stable across Rust versions and platforms (unlike std's
 /// hasher), which a key stored on disk needs.
@@ -89,15 +135,24 @@ fn nvrtc_version() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
-/// The cubin for `arch`, from the cache or freshly compiled (then cached).
-/// Returns whether it came from the cache.
-pub fn cubin_for(arch: (i32, i32), driver_version: i32) -> Result<(Vec<u8>, bool)> {
+/// The cubin for `arch`: shipped in the binary (sm_90), else from the
+/// cache or freshly compiled (then cached).
+pub fn cubin_for(arch: (i32, i32), driver_version: i32) -> Result<(Vec<u8>, Origin)> {
+    if let Some(c) = prebuilt(arch) {
+        return Ok((c, Origin::Prebuilt));
+    }
+    compiled_for(arch, driver_version)
+}
+
+/// The cubin for `arch` from the cache or NVRTC (never the shipped one).
+pub fn compiled_for(arch: (i32, i32), driver_version: i32) -> Result<(Vec<u8>, Origin)> {
+    crate::libs::ensure_library("nvrtc")?;
     let key = cache_key(SOURCE, arch, driver_version, nvrtc_version()?);
     let dir = cache_dir();
     let path = dir.join(&key);
     if let Ok(bytes) = std::fs::read(&path) {
         if !bytes.is_empty() {
-            return Ok((bytes, true));
+            return Ok((bytes, Origin::Cache));
         }
     }
     // Tens of seconds: say so before the first use goes quiet.
@@ -115,7 +170,7 @@ pub fn cubin_for(arch: (i32, i32), driver_version: i32) -> Result<(Vec<u8>, bool
             let _ = std::fs::rename(&tmp, &path);
         }
     }
-    Ok((cubin, false))
+    Ok((cubin, Origin::Compiled))
 }
 
 /// Compiles `source` to machine code for `arch` with NVRTC.
@@ -224,6 +279,45 @@ mod tests {
         let cubin = compile(SOURCE, (9, 0)).unwrap_or_else(|e| panic!("{e}"));
         assert!(cubin.len() > 1000);
         assert_eq!(&cubin[..4], b"\x7fELF");
+        // scripts/prebuild-cuda-kernels.sh: the shipped sm_90 code, remade.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("prebuilt");
+        let (major, minor) = nvrtc_version().unwrap();
+        if std::env::var_os("HEARTH_PREBUILD").is_some() {
+            use std::io::Write;
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+            gz.write_all(&cubin).unwrap();
+            std::fs::write(dir.join("sm90.cubin.gz"), gz.finish().unwrap()).unwrap();
+            std::fs::write(
+                dir.join("sm90.key"),
+                format!("{} {major}.{minor}\n", source_hash()),
+            )
+            .unwrap();
+            return;
+        }
+        // The shipped code is exactly what this NVRTC makes of the source
+        // (NVRTC's output is deterministic), when it is the NVRTC it was made with.
+        let made_with = PREBUILT_SM90_KEY.split_whitespace().nth(1);
+        if made_with == Some(format!("{major}.{minor}").as_str()) {
+            assert!(
+                prebuilt((9, 0)).as_deref() == Some(&cubin[..]),
+                "crates/cuda/prebuilt/sm90.cubin.gz is not what NVRTC {major}.{minor} makes of the \
+                 kernel sources: run scripts/prebuild-cuda-kernels.sh"
+            );
+        }
+    }
+
+    /// The shipped sm_90 code is built from the kernel sources as they are.
+    #[test]
+    fn prebuilt_kernels_match_the_source() {
+        assert_eq!(
+            PREBUILT_SM90_KEY.split_whitespace().next(),
+            Some(source_hash().as_str()),
+            "the kernel sources changed: run scripts/prebuild-cuda-kernels.sh \
+             (it needs NVRTC: pip install -r scripts/requirements.txt)"
+        );
+        let code = prebuilt((9, 0)).expect("the shipped sm_90 code unpacks");
+        assert_eq!(&code[..4], b"\x7fELF");
+        assert!(prebuilt((8, 9)).is_none());
     }
 
     /// Every kernel the host launches is defined in the source (catches a

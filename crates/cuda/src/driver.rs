@@ -91,8 +91,8 @@ pub struct Gpu {
     funcs: Mutex<HashMap<&'static str, sys::CUfunction>>,
     /// Kernels whose dynamic shared memory limit was raised, and to what.
     smem_raised: Mutex<HashMap<&'static str, u32>>,
-    /// Whether the kernels came from the disk cache (false: compiled now).
-    pub kernels_cached: bool,
+    /// Where the kernels' machine code came from.
+    pub kernels: compile::Origin,
     /// Per-kernel (launches, milliseconds) when HEARTH_CUDA_PROFILE is set:
     /// every launch is then timed with events and waited for (slow; no graphs).
     profile: Option<Mutex<HashMap<&'static str, (u64, f64)>>>,
@@ -151,11 +151,22 @@ impl Gpu {
                 info.name, arch.0, arch.1
             )));
         }
-        ensure_library("nvrtc")?;
-        let (cubin, kernels_cached) = compile::cubin_for(arch, driver_version)?;
-        // SAFETY: cubin is a complete image produced by NVRTC for this device.
-        let module = unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) }
-            .ctx("cuModuleLoadData")?;
+        let (cubin, mut kernels) = compile::cubin_for(arch, driver_version)?;
+        // SAFETY: cubin is a complete image produced by NVRTC for this architecture.
+        let load = |c: &[u8]| unsafe { result::module::load_data(c.as_ptr() as *const c_void) };
+        let module = match load(&cubin) {
+            Ok(m) => m,
+            // A driver too old for the shipped code: compile here instead.
+            Err(e) if kernels == compile::Origin::Prebuilt => {
+                eprintln!(
+                    "cuda: the shipped sm_90 kernels did not load ({e:?}); compiling them here"
+                );
+                let (c, origin) = compile::compiled_for(arch, driver_version)?;
+                kernels = origin;
+                load(&c).ctx("cuModuleLoadData")?
+            }
+            Err(e) => Err::<sys::CUmodule, _>(e).ctx("cuModuleLoadData")?,
+        };
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .ctx("cuStreamCreate")?;
         let profile = std::env::var_os("HEARTH_CUDA_PROFILE").map(|_| Mutex::new(HashMap::new()));
@@ -168,7 +179,7 @@ impl Gpu {
             module,
             funcs: Mutex::new(HashMap::new()),
             smem_raised: Mutex::new(HashMap::new()),
-            kernels_cached,
+            kernels,
             profile,
             norm_threads: 1024.into(),
             pdl: pdl.into(),
