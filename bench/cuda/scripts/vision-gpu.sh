@@ -382,7 +382,7 @@ PY
           --stats-json "$H/fr-$mode.json" 2>&1 | grep -E "^cuda:|^load " | tee -a "$OUT/firstrun.log"
         t1=$(date +%s.%N)
         python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print(f'== {sys.argv[2]}: {float(sys.argv[3]):.2f} s from start to exit; load {s[\"load_ms\"]/1e3:.2f} s, first token {s[\"time_to_first_token_ms\"]:.1f} ms after it')" \
-          "$H/fr-$mode.json" "$mode" "$(echo "$t1 - $t0" | bc)" | tee -a "$OUT/firstrun.log"
+          "$H/fr-$mode.json" "$mode" "$(python3 -c "print($t1 - $t0)")" | tee -a "$OUT/firstrun.log"
       done ;;
     spread)
       # Issue 53: decode speed across separate launches (5 each): the GEMV
