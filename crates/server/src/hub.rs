@@ -323,6 +323,17 @@ impl Hub {
         self.phase.store(p as u8, Ordering::Release);
     }
 
+    /// Starting -> Ready once the pinned model is loaded (a drain that began
+    /// during the load stays a drain).
+    pub fn set_ready(&self) {
+        let _ = self.phase.compare_exchange(
+            Phase::Starting as u8,
+            Phase::Ready as u8,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
     /// From now on a model request is answered 503 (the drain's grace is over).
     pub fn refuse_new(&self) {
         self.refusing.store(true, Ordering::Release);

@@ -333,7 +333,7 @@ pub fn run_on<B: Backend + 'static>(
             tokio::spawn(async move {
                 match hub.preload(&name).await {
                     Ok(()) => {
-                        hub.set_phase(hub::Phase::Ready);
+                        hub.set_ready();
                         stdout_line("hearth serve: ready");
                     }
                     Err(m) => {
