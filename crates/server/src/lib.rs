@@ -93,9 +93,9 @@ pub struct ServerOptions {
     pub strict_tools: bool,
     /// Where `/v1/sessions/{id}/save` writes and `/restore` reads (`--session-dir`).
     pub session_dir: Option<PathBuf>,
-    /// `--shared-sessions`: the session dir is shared by replicas; evicted
-    /// and drained sessions (anonymous ones too) are kept there for any
-    /// replica to continue ([`session_file::SharedSpill`]).
+    /// `--shared-sessions`: the session dir is shared by replicas; every
+    /// session (anonymous ones too) is kept there as each turn ends and when
+    /// evicted, for any replica to continue ([`session_file::SharedSpill`]).
     pub shared_sessions: bool,
     /// After SIGTERM: how long new requests are still served while /health
     /// says 503 (a gateway's or probe's time to notice), then refused.
@@ -236,10 +236,12 @@ pub fn run_on<B: Backend + 'static>(
         .build()?;
     let opts = Arc::new(opts);
     let metrics = Arc::new(Metrics::default());
-    *metrics.model_name.lock().unwrap_or_else(|e| e.into_inner()) = default
-        .clone()
-        .or_else(|| entries.first().map(|e| e.name.clone()))
-        .unwrap_or_default();
+    let _ = metrics.model_name.set(
+        default
+            .clone()
+            .or_else(|| entries.first().map(|e| e.name.clone()))
+            .unwrap_or_default(),
+    );
     let load = Arc::new(load);
     // Stored Responses are the server's, shared by every model it loads.
     let responses: Arc<std::sync::Mutex<responses::ResponseStore>> = Default::default();

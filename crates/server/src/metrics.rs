@@ -20,8 +20,8 @@ pub struct Metrics {
     /// Output that began like a tool call but was not one (returned as content).
     pub tool_call_parse_warnings: AtomicU64,
     /// The served model's name, the `model_name` label of the gateway-named
-    /// series (`sglang:*`, `vllm:*`).
-    pub model_name: Mutex<String>,
+    /// series (`sglang:*`, `vllm:*`); set once at start.
+    pub model_name: std::sync::OnceLock<String>,
 }
 
 impl Metrics {
@@ -264,11 +264,7 @@ impl Metrics {
         );
         // The same load under the names gateways scrape: SGLang's (SGLang
         // Model Gateway) and vLLM's (llm-d's endpoint picker, KServe).
-        let model = self
-            .model_name
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let model = self.model_name.get().map_or("", String::as_str);
         let label = format!(
             "{{model_name=\"{}\"}}",
             model.replace('\\', "\\\\").replace('"', "\\\"")

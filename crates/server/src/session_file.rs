@@ -314,7 +314,7 @@ impl SessionSpill for SharedSpill {
     }
 
     fn take(&mut self, id: &str) -> Option<Result<SavedSession, String>> {
-        let saved = self.saved.join(format!("{}.hsession", file_name(id)));
+        let saved = self.saved.join(file_name(id));
         [self.named(id), saved]
             .into_iter()
             .find(|p| p.is_file())
@@ -331,6 +331,10 @@ impl SessionSpill for SharedSpill {
         ids.iter()
             .filter(|id| std::fs::remove_file(self.named(id)).is_ok())
             .count()
+    }
+
+    fn keeps_anonymous(&self) -> bool {
+        true
     }
 
     fn put_anonymous(&mut self, salt: Option<&str>, saved: SavedSession) -> Result<(), String> {
@@ -884,6 +888,9 @@ mod tests {
         let mut b = SharedSpill::new(&dir, fp).unwrap();
         assert_eq!(b.take("s1").unwrap().unwrap().state, b"named");
         assert!(b.take("s2").is_none());
+        // A session saved explicitly (`/v1/sessions/{id}/save`) in DIR itself.
+        write_file(&dir.join(file_name("s 3")), &fp, &saved(&[7, 8], b"saved")).unwrap();
+        assert_eq!(b.take("s 3").unwrap().unwrap().state, b"saved");
         // The longest kept prefix of the new prompt, this tenant's.
         let got = b
             .take_anonymous(None, &[10, 11, 12, 13, 14, 15, 16, 17])

@@ -65,9 +65,14 @@ pub trait SessionSpill: Send {
     fn forget(&mut self, id: &str) -> bool;
     /// Drops every kept form; how many there were.
     fn forget_all(&mut self) -> usize;
+    /// Whether anonymous sessions are kept ([`Self::put_anonymous`]); the
+    /// default keeps none (and their state is then never saved for it).
+    fn keeps_anonymous(&self) -> bool {
+        false
+    }
     /// Keeps an anonymous session of tenant `salt` (no id: it is found
-    /// again by its tokens, [`Self::take_anonymous`]); the default keeps
-    /// nothing.
+    /// again by its tokens, [`Self::take_anonymous`]). Called only when
+    /// [`Self::keeps_anonymous`].
     fn put_anonymous(&mut self, _salt: Option<&str>, _saved: SavedSession) -> Result<(), String> {
         Err("anonymous sessions are not kept".into())
     }
@@ -325,7 +330,7 @@ impl<S: BackendState> SessionStore<S> {
             return false;
         }
         let anonymous = is_anonymous(key);
-        if anonymous && !s.images.is_empty() {
+        if anonymous && (!spill.keeps_anonymous() || !s.images.is_empty()) {
             return false;
         }
         let put = s.save().and_then(|saved| match anonymous {
@@ -338,12 +343,10 @@ impl<S: BackendState> SessionStore<S> {
                 true
             }
             Err(e) => {
-                if !(anonymous && e == "anonymous sessions are not kept") {
-                    eprintln!(
-                        "session {}: keeping its state on disk failed: {e}",
-                        display_id(key)
-                    );
-                }
+                eprintln!(
+                    "session {}: keeping its state on disk failed: {e}",
+                    display_id(key)
+                );
                 false
             }
         }
