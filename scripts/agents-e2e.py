@@ -157,9 +157,13 @@ def claude_code(server, home, work, task, max_turns):
 # A small local model gets the shell tools only (exec_command and its
 # write_stdin): web search, goals, sub-agents, image viewing and the user-input
 # tool off. That takes Codex's first request from 40 KB to 25 KB (hello:
-# 121.6 s -> 65.6 s on 2 cores). The unified-exec shell stays (neither
-# `[features] unified_exec = false` nor a model catalog with shell_type
-# "shell_command" changes it in 0.169.0).
+# 121.6 s -> 65.6 s on 2 cores). Codex knows nothing of a local model ("Model
+# metadata for `qwen-local` not found. Defaulting to fallback metadata"): the
+# model catalog in docs/agents/codex-model-catalog.json describes it (its
+# context, no reasoning levels, no hosted tools) and gives it instructions a
+# 1.5B model follows (with the fallback's, it calls write_stdin on a process
+# that does not exist instead of exec_command; the first request drops to
+# ~1.6k tokens).
 CODEX_SMALL_MODEL = ('web_search = "disabled"\n[features]\nmulti_agent = false\ngoals = false\n'
                      'view_image = false\n[tools]\nexperimental_request_user_input.enabled = false\n')
 
@@ -169,9 +173,12 @@ def codex(server, home, work, task, max_turns):
     env = base_env(home, work)
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True, exist_ok=True)
+    catalog = json.loads((ROOT / "docs" / "agents" / "codex-model-catalog.json").read_text())
+    catalog["models"][0].update(slug=MODEL_ID, context_window=server.ctx, max_context_window=server.ctx)
+    (codex_home / "hearth-models.json").write_text(json.dumps(catalog, indent=1))
     (codex_home / "config.toml").write_text(
         f'model = "{MODEL_ID}"\nmodel_provider = "hearth"\nmodel_context_window = {server.ctx}\n'
-        f'approval_policy = "never"\n{CODEX_SMALL_MODEL}\n[model_providers.hearth]\nname = "hearth"\n'
+        f'approval_policy = "never"\nmodel_catalog_json = "{codex_home / "hearth-models.json"}"\n{CODEX_SMALL_MODEL}\n[model_providers.hearth]\nname = "hearth"\n'
         f'base_url = "{server.base}"\nwire_api = "responses"\nenv_key = "HEARTH_API_KEY"\n'
         + os.environ.get("CODEX_EXTRA_CONFIG", ""))
     env.update(CODEX_HOME=str(codex_home), HEARTH_API_KEY=KEY)

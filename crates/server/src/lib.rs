@@ -13,6 +13,7 @@
 
 pub mod access;
 pub mod anthropic;
+pub mod api;
 pub mod chat;
 pub mod conn;
 pub mod embed;

@@ -161,279 +161,21 @@ fn bad(path: impl std::fmt::Display, what: impl std::fmt::Display) -> ApiError {
     ApiError::invalid_request(format!("{path}: {what}"))
 }
 
-/// Ollama's `options` onto chat completions fields.
-fn options(body: &Map<String, Value>, out: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let opts = match body.get("options") {
-        None | Some(Value::Null) => return Ok(()),
-        Some(Value::Object(o)) => o,
-        Some(_) => return Err(bad("options", "must be an object")),
-    };
-    for (k, v) in opts {
-        let name = match k.as_str() {
-            "temperature" | "top_p" | "top_k" | "min_p" | "seed" | "stop" | "repeat_penalty"
-            | "presence_penalty" | "frequency_penalty" | "repeat_last_n" => k.as_str(),
-            "num_predict" => {
-                match v.as_i64() {
-                    // -1: until the end of generation; -2: fill the context.
-                    Some(n) if n < 0 => {}
-                    Some(_) => {
-                        out.insert("max_tokens".into(), v.clone());
-                    }
-                    None => return Err(bad("options.num_predict", "must be an integer")),
-                }
-                continue;
-            }
-            // The server's context, batch and threads are set when it
-            // starts; Ollama's per-request load options do not apply.
-            "num_ctx" | "num_batch" | "num_thread" | "num_gpu" | "main_gpu" | "use_mmap"
-            | "use_mlock" | "num_keep" | "low_vram" | "numa" | "typical_p" | "mirostat"
-            | "mirostat_tau" | "mirostat_eta" | "penalize_newline" | "tfs_z" => continue,
-            other => {
-                return Err(bad(
-                    format!("options.{other}"),
-                    "is not an option this server knows",
-                ))
-            }
-        };
-        out.insert(name.into(), v.clone());
-    }
-    Ok(())
-}
-
-/// `format`: "json" or a JSON schema.
-fn format(body: &Map<String, Value>, out: &mut Map<String, Value>) -> Result<(), ApiError> {
-    match body.get("format") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s.is_empty() => {}
-        Some(Value::String(s)) if s == "json" => {
-            out.insert("response_format".into(), json!({"type": "json_object"}));
-        }
-        Some(Value::Object(schema)) => {
-            out.insert(
-                "response_format".into(),
-                json!({"type": "json_schema", "json_schema": {"name": "format", "schema": schema}}),
-            );
-        }
-        Some(_) => return Err(bad("format", "must be \"json\" or a JSON schema object")),
-    }
-    Ok(())
-}
-
-/// Base64 images as data URLs (hearth reads the format from the bytes).
-fn image_parts(images: &Value, at: &str) -> Result<Vec<Value>, ApiError> {
-    let list = match images {
-        Value::Null => return Ok(Vec::new()),
-        Value::Array(l) => l,
-        _ => return Err(bad(at, "must be an array of base64 strings")),
-    };
-    list.iter()
-        .enumerate()
-        .map(|(i, v)| match v.as_str() {
-            Some(b64) => Ok(json!({"type": "image_url",
-                "image_url": {"url": format!("data:image/png;base64,{b64}")}})),
-            None => Err(bad(format!("{at}[{i}]"), "must be a base64 string")),
-        })
-        .collect()
-}
-
-/// The fields both routes share.
-fn common(body: &Map<String, Value>, out: &mut Map<String, Value>) -> Result<(), ApiError> {
-    if let Some(m) = body.get("model") {
-        out.insert("model".into(), m.clone());
-    }
-    // Ollama streams unless told not to.
-    let stream = match body.get("stream") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(bad("stream", "must be a boolean")),
-    };
-    out.insert("stream".into(), json!(stream));
-    options(body, out)?;
-    format(body, out)?;
-    match body.get("think") {
-        None | Some(Value::Null) | Some(Value::Bool(_)) | Some(Value::String(_)) => {}
-        Some(_) => {
-            return Err(bad(
-                "think",
-                "must be a boolean or \"low\"/\"medium\"/\"high\"",
-            ))
-        }
-    }
-    match body.get("keep_alive") {
-        None | Some(Value::Null) | Some(Value::String(_)) | Some(Value::Number(_)) => {}
-        Some(_) => return Err(bad("keep_alive", "must be a duration (\"5m\") or seconds")),
-    }
-    for key in ["session_id", "cache_salt"] {
-        if let Some(v) = body.get(key) {
-            out.insert(key.into(), v.clone());
-        }
-    }
-    Ok(())
-}
-
-/// An `/api/chat` body as a chat completions body.
+/// An `/api/chat` body as a chat completions body (the typed request in
+/// [`crate::api::ollama`]).
 fn translate_chat(
     body: &Map<String, Value>,
     _app: &AppState,
 ) -> Result<Option<Map<String, Value>>, ApiError> {
-    translate_chat_impl(body).map(Some)
+    crate::api::ollama::chat_body(body).map(Some)
 }
 
-fn translate_chat_impl(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
-    let mut out = Map::new();
-    common(body, &mut out)?;
-    let list = match body.get("messages") {
-        Some(Value::Array(l)) => l,
-        None | Some(Value::Null) => return Err(bad("messages", "required (an array)")),
-        Some(_) => return Err(bad("messages", "must be an array")),
-    };
-    let mut messages = Vec::new();
-    // Ollama's tool results name no call: they answer the open calls in order.
-    let mut open_calls: std::collections::VecDeque<String> = Default::default();
-    let mut n_calls = 0usize;
-    for (i, m) in list.iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let Some(m) = m.as_object() else {
-            return Err(bad(&at, "must be an object"));
-        };
-        let role = m
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| bad(format!("{at}.role"), "required (a string)"))?;
-        let text = match m.get("content") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(_) => return Err(bad(format!("{at}.content"), "must be a string")),
-        };
-        let images = image_parts(
-            m.get("images").unwrap_or(&Value::Null),
-            &format!("{at}.images"),
-        )?;
-        let content = if images.is_empty() {
-            json!(text)
-        } else {
-            let mut parts = images;
-            parts.push(json!({"type": "text", "text": text}));
-            Value::Array(parts)
-        };
-        let mut msg = json!({"role": role, "content": content});
-        match role {
-            "assistant" => {
-                if let Some(t) = m.get("thinking").and_then(Value::as_str) {
-                    msg["reasoning_content"] = json!(t);
-                }
-                match m.get("tool_calls") {
-                    None | Some(Value::Null) => {}
-                    Some(Value::Array(calls)) => {
-                        let mut out_calls = Vec::new();
-                        for (k, c) in calls.iter().enumerate() {
-                            let at = format!("{at}.tool_calls[{k}].function");
-                            let f = c.get("function").ok_or_else(|| bad(&at, "required"))?;
-                            let name = f
-                                .get("name")
-                                .and_then(Value::as_str)
-                                .ok_or_else(|| bad(format!("{at}.name"), "required"))?;
-                            let args = match f.get("arguments") {
-                                None | Some(Value::Null) => "{}".to_string(),
-                                Some(Value::String(s)) => s.clone(),
-                                Some(v @ Value::Object(_)) => v.to_string(),
-                                Some(_) => {
-                                    return Err(bad(format!("{at}.arguments"), "must be an object"))
-                                }
-                            };
-                            let id = c
-                                .get("id")
-                                .and_then(Value::as_str)
-                                .map(str::to_string)
-                                .unwrap_or_else(|| {
-                                    n_calls += 1;
-                                    format!("call_{n_calls}")
-                                });
-                            open_calls.push_back(id.clone());
-                            out_calls.push(json!({"id": id, "type": "function",
-                                "function": {"name": name, "arguments": args}}));
-                        }
-                        if !out_calls.is_empty() {
-                            msg["tool_calls"] = Value::Array(out_calls);
-                        }
-                    }
-                    Some(_) => return Err(bad(format!("{at}.tool_calls"), "must be an array")),
-                }
-            }
-            "tool" => {
-                let id = m
-                    .get("tool_call_id")
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-                    .or_else(|| open_calls.pop_front())
-                    .unwrap_or_else(|| {
-                        n_calls += 1;
-                        format!("call_{n_calls}")
-                    });
-                msg["tool_call_id"] = json!(id);
-                if let Some(name) = m.get("tool_name").and_then(Value::as_str) {
-                    msg["name"] = json!(name);
-                }
-            }
-            _ => {}
-        }
-        messages.push(msg);
-    }
-    out.insert("messages".into(), Value::Array(messages));
-    match body.get("tools") {
-        None | Some(Value::Null) => {}
-        Some(v @ Value::Array(_)) => {
-            out.insert("tools".into(), v.clone());
-        }
-        Some(_) => return Err(bad("tools", "must be an array")),
-    }
-    Ok(out)
-}
-
-/// An `/api/generate` body (not `raw`) as a chat completions body: the
-/// prompt is the user's message, under `system` when given.
+/// An `/api/generate` body (not `raw`) as a chat completions body.
 fn translate_generate(
     body: &Map<String, Value>,
     _app: &AppState,
 ) -> Result<Option<Map<String, Value>>, ApiError> {
-    let mut out = Map::new();
-    common(body, &mut out)?;
-    if body.get("raw").and_then(Value::as_bool) == Some(true) {
-        return Err(bad(
-            "raw",
-            "raw prompts are not supported here; use POST /v1/completions for a prompt without the chat template",
-        ));
-    }
-    for key in ["template", "context", "suffix"] {
-        if body.get(key).is_some_and(|v| !v.is_null() && v != "") {
-            return Err(bad(
-                key,
-                "is not supported (the model's own chat template renders the prompt)",
-            ));
-        }
-    }
-    let prompt = match body.get("prompt") {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
-        Some(_) => return Err(bad("prompt", "must be a string")),
-    };
-    let mut messages = Vec::new();
-    match body.get("system") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) => messages.push(json!({"role": "system", "content": s})),
-        Some(_) => return Err(bad("system", "must be a string")),
-    }
-    let images = image_parts(body.get("images").unwrap_or(&Value::Null), "images")?;
-    let content = if images.is_empty() {
-        json!(prompt)
-    } else {
-        let mut parts = images;
-        parts.push(json!({"type": "text", "text": prompt}));
-        Value::Array(parts)
-    };
-    messages.push(json!({"role": "user", "content": content}));
-    out.insert("messages".into(), Value::Array(messages));
-    Ok(Some(out))
+    crate::api::ollama::generate_body(body).map(Some)
 }
 
 /// The answer as it is built from the parser's events.
@@ -792,19 +534,18 @@ mod tests {
 
     #[test]
     fn options_map_and_unknown_ones_are_named() {
-        let mut out = Map::new();
-        let body =
-            json!({"options": {"num_predict": 7, "temperature": 0, "num_ctx": 4096, "top_k": 3}});
-        options(body.as_object().unwrap(), &mut out).unwrap();
+        let body = json!({"messages": [],
+                          "options": {"num_predict": 7, "temperature": 0, "num_ctx": 4096, "top_k": 3}});
+        let out = translate_chat_for_test(body.as_object().unwrap()).unwrap();
         assert_eq!(out["max_tokens"], 7);
         assert_eq!(out["top_k"], 3);
         assert!(!out.contains_key("num_ctx"));
-        let body = json!({"options": {"warp_speed": 9}});
-        let e = options(body.as_object().unwrap(), &mut Map::new()).unwrap_err();
+        let body = json!({"messages": [], "options": {"warp_speed": 9}});
+        let e = translate_chat_for_test(body.as_object().unwrap()).unwrap_err();
         assert!(e.message.contains("options.warp_speed"), "{}", e.message);
     }
 
     fn translate_chat_for_test(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
-        translate_chat_impl(body)
+        crate::api::ollama::chat_body(body)
     }
 }
