@@ -59,49 +59,113 @@ def default_taps(n_layers, n=5):
 
 # ---------------------------------------------------------------- generation
 
+def gen_batches(prompts, tok_budget, max_new, max_batch, rng):
+    """Prompts of one temperature in batches of similar length whose padded
+    size stays under tok_budget, in random order (a run cut short by its
+    time budget still covers every kind and length)."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]["ids"]))
+    batches, cur = [], []
+    for i in order:
+        width = len(prompts[i]["ids"]) + max_new
+        if cur and ((len(cur) + 1) * width > tok_budget or len(cur) >= max_batch):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
+def generate_chunk(model, chunk, temp, max_new, eos, pad):
+    width = max(len(p["ids"]) for p in chunk)
+    ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+    att = torch.zeros((len(chunk), width), dtype=torch.long)
+    for j, p in enumerate(chunk):
+        ids[j, width - len(p["ids"]):] = torch.tensor(p["ids"])
+        att[j, width - len(p["ids"]):] = 1
+    kw = dict(do_sample=False) if temp == 0 else dict(do_sample=True, temperature=temp, top_k=0, top_p=1.0)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids.to(DEV), attention_mask=att.to(DEV), max_new_tokens=max_new,
+            eos_token_id=eos, pad_token_id=pad, **kw,
+        )
+    res = []
+    for j, p in enumerate(chunk):
+        resp = out[j, width:].tolist()
+        for k, t in enumerate(resp):
+            if t in eos:
+                resp = resp[: k + 1]
+                break
+        res.append(resp)
+    return res
+
+
 def cmd_gen(a):
+    """The target's answers to the prompts, saved as shards (DIR/seqs-NNNN.pt)
+    after every batch; a later `gen` skips the prompts already answered, so a
+    run spread over several calls (or sessions) resumes. `train` reads every
+    shard (and DIR/seqs.pt, the older single file)."""
     cfg, _, model = load_target(a.target)
     prompts = [json.loads(l) for l in open(a.prompts)]
+    for i, p in enumerate(prompts):
+        p["n"] = i
     if a.limit:
         prompts = prompts[: a.limit]
+    os.makedirs(a.work, exist_ok=True)
+    done_ids, shard = set(), 0
+    for f in sorted(os.listdir(a.work)):
+        if f.startswith("seqs-") and f.endswith(".pt"):
+            done_ids |= {s["n"] for s in torch.load(os.path.join(a.work, f))}
+            shard = max(shard, int(f[5:9]) + 1)
     eos = [151645, 151643] if cfg["vocab_size"] > 151000 else cfg["eos_ids"]
     pad = eos[-1]
-    seqs, t0, done = [], time.time(), 0
+    rng = random.Random(a.seed)
+    t0, n_seq, n_tok, n_prompt = time.time(), 0, 0, 0
+    todo = [p for p in prompts if p["n"] not in done_ids]
+    log(f"{len(prompts)} prompts, {len(done_ids)} answered before, {len(todo)} to go")
+    jobs = []
     for temp in (0.0, 0.7):
-        group = sorted([p for p in prompts if p["temp"] == temp], key=lambda p: len(p["ids"]))
-        for i in range(0, len(group), a.batch):
-            if time.time() - t0 > a.budget_s:
-                break
-            chunk = group[i : i + a.batch]
-            width = max(len(p["ids"]) for p in chunk)
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            att = torch.zeros((len(chunk), width), dtype=torch.long)
-            for j, p in enumerate(chunk):
-                ids[j, width - len(p["ids"]):] = torch.tensor(p["ids"])
-                att[j, width - len(p["ids"]):] = 1
-            kw = dict(do_sample=False) if temp == 0 else dict(do_sample=True, temperature=temp, top_k=0, top_p=1.0)
-            with torch.no_grad():
-                out = model.generate(
-                    input_ids=ids.to(DEV), attention_mask=att.to(DEV), max_new_tokens=a.max_new,
-                    eos_token_id=eos, pad_token_id=pad, **kw,
-                )
-            for j, p in enumerate(chunk):
-                resp = out[j, width:].tolist()
-                for k, t in enumerate(resp):
-                    if t in eos:
-                        resp = resp[: k + 1]
-                        break
-                if len(resp) >= 8:
-                    seqs.append({"ids": p["ids"] + resp, "start": len(p["ids"]), "temp": temp})
-            done += len(chunk)
-            n_tok = sum(len(s["ids"]) - s["start"] for s in seqs)
-            log(f"gen T={temp}: {done}/{len(prompts)} prompts, {len(seqs)} sequences, {n_tok} generated tokens, {time.time() - t0:.0f} s")
-    os.makedirs(a.work, exist_ok=True)
-    torch.save(seqs, os.path.join(a.work, "seqs.pt"))
-    if seqs:
-        s = seqs[0]
-        log("sample:", s["ids"][s["start"] : s["start"] + 40])
-    log(f"saved {len(seqs)} sequences")
+        group = [p for p in todo if p["temp"] == temp]
+        jobs += [(temp, [group[i] for i in b]) for b in gen_batches(group, a.tok_budget, a.max_new, a.batch, rng)]
+    rng.shuffle(jobs)
+    for temp, chunk in jobs:
+        if time.time() - t0 > a.budget_s:
+            break
+        parts = [chunk]
+        results = []
+        while parts:
+            part = parts.pop()
+            try:
+                results += list(zip(part, generate_chunk(model, part, temp, a.max_new, eos, pad)))
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                if len(part) == 1:
+                    raise
+                log(f"out of memory at batch {len(part)}: halving")
+                parts += [part[: len(part) // 2], part[len(part) // 2 :]]
+        seqs = [{"ids": p["ids"] + r, "start": len(p["ids"]), "temp": temp, "kind": p.get("kind", ""), "n": p["n"]}
+                for p, r in results]
+        torch.save(seqs, os.path.join(a.work, f"seqs-{shard:04d}.pt"))
+        shard += 1
+        n_prompt += len(chunk)
+        n_seq += len(seqs)
+        n_tok += sum(len(s["ids"]) - s["start"] for s in seqs)
+        el = time.time() - t0
+        log(f"gen T={temp} batch {len(chunk)} (prompt width {max(len(p['ids']) for p in chunk)}): "
+            f"{n_prompt}/{len(todo)} prompts, {n_tok} generated tokens, {el:.0f} s, {n_tok / max(el, 1e-9):.0f} tok/s")
+    log(f"answered {n_prompt} prompts this run ({len(done_ids) + n_prompt} in all), {n_tok} tokens")
+
+
+def load_seqs(work):
+    seqs = []
+    if os.path.exists(os.path.join(work, "seqs.pt")):
+        seqs += torch.load(os.path.join(work, "seqs.pt"))
+    for f in sorted(os.listdir(work)):
+        if f.startswith("seqs-") and f.endswith(".pt"):
+            seqs += torch.load(os.path.join(work, f))
+    # Answers shorter than 8 tokens teach nothing about blocks.
+    return [s for s in seqs if len(s["ids"]) - s["start"] >= 8]
 
 
 # ---------------------------------------------------------------- training
@@ -196,7 +260,7 @@ def cmd_train(a):
     torch.manual_seed(a.seed)
     rng = random.Random(a.seed)
     cfg, tensors, model = load_target(a.target)
-    seqs = torch.load(os.path.join(a.work, "seqs.pt"))
+    seqs = load_seqs(a.work)
     rng.shuffle(seqs)
     n_held = min(64, len(seqs) // 10)
     held = [s for s in seqs[:n_held * 3] if s["temp"] == 0.0][:n_held]
@@ -368,7 +432,9 @@ def main():
     g.add_argument("--target", required=True)
     g.add_argument("--prompts", required=True)
     g.add_argument("--work", required=True)
-    g.add_argument("--batch", type=int, default=384)
+    g.add_argument("--batch", type=int, default=2048, help="most prompts in one batch")
+    g.add_argument("--tok-budget", type=int, default=1_000_000, help="most padded tokens (prompt + answer) in one batch")
+    g.add_argument("--seed", type=int, default=0)
     g.add_argument("--max-new", type=int, default=320)
     g.add_argument("--budget-s", type=float, default=270)
     g.add_argument("--limit", type=int, default=0)
