@@ -21,6 +21,7 @@ use crate::error::ApiError;
 
 pub mod anthropic;
 pub mod ollama;
+pub mod responses;
 
 /// A request body (already read as a JSON object) as the dialect's typed
 /// request; a field of the wrong type or a missing one is a 400 that names

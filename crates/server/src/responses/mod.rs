@@ -35,16 +35,16 @@ pub const STORE_CAPACITY: usize = 1024;
 
 /// A stored response: its conversation (chat messages, the answer
 /// included) for `previous_response_id`, and the response object for GET.
-struct Stored {
-    salt: Option<String>,
-    messages: Vec<Value>,
+pub(crate) struct Stored {
+    pub(crate) salt: Option<String>,
+    pub(crate) messages: Vec<Value>,
     response: Value,
 }
 
 /// The stored responses of this server.
 #[derive(Default)]
 pub struct ResponseStore {
-    map: HashMap<String, Stored>,
+    pub(crate) map: HashMap<String, Stored>,
     order: VecDeque<String>,
 }
 
@@ -63,11 +63,7 @@ impl ResponseStore {
     }
 }
 
-fn bad(path: impl std::fmt::Display, what: impl std::fmt::Display) -> ApiError {
-    ApiError::invalid_request(format!("{path}: {what}"))
-}
-
-fn not_found(id: &str) -> ApiError {
+pub(crate) fn not_found(id: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
@@ -76,16 +72,15 @@ fn not_found(id: &str) -> ApiError {
     )
 }
 
-fn salt_of(body: &Map<String, Value>) -> Option<String> {
+pub(crate) fn salt_of(body: &Map<String, Value>) -> Option<String> {
     body.get("cache_salt")
         .and_then(Value::as_str)
         .map(str::to_string)
 }
 
-mod input;
 mod output;
 
-use input::{translate, ToolNames};
+use crate::api::responses::{translate, ToolNames};
 use output::{Items, Out};
 
 /// `POST /v1/responses`.

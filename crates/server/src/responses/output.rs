@@ -3,7 +3,7 @@
 use hearth_chat::parser::ChatEvent;
 use serde_json::{json, Value};
 
-use super::input::{custom_input, ToolNames};
+use crate::api::responses::{custom_input, ToolNames};
 use crate::chat::random_hex;
 
 /// Output items as they are built from the parser's events.
