@@ -1,4 +1,5 @@
-//! Request decoding of `/v1/chat/completions` and `/v1/completions`
+//! Request decoding of `/v1/chat/completions` and `/v1/completions`, and of
+//! the Anthropic, Ollama and Responses bodies translated onto them
 //! (crates/server/src/request.rs): any body gives a request or a 4xx error
 //! naming what was wrong, never a panic or a 5xx.
 #![no_main]

@@ -352,6 +352,28 @@ pub fn check_request(data: &[u8]) {
             client_error(&e);
         }
     }
+    // The other dialects' typed requests, translated onto the chat request
+    // and validated as it is.
+    use hearth_server::api;
+    let stored = |_: &str| {
+        Some(vec![
+            serde_json::json!({"role": "user", "content": "earlier"}),
+        ])
+    };
+    for chat in [
+        api::anthropic::MessagesRequest::parse(&obj),
+        api::ollama::chat_body(&obj),
+        api::ollama::generate_body(&obj),
+        api::responses::to_chat(&obj, stored),
+    ] {
+        match chat {
+            Ok(body) => match parse_chat(&body, "model", None) {
+                Ok(req) => render_everywhere(&req.messages, req.tools.as_ref(), &req.kwargs, true),
+                Err(e) => client_error(&e),
+            },
+            Err(e) => client_error(&e),
+        }
+    }
 }
 
 /// A bounded fuzz smoke that runs without libFuzzer (crates/server/tests/

@@ -387,6 +387,11 @@ fn message(m: Message, i: usize, out: &mut Vec<Value>) -> Result<(), ApiError> {
 }
 
 impl MessagesRequest {
+    /// A body as the chat completions body.
+    pub fn parse(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+        super::from_body::<MessagesRequest>(body)?.into_chat()
+    }
+
     /// The request as a chat completions body (what every front door
     /// hands to the shared validation).
     pub fn into_chat(self) -> Result<Map<String, Value>, ApiError> {

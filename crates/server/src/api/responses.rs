@@ -517,6 +517,24 @@ pub(crate) fn translate(
     body: &Map<String, Value>,
     app: &AppState,
 ) -> Result<Option<Map<String, Value>>, ApiError> {
+    let salt = salt_of(body);
+    to_chat(body, |id| {
+        let store = app.responses.lock().unwrap_or_else(|e| e.into_inner());
+        store
+            .map
+            .get(id)
+            .filter(|s| s.salt == salt)
+            .map(|s| s.messages.clone())
+    })
+    .map(Some)
+}
+
+/// The translation, with `stored` giving the conversation of a stored
+/// response of this tenant (`previous_response_id`).
+pub fn to_chat(
+    body: &Map<String, Value>,
+    stored: impl FnOnce(&str) -> Option<Vec<Value>>,
+) -> Result<Map<String, Value>, ApiError> {
     let req: ResponsesRequest = from_body(body)?;
     let mut out = Map::new();
     if let Some(m) = req.model {
@@ -527,23 +545,15 @@ pub(crate) fn translate(
         messages.push(json!({"role": "system", "content": s}));
     }
     if let Some(id) = &req.previous_response_id {
-        let store = app.responses.lock().unwrap_or_else(|e| e.into_inner());
-        let stored = store
-            .map
-            .get(id)
-            .filter(|s| s.salt == salt_of(body))
-            .ok_or_else(|| not_found(id))?;
+        let stored = stored(id).ok_or_else(|| not_found(id))?;
         // The stored conversation replaces this request's instructions'
         // place: instructions apply to this turn only (OpenAI's rule), so
         // they go first only when the stored turn had none.
-        let had_system = stored
-            .messages
-            .first()
-            .is_some_and(|m| m["role"] == "system");
+        let had_system = stored.first().is_some_and(|m| m["role"] == "system");
         if had_system || messages.is_empty() {
-            messages = stored.messages.clone();
+            messages = stored;
         } else {
-            messages.extend(stored.messages.iter().cloned());
+            messages.extend(stored);
         }
     }
     let (fns, names) = tools(req.tools.as_deref().unwrap_or_default())?;
@@ -638,7 +648,7 @@ pub(crate) fn translate(
     {
         out.insert("reasoning_effort".into(), effort);
     }
-    Ok(Some(out))
+    Ok(out)
 }
 
 #[cfg(test)]
