@@ -66,6 +66,9 @@ pub struct Job {
     pub cache_salt: Option<String>,
     /// Send [`Event::Progress`] after each prefill chunk.
     pub progress: bool,
+    /// Tokens that end the answer as end-of-generation tokens do (a chat
+    /// template's turn opener; [`Turn::ending_on`]).
+    pub end_tokens: Vec<u32>,
     pub events: Box<dyn EventSink>,
 }
 
@@ -416,6 +419,7 @@ struct Start {
     constraint: Option<Box<dyn TokenConstraint>>,
     logprobs: Option<usize>,
     cache_salt: Option<String>,
+    end_tokens: Vec<u32>,
 }
 
 /// One admitted request: its session and its turn.
@@ -567,6 +571,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                         logprobs,
                         cache_salt,
                         progress,
+                        end_tokens,
                         events,
                         ..
                     } = job;
@@ -582,6 +587,7 @@ impl<'a, B: Backend> Scheduler<'a, B> {
                                 constraint,
                                 logprobs,
                                 cache_salt,
+                                end_tokens,
                             },
                             &*events,
                         )
@@ -655,7 +661,8 @@ impl<'a, B: Backend> Scheduler<'a, B> {
             render_special: true,
             logprobs: job.logprobs,
         };
-        let mut turn = Turn::new(self.tokenizer, job.prompt, resume.reused, sampler, params);
+        let mut turn = Turn::new(self.tokenizer, job.prompt, resume.reused, sampler, params)
+            .ending_on(job.end_tokens);
         if let Some(c) = job.constraint {
             turn = turn.constrained(c);
         }

@@ -318,6 +318,8 @@ pub struct Turn<'t> {
     /// Speculation: the token sampled by the target and not yet fed.
     pending: Option<u32>,
     constraint: Option<Box<dyn TokenConstraint + 't>>,
+    /// Tokens that end the turn as an end-of-generation token does.
+    end_tokens: Vec<u32>,
     stats: TurnStats,
 }
 
@@ -350,6 +352,7 @@ impl<'t> Turn<'t> {
             logits: None,
             pending: None,
             constraint: None,
+            end_tokens: Vec::new(),
         }
     }
 
@@ -357,6 +360,14 @@ impl<'t> Turn<'t> {
     /// [`Turn::step`] is not used).
     pub fn constrained(mut self, constraint: Box<dyn TokenConstraint + 't>) -> Self {
         self.constraint = Some(constraint);
+        self
+    }
+
+    /// Also ends the turn, without their text, on these tokens (a chat
+    /// template's turn opener, as `<|im_start|>`: a model that starts a new
+    /// turn has ended its own; Ollama stops on them too).
+    pub fn ending_on(mut self, tokens: Vec<u32>) -> Self {
+        self.end_tokens = tokens;
         self
     }
 
@@ -596,7 +607,9 @@ impl<'t> Turn<'t> {
     /// Applies the shared rules to one generated token; `Some` ends the turn.
     fn emit(&mut self, token: u32, sink: &mut dyn FnMut(&str) -> Flow) -> Option<FinishReason> {
         self.stats.sampled += 1;
-        if self.tokenizer.is_eog(token) && !self.params.ignore_eos {
+        if (self.tokenizer.is_eog(token) || self.end_tokens.contains(&token))
+            && !self.params.ignore_eos
+        {
             return Some(FinishReason::Stop);
         }
         self.stats.tokens.push(token);

@@ -49,6 +49,7 @@ fn job(session: Option<&str>, prompt: Vec<u32>, max_tokens: usize) -> (Job, mpsc
         logprobs: None,
         cache_salt: None,
         progress: false,
+        end_tokens: Vec::new(),
         events: Box::new(Sink(tx)),
     };
     (job, rx)
@@ -161,4 +162,53 @@ fn scheduler_on_a_second_backend_streams_what_the_cpu_model_streams() {
         want,
         "speculation on the second backend"
     );
+}
+
+#[test]
+fn an_end_token_ends_the_answer_before_its_text() {
+    let file = "SmolLM2-135M-Instruct.Q4_1.gguf";
+    let model = Arc::new(Model::load(model_path(file)).unwrap());
+    let tok = Arc::new(Tokenizer::from_gguf_path(model_path(file)).unwrap());
+    let max_ctx = 256;
+    let state_bytes = Backend::new_state(&*model, max_ctx, 0).unwrap().kv_bytes();
+    let store = SessionStore::new(4, None, state_bytes, max_ctx);
+    let (engine, thread) = scheduler::spawn(
+        model.clone(),
+        tok.clone(),
+        store,
+        Arc::new(SchedulerStats::default()),
+        scheduler::SchedulerConfig {
+            drafters: None,
+            batch_invariant: false,
+        },
+    );
+    let prompt = tok.encode("def fibonacci(n):\n", true, false);
+    // The tokens the model writes, then the same request ending on the 6th.
+    let (mut j, rx) = job(None, prompt.clone(), 16);
+    j.logprobs = Some(0);
+    engine.submit(j).unwrap();
+    let (mut ids, mut text) = (Vec::new(), String::new());
+    while let Ok(e) = rx.recv() {
+        match e {
+            Event::Logprobs(l) => ids.extend(l.iter().map(|t| t.token)),
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(_) => break,
+            Event::Admitted { .. } => {}
+            e => panic!("{e:?}"),
+        }
+    }
+    assert!(ids.len() >= 8, "{ids:?}");
+    let end = ids[5];
+    let k = ids.iter().position(|&t| t == end).unwrap();
+    let (mut j, rx) = job(None, prompt, 16);
+    j.end_tokens = vec![end];
+    engine.submit(j).unwrap();
+    let (_, got, _) = collect(rx);
+    let mut d = tok.stream_decoder(true);
+    let mut want: String = ids[..k].iter().map(|&t| d.push(t)).collect();
+    want.push_str(&d.finish());
+    assert_eq!(got, want, "the text before the end token");
+    assert!(text.starts_with(&got) && got.len() < text.len());
+    engine.shutdown();
+    thread.join().unwrap();
 }

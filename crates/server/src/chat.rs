@@ -166,7 +166,8 @@ pub(crate) async fn start_chat(
     };
     let prompt_tokens = prompt.len();
     let constraint = crate::fault::engine_constraint(headers, constraint);
-    let (rx, cached_tokens) = submit(app, &req.common, prompt, constraint).await?;
+    let (rx, cached_tokens) =
+        submit(app, &req.common, prompt, constraint, turn_openers(app)).await?;
     Ok(Started {
         reply,
         parser,
@@ -203,7 +204,7 @@ pub async fn completions(
         image_tokens: Vec::new(),
         progress: req.common.return_progress,
     };
-    let (rx, _) = submit(&app, &req.common, ids.into(), None).await?;
+    let (rx, _) = submit(&app, &req.common, ids.into(), None, Vec::new()).await?;
     if req.common.stream {
         Ok(sse(completion_stream(reply, rx, req.common.include_usage)))
     } else {
@@ -352,11 +353,31 @@ fn output_constraint(
 
 /// Context check, submission, and admission: everything that can fail before
 /// the first response byte.
+/// The chat template's turn-opening control tokens (ChatML's
+/// `<|im_start|>`, Gemma's `<start_of_turn>`, Llama 3's
+/// `<|start_header_id|>`): a model that writes one has ended its answer and
+/// begun the next turn itself (small models do, in long agent
+/// conversations), so a chat answer ends there as at an end-of-generation
+/// token, without the marker in its text (Ollama stops on them too). Raw
+/// completions keep generating through them.
+fn turn_openers(app: &AppState) -> Vec<u32> {
+    let Some(src) = app.prompter.template_source() else {
+        return Vec::new();
+    };
+    ["<|im_start|>", "<start_of_turn>", "<|start_header_id|>"]
+        .iter()
+        .filter(|m| src.contains(**m))
+        .filter_map(|m| app.tokenizer.token_id(m))
+        .filter(|&id| app.tokenizer.is_special(id))
+        .collect()
+}
+
 async fn submit(
     app: &AppState,
     common: &Common,
     prompt: Prompt,
     constraint: Option<Box<dyn TokenConstraint>>,
+    end_tokens: Vec<u32>,
 ) -> Result<(mpsc::UnboundedReceiver<Event>, usize), ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::invalid_request(
@@ -378,6 +399,7 @@ async fn submit(
         // Streams may say how the prefill goes (chat's prompt_progress,
         // Anthropic's pings); a whole reply has nothing to say it with.
         progress: common.stream,
+        end_tokens,
         events: Box::new(ChannelSink(tx)),
     })?;
     match rx.recv().await {
