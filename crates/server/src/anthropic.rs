@@ -88,9 +88,7 @@ fn translate(
     body: &Map<String, Value>,
     _app: &AppState,
 ) -> Result<Option<Map<String, Value>>, ApiError> {
-    crate::api::from_body::<crate::api::anthropic::MessagesRequest>(body)?
-        .into_chat()
-        .map(Some)
+    crate::api::anthropic::MessagesRequest::parse(body).map(Some)
 }
 
 /// Content blocks as they are built from the parser's events.

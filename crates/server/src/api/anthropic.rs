@@ -540,12 +540,9 @@ impl MessagesRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::from_body;
 
     fn chat(v: Value) -> Result<Map<String, Value>, String> {
-        from_body::<MessagesRequest>(v.as_object().unwrap())
-            .and_then(MessagesRequest::into_chat)
-            .map_err(|e| e.message)
+        MessagesRequest::parse(v.as_object().unwrap()).map_err(|e| e.message)
     }
 
     #[test]
